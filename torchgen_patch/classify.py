@@ -1,0 +1,90 @@
+"""Classify every NativeFunction into exactly one verdict.
+
+The rule for *covered* is the upstream autograd codegen's own (called through
+``tg.upstream_generates``), not a re-derivation of it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import tg
+from .model import (
+    COMPOSITE,
+    COVERED,
+    MISSING,
+    NOT_MUTATING,
+    UNSUPPORTED,
+    OpRecord,
+    Scan,
+    WrittenArg,
+)
+
+SUPPORTED_FORMS = {"tensor", "tensor_list", "optional_tensor"}
+
+
+def classify(native_path: str, tags_path: str, functions: list, torch_version: str) -> Scan:
+    derived = tg.derivative_names(os.path.join(tg.packaged_autograd_dir(), "derivatives.yaml"))
+    infos_cache: dict = {}
+
+    def infos():
+        if "d" not in infos_cache:
+            infos_cache["d"] = tg.load_infos(native_path, tags_path)
+        return infos_cache["d"]
+
+    scan = Scan(native_path, tags_path, torch_version)
+    for f in functions:
+        scan.records.append(_one(f, derived, infos))
+    scan.records.sort(key=lambda r: r.name)
+    return scan
+
+
+def _one(f, derived, infos) -> OpRecord:
+    written = tuple(WrittenArg(w.name, w.form) for w in tg.written_args(f))
+    kind = tg.kind(f)
+    verdict, reason = _verdict(f, kind, written, derived, infos)
+    return OpRecord(
+        name=tg.op_name(f),
+        schema=tg.schema_str(f),
+        file=f.loc.file,
+        line=f.loc.line,
+        kind=kind,
+        written=written,
+        returns=len(f.func.returns),
+        verdict=verdict,
+        reason=reason,
+        composite_implicit=not f.is_abstract,
+        manual=tg.is_manual_autograd(f),
+    )
+
+
+def _verdict(f, kind, written, derived, infos) -> tuple[str, str]:
+    generates = tg.upstream_generates(f, derived, infos)
+    if generates:
+        return COVERED, "the autograd codegen emits an ADInplaceOrView kernel"
+    if not written:
+        if tg.is_manual_autograd(f):
+            return NOT_MUTATING, "writes no argument; its kernels are written by hand in VariableTypeManual.cpp"
+        if tg.is_view(f):
+            return NOT_MUTATING, "view op without its own kernel (composite)"
+        return NOT_MUTATING, "writes no argument"
+    if tg.returns_nothing(f):
+        if tg.is_view(f):
+            return UNSUPPORTED, "both a view and mutating: a view kernel must return the view"
+        if kind == "functional":
+            why = "handled by hand in VariableTypeManual.cpp" if tg.is_manual_autograd(f) else \
+                "writes only metadata, not tensor data"
+            return UNSUPPORTED, f"schema marks '{written[0].name}' written but torchgen calls it functional; {why}"
+        if kind == "scratch":
+            return UNSUPPORTED, "scratch-kind schema: the written arguments are scratch space, not outputs"
+        bad = [w for w in written if w.form not in SUPPORTED_FORMS]
+        if bad:
+            return UNSUPPORTED, f"written argument '{bad[0].name}' has a form no kernel handles ({bad[0].form})"
+        what = {"out": "out= op", "inplace": "in-place op", "mutable": "mutable op"}[kind]
+        names = ", ".join(w.name for w in written)
+        return MISSING, f"{what} writes {names} and returns nothing: no ADInplaceOrView kernel bumps it"
+    if generates is None:
+        return COVERED, "assumed covered: this torchgen ships no autograd codegen to ask"
+    if tg.is_manual_autograd(f):
+        return COMPOSITE, "kernels written by hand in VariableTypeManual.cpp"
+    return COMPOSITE, "CompositeImplicitAutograd: the ops it decomposes into bump the counters"

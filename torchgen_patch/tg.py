@@ -1,0 +1,270 @@
+"""The one module that talks to torchgen.
+
+Everything torchgen-specific (where the packaged yaml lives, how it is parsed,
+the upstream autograd codegen's rule for emitting ADInplaceOrView kernels, the
+C++ types of a dispatcher signature) goes through here, so a torchgen change
+touches this file only. Nothing here imports torch itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+
+
+
+from .errors import InputError, one_line
+
+
+def torchgen_dir() -> str:
+    spec = importlib.util.find_spec("torchgen")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(None, None, "torchgen is not importable", "install torch (it ships torchgen)")
+    return list(spec.submodule_search_locations)[0]
+
+
+def packaged_yaml() -> tuple[str, str]:
+    """native_functions.yaml and tags.yaml as shipped inside the installed torchgen."""
+    d = os.path.join(torchgen_dir(), "packaged", "ATen", "native")
+    return os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml")
+
+
+def packaged_autograd_dir() -> str:
+    return os.path.join(torchgen_dir(), "packaged", "autograd")
+
+
+def read_text(path: str, what: str) -> str:
+    if not os.path.exists(path):
+        raise InputError(path, None, f"{what} not found")
+    if os.path.isdir(path):
+        raise InputError(path, None, f"{what} is a directory, expected a file")
+    try:
+        data = open(path, "rb").read()
+    except OSError as e:
+        raise InputError(path, None, f"cannot read {what}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise InputError(path, line, f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x})") from None
+
+
+def load_yaml_list(path: str, text: str, what: str) -> list:
+    import yaml
+    from torchgen.gen import LineLoader
+
+    try:
+        es = yaml.load(text, Loader=LineLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else None
+        raise InputError(path, line, f"malformed YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise InputError(path, None, f"malformed YAML: {one_line(e)}") from None
+    if not isinstance(es, list) or not es:
+        raise InputError(path, 1, f"{what} must be a non-empty YAML list of entries")
+    for e in es:
+        if not isinstance(e, dict):
+            raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(e).__name__}")
+    return es
+
+
+_LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
+
+
+def _torchgen_error(path: str, exc: BaseException) -> InputError:
+    msg = str(exc.args[0]) if exc.args else type(exc).__name__
+    m = _LOC.search(msg)
+    line = int(m.group("line")) if m else None
+    first = one_line(msg)
+    if first.startswith("in ") and _LOC.match(first):
+        first = type(exc).__name__
+    return InputError(path, line, f"torchgen rejected this file: {first}",
+                      "is the yaml from a torch release this torchgen can read?")
+
+
+def parse(native_path: str, tags_path: str, native_text: str, tags_text: str) -> list:
+    """Parse both files through torchgen; return its NativeFunctions (with
+    generated ones added, as torchgen's own codegen does)."""
+    from torchgen.gen import parse_native_yaml_struct, parse_tags_yaml_struct
+
+    tag_es = load_yaml_list(tags_path, tags_text, "tags.yaml")
+    try:
+        tags = parse_tags_yaml_struct(tag_es, path=tags_path)
+    except Exception as e:  # torchgen raises bare AssertionError/KeyError
+        raise _torchgen_error(tags_path, e) from None
+    es = load_yaml_list(native_path, native_text, "native_functions.yaml")
+    _check_duplicates(native_path, es)
+    try:
+        parsed = parse_native_yaml_struct(es, tags, path=native_path)
+    except Exception as e:
+        raise _torchgen_error(native_path, e) from None
+    return list(parsed.native_functions)
+
+
+def _check_duplicates(path: str, es: list) -> None:
+    seen: dict[str, int] = {}
+    for e in es:
+        func = e.get("func")
+        if not isinstance(func, str):
+            raise InputError(path, e.get("__line__"), "entry has no 'func:' schema string")
+        name = func.split("(", 1)[0].strip()
+        line = e.get("__line__")
+        if name in seen:
+            raise InputError(path, line, f"duplicate operator '{name}'", f"first defined at line {seen[name]}")
+        seen[name] = line
+
+
+# ---------------------------------------------------------------------------
+# Facts about one NativeFunction
+
+
+@dataclass(frozen=True)
+class Written:
+    """An argument the schema marks as written (alias annotation with '!')."""
+
+    name: str  # the C++ name of the argument in the dispatcher signature
+    form: str  # "tensor" | "tensor_list" | "optional_tensor" | "optional_tensor_list"
+
+
+def op_name(f) -> str:
+    return f"aten::{f.func.name}"
+
+
+def schema_str(f) -> str:
+    return f"aten::{f.func}"
+
+
+def kind(f) -> str:
+    """'functional' | 'inplace' | 'out' | 'mutable' | 'scratch', as torchgen names them."""
+    return f.func.kind().name
+
+
+def written_args(f) -> list[Written]:
+    out = []
+    for a in f.func.arguments.flat_all:
+        if a.annotation is None or not a.annotation.is_write:
+            continue
+        out.append(Written(a.name, _form(a.type)))
+    return out
+
+
+def _form(t) -> str:
+    from torchgen.model import BaseTy, BaseType, ListType, OptionalType
+
+    if isinstance(t, BaseType) and t.name == BaseTy.Tensor:
+        return "tensor"
+    if isinstance(t, ListType) and isinstance(t.elem, BaseType) and t.elem.name == BaseTy.Tensor:
+        return "tensor_list"
+    if isinstance(t, OptionalType) and isinstance(t.elem, BaseType) and t.elem.name == BaseTy.Tensor:
+        return "optional_tensor"
+    if isinstance(t, ListType) and isinstance(t.elem, OptionalType):
+        return "optional_tensor_list"
+    return f"unsupported type {t}"
+
+
+def returns_nothing(f) -> bool:
+    return len(f.func.returns) == 0
+
+
+@functools.cache
+def _upstream():
+    """The installed autograd codegen's own module, or None if it is not shipped."""
+    try:
+        from torchgen.packaged.autograd import gen_inplace_or_view_type as g
+        from torchgen.packaged.autograd import gen_trace_type as t
+    except Exception:  # an exotic build without the packaged autograd codegen
+        return None
+    return g, t
+
+
+def upstream_available() -> bool:
+    return _upstream() is not None
+
+
+def is_view(f) -> bool:
+    up = _upstream()
+    if up is None:
+        return False
+    return up[0].get_view_info(f) is not None
+
+
+def is_manual_autograd(f) -> bool:
+    up = _upstream()
+    if up is None:
+        return False
+    from torchgen.api import cpp
+
+    return cpp.name(f.func) in up[1].MANUAL_AUTOGRAD
+
+
+def derivative_names(path: str) -> frozenset[str]:
+    """Base operator names that derivatives.yaml mentions (cheap: names only)."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError:
+        return frozenset()
+    return frozenset(m.group(1) for m in re.finditer(r"^- name: *([A-Za-z0-9_]+)", text, re.M))
+
+
+def upstream_generates(f, derived_names: frozenset[str], infos=None) -> bool | None:
+    """Does the installed upstream autograd codegen emit an ADInplaceOrView
+    kernel for ``f``? Calls its own functions (``inplace_or_view_method_registration``
+    and ``use_derived``). ``None`` if the codegen is not shipped.
+
+    Differentiability infos matter only for non-abstract functions; they are
+    loaded (``infos()``) only when such a function is named in derivatives.yaml.
+    """
+    up = _upstream()
+    if up is None:
+        return None
+    g = up[0]
+    from torchgen.api.autograd import NativeFunctionWithDifferentiabilityInfo as NFWDI
+
+    info = None
+    if not f.is_abstract and str(f.func.name.name.base) in derived_names and infos is not None:
+        info = infos().get(f.func)
+    fn = NFWDI(func=f, info=info, fw_derivatives=None)
+    if g.inplace_or_view_method_registration(fn) is None:
+        return False
+    return bool(g.use_derived(fn))
+
+
+def load_infos(native_path: str, tags_path: str):
+    from torchgen.packaged.autograd.load_derivatives import load_derivatives
+
+    d, _ = load_derivatives(os.path.join(packaged_autograd_dir(), "derivatives.yaml"), native_path, tags_path)
+    return d
+
+
+# ---------------------------------------------------------------------------
+# C++ pieces for the codegen (types from torchgen's C++ API)
+
+
+@dataclass(frozen=True)
+class CppSignature:
+    formals: list[tuple[str, str]]  # (C++ type, name), schema order, without the keyset
+    arg_names: list[str]  # names to pass to redispatch, schema order
+    unambiguous_name: str  # at::_ops::<this>
+    root_name: str  # ATen/ops/<this>_ops.h
+
+
+def cpp_signature(f) -> CppSignature:
+    from torchgen.api.types import DispatcherSignature
+    from torchgen.context import native_function_manager
+
+    with native_function_manager(f):
+        sig = DispatcherSignature.from_schema(f.func)
+        args = sig.arguments()
+        formals = [(a.type, a.name) for a in args]
+        names = [e.expr for e in sig.exprs()]
+    return CppSignature(formals, names, f.func.name.unambiguous_name(), f.root_name)
+
+
+def parse_schema(text: str):
+    from torchgen.model import FunctionSchema
+
+    return FunctionSchema.parse(text)
