@@ -7,18 +7,18 @@ __all__ = ["__version__", "install", "installed_ops", "uninstall"]
 
 
 def install(*args, **kwargs):
-    from .install import install as _install
+    from .installer import install as _install
 
     return _install(*args, **kwargs)
 
 
 def installed_ops():
-    from .install import installed_ops as _installed
+    from .installer import installed_ops as _installed
 
     return _installed()
 
 
 def uninstall():
-    from .install import uninstall as _uninstall
+    from .installer import uninstall as _uninstall
 
     return _uninstall()

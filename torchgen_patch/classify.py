@@ -12,6 +12,7 @@ from . import tg
 from .model import (
     COMPOSITE,
     COVERED,
+    CppSig,
     MISSING,
     NOT_MUTATING,
     UNSUPPORTED,
@@ -55,7 +56,13 @@ def _one(f, derived, infos) -> OpRecord:
         reason=reason,
         composite_implicit=not f.is_abstract,
         manual=tg.is_manual_autograd(f),
+        cpp=_cpp(f) if verdict == MISSING else None,
     )
+
+
+def _cpp(f) -> CppSig:
+    s = tg.cpp_signature(f)
+    return CppSig(tuple(s.formals), tuple(s.arg_names), s.unambiguous_name, s.root_name)
 
 
 def _verdict(f, kind, written, derived, infos) -> tuple[str, str]:

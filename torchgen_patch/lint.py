@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .model import MISSING, Scan
+from .model import MISSING, UNSUPPORTED, Scan
 from .overlay import Overlay
 
 CODE = "VERSIONCOUNTER"
 RULE_MISSING = "missing-inplace-or-view-kernel"
+RULE_UNSUPPORTED = "unsupported-mutating-op"
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,9 @@ class Finding:
 
 def findings(scan: Scan, overlay: Overlay) -> list[Finding]:
     out = []
-    for r in scan.by_verdict(MISSING):
-        if overlay.skipped(r.name):
+    for r in scan.records:
+        if r.verdict not in (MISSING, UNSUPPORTED) or overlay.skipped(r.name):
             continue
-        out.append(Finding(r.file, r.line, r.name, RULE_MISSING, f"{r.name}: {r.reason}"))
+        rule = RULE_MISSING if r.verdict == MISSING else RULE_UNSUPPORTED
+        out.append(Finding(r.file, r.line, r.name, rule, f"{r.name}: {r.reason}"))
     return sorted(out, key=lambda f: (f.path, f.line, f.op))

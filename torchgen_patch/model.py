@@ -20,6 +20,16 @@ class WrittenArg:
 
 
 @dataclass(frozen=True)
+class CppSig:
+    """A dispatcher signature in C++ terms, as torchgen's C++ API spells it."""
+
+    formals: tuple[tuple[str, str], ...]  # (type, name), schema order, keyset excluded
+    call_args: tuple[str, ...]
+    unambiguous_name: str  # at::_ops::<this>
+    root_name: str  # ATen/ops/<this>_ops.h
+
+
+@dataclass(frozen=True)
 class OpRecord:
     name: str  # aten::split_with_sizes_copy.out
     schema: str  # aten::split_with_sizes_copy.out(Tensor self, ...) -> ()
@@ -32,16 +42,23 @@ class OpRecord:
     reason: str
     composite_implicit: bool = False
     manual: bool = False  # kernels written by hand upstream (VariableTypeManual.cpp)
+    cpp: CppSig | None = None  # for missing ops: what the codegen needs
+
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["written"] = [asdict(w) for w in self.written]
+        d["cpp"] = None if self.cpp is None else asdict(self.cpp)
         return d
 
     @staticmethod
     def from_json(d: dict) -> OpRecord:
         d = dict(d)
         d["written"] = tuple(WrittenArg(**w) for w in d["written"])
+        c = d.get("cpp")
+        if c is not None:
+            d["cpp"] = CppSig(tuple(tuple(x) for x in c["formals"]), tuple(c["call_args"]),
+                              c["unambiguous_name"], c["root_name"])
         return OpRecord(**d)
 
 

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import InputError
-from .model import MISSING, Scan
+from .model import MISSING, UNSUPPORTED, Scan
 from .tg import read_text
 
 ACTIONS = ("generate", "skip", "xfail")
@@ -96,7 +96,7 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
             if close:
                 hint = "did you mean " + ", ".join(f"'{c}'" for c in close) + "?"
         raise InputError(path, line, f"unknown operator '{op}'", hint)
-    if rec.verdict != MISSING:
+    if rec.verdict not in (MISSING, UNSUPPORTED):
         raise InputError(path, line, f"'{op}' is {rec.verdict} ({rec.reason}), not missing: nothing to decide")
     if not isinstance(node, yaml.MappingNode):
         raise InputError(path, node.start_mark.line + 1, f"entry for '{op}' must be a mapping")

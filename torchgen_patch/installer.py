@@ -1,0 +1,196 @@
+"""Install: register the kernels of the plan into the running torch.
+
+Two backends share the plan, the refusals and the exactly-one-bump rule:
+``cpp`` (the compiled library, the default) and ``python`` (torch.library
+kernels, for machines without a compiler). Before registering an op it is
+refused, with a reason, when this torch lacks it, when its schema differs
+from the yaml the code came from, or when it already has an ADInplaceOrView
+kernel — so PyTorch never warns about overriding a kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+
+from .errors import InputError
+
+_LOCK = threading.Lock()
+_INSTALLED: dict[str, str] = {}  # op -> backend
+_HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
+_CDLLS: dict[str, ctypes.CDLL] = {}
+
+
+@dataclass
+class InstallReport:
+    backend: str
+    library: str | None = None
+    registered: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)  # installed earlier by torchgen-patch
+    refused: dict[str, str] = field(default_factory=dict)  # op -> why
+
+    def summary(self) -> str:
+        lines = [f"torchgen-patch install ({self.backend}): {len(self.registered)} registered, "
+                 f"{len(self.already)} already active, {len(self.refused)} refused"]
+        for op, why in sorted(self.refused.items()):
+            lines.append(f"  refused {op}: {why}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    op: str
+    schema: str
+    written: tuple = ()
+
+
+def default_plan(native=None, tags=None, pytorch_root=None, overlay=None, shards=2):
+    """The plan for the installed torch's own yaml (or the given one) and its files."""
+    from . import load
+    from . import overlay as ov
+    from .plan import make_plan
+    from .render import render, template_names
+
+    sources = load.Sources.resolve(native, tags, pytorch_root)
+    scan = load.scan(sources)
+    path = overlay or ov.default_path()
+    o = ov.load(path, scan, template_names()) if path else ov.empty()
+    plan = make_plan(scan, o)
+    return plan, render(plan, shards)
+
+
+def check(candidates: list[Candidate]) -> tuple[list[Candidate], list[str], dict[str, str]]:
+    """Split candidates into (to register, already ours, refused with reason)."""
+    from .runtime import dispatcher_state, same_schema
+
+    ok, already, refused = [], [], {}
+    for c in candidates:
+        if c.op in _INSTALLED:
+            already.append(c.op)
+            continue
+        schema, has_kernel = dispatcher_state(c.op)
+        if schema is None:
+            refused[c.op] = "this torch has no such operator"
+        elif not same_schema(c.schema, schema):
+            refused[c.op] = f"schema differs: the kernel was made for '{c.schema}', this torch has '{schema}'"
+        elif has_kernel:
+            refused[c.op] = "already has an ADInplaceOrView kernel in this torch"
+        else:
+            ok.append(c)
+    return ok, already, refused
+
+
+def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str | None = None,
+            native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
+            verbose: bool = False) -> InstallReport:
+    """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
+
+    Loading twice is a no-op: ops already installed are reported as such.
+    """
+    if backend not in ("cpp", "python"):
+        raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
+    with _LOCK:
+        if backend == "python":
+            plan, _files = default_plan(native_functions, tags, overlay=overlay)
+            cands = [Candidate(k.op, k.schema, k.written) for k in plan.kernels]
+            return _install_python(_select(cands, ops))
+        lib_path, cands = _library(library, native_functions, tags, overlay, verbose)
+        return _install_cpp(lib_path, _select(cands, ops))
+
+
+def _select(cands: list[Candidate], ops: list[str] | None) -> list[Candidate]:
+    if ops is None:
+        return cands
+    by = {c.op: c for c in cands}
+    unknown = [o for o in ops if o not in by]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(by), n=3)
+        raise InputError(None, None, f"not in the plan: {', '.join(unknown)}",
+                         ("did you mean " + ", ".join(close) + "?") if close else None)
+    return [by[o] for o in ops]
+
+
+def _library(library, native, tags, overlay, verbose) -> tuple[str, list[Candidate]]:
+    import torch
+
+    if library is None:
+        from .build import build
+
+        plan, files = default_plan(native, tags, overlay=overlay)
+        lib = build(files, plan.ops(), 2, verbose=verbose)
+        library = lib.path
+    d = os.path.dirname(os.path.abspath(library))
+    try:
+        info = json.load(open(os.path.join(d, "build-info.json")))
+        manifest = json.load(open(os.path.join(d, "src", "torchgen_patch_manifest.json")))
+    except (OSError, ValueError) as e:
+        raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
+    if info.get("torch") != torch.__version__:
+        raise InputError(library, None, f"built for torch {info.get('torch')}, this is torch {torch.__version__}",
+                         "rebuild with `torchgen-patch build`")
+    return library, [Candidate(k["op"], k["schema"]) for k in manifest["kernels"]]
+
+
+def _install_cpp(path: str, cands: list[Candidate]) -> InstallReport:
+    rep = InstallReport("cpp", library=path)
+    ok, rep.already, rep.refused = check(cands)
+    if not ok:
+        return rep
+    dll = _CDLLS.get(path)
+    if dll is None:
+        dll = ctypes.CDLL(path)
+        dll.torchgen_patch_register.restype = ctypes.c_int64
+        dll.torchgen_patch_register.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
+        dll.torchgen_patch_unregister_all.restype = None
+        _CDLLS[path] = dll
+    names = (ctypes.c_char_p * len(ok))(*[c.op.split("::", 1)[1].encode() for c in ok])
+    n = dll.torchgen_patch_register(names, len(ok))
+    if n < 0:
+        raise InputError(path, None, f"the library has no kernel for {ok[-n - 1].op}: rebuild it")
+    for c in ok:
+        _INSTALLED[c.op] = "cpp"
+        rep.registered.append(c.op)
+    return rep
+
+
+def _install_python(cands: list[Candidate]) -> InstallReport:
+    import torch
+
+    from .pykernel import make_kernel
+
+    rep = InstallReport("python")
+    ok, rep.already, rep.refused = check(cands)
+    if not ok:
+        return rep
+    lib = torch.library.Library("aten", "IMPL")
+    for c in ok:
+        name = c.op.split("::", 1)[1]
+        base, _, overload = name.partition(".")
+        opov = getattr(getattr(torch.ops.aten, base), overload or "default")
+        lib.impl(name, make_kernel(opov, c.written), "ADInplaceOrView", with_keyset=True)
+        _INSTALLED[c.op] = "python"
+        rep.registered.append(c.op)
+    _HANDLES.append(lib)
+    return rep
+
+
+def installed_ops() -> list[str]:
+    return sorted(_INSTALLED)
+
+
+def uninstall() -> list[str]:
+    """Remove every kernel torchgen-patch registered in this process."""
+    with _LOCK:
+        gone = sorted(_INSTALLED)
+        for dll in _CDLLS.values():
+            dll.torchgen_patch_unregister_all()
+        for lib in _HANDLES:
+            lib._destroy()
+        _HANDLES.clear()
+        _INSTALLED.clear()
+        return gone
