@@ -1,0 +1,119 @@
+"""Verify: run each op of the plan on its sample and check that every tensor
+it writes ends exactly one version higher.
+
+Verdicts: PASS (+1 each), MISS (some tensor not bumped), EXTRA (some tensor
+bumped more than once), ERROR (the call raised), NOT_RUN (no sample on this
+device, with the reason), and XFAIL/XPASS for ops the overlay expects to fail.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+PASS, MISS, EXTRA, ERROR, NOT_RUN, XFAIL, XPASS = "PASS", "MISS", "EXTRA", "ERROR", "NOT_RUN", "XFAIL", "XPASS"
+FAILING = {MISS, EXTRA, ERROR}
+
+
+@dataclass
+class TensorResult:
+    arg: str
+    before: int
+    after: int
+
+
+@dataclass
+class OpResult:
+    op: str
+    device: str
+    patched: bool
+    verdict: str
+    tensors: list[TensorResult] = field(default_factory=list)
+    message: str = ""
+
+
+def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = None) -> OpResult:
+    from .samples import NoSample, opoverload, sample
+
+    try:
+        s = sample(op, device)
+    except NoSample as e:
+        return OpResult(op, device, patched, NOT_RUN, message=str(e))
+    except Exception as e:  # a recipe that does not fit this torch: a failure, never a pass
+        return OpResult(op, device, patched, ERROR, message=f"building the sample: {type(e).__name__}: {e}")
+    written = s.written_tensors()
+    before = [int(t._version) for _, t in written]
+    try:
+        opoverload(op)(*s.args, **s.kwargs)
+    except Exception as e:  # the op's own failure is a result, not a crash of verify
+        return OpResult(op, device, patched, ERROR, message=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+    res = [TensorResult(n, b, int(t._version)) for (n, t), b in zip(written, before)]
+    deltas = [r.after - r.before for r in res]
+    verdict = PASS
+    if any(d > 1 for d in deltas):
+        verdict = EXTRA
+    elif any(d < 1 for d in deltas):
+        verdict = MISS
+    if xfail is not None and (not xfail or device in xfail):
+        verdict = XPASS if verdict == PASS else XFAIL
+    return OpResult(op, device, patched, verdict, res)
+
+
+def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None) -> list[OpResult]:
+    xfails = xfails or {}
+    return [run_op(op, device, patched, xfails.get(op)) for op in sorted(ops)]
+
+
+def counts(results: list[OpResult]) -> dict[str, int]:
+    c: dict[str, int] = {}
+    for r in results:
+        c[r.verdict] = c.get(r.verdict, 0) + 1
+    return dict(sorted(c.items()))
+
+
+def _versions(r: OpResult) -> str:
+    return " ".join(f"{t.before}->{t.after}" for t in r.tensors) or "-"
+
+
+def table(results: list[OpResult]) -> str:
+    w = max([len(r.op) for r in results] + [2])
+    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  versions (before->after, per written tensor)"]
+    for r in results:
+        lines.append(f"{r.op:<{w}}  {r.device:<6}  {'yes' if r.patched else 'no':<5}  {r.verdict:<7}  "
+                     f"{_versions(r)}{('  ' + r.message) if r.message else ''}")
+    lines.append("counts: " + ", ".join(f"{k} {v}" for k, v in counts(results).items()))
+    return "\n".join(lines) + "\n"
+
+
+def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
+    runs = list(results_by_run)
+    lines = ["# torchgen-patch verify report", ""]
+    for k, v in meta.items():
+        lines.append(f"- {k}: `{v}`")
+    lines.append("")
+    for run_name in runs:
+        lines.append(f"- {run_name}: " + ", ".join(f"{k} {v}" for k, v in counts(results_by_run[run_name]).items()))
+    lines += ["", "| op | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    by_op: dict[str, dict[str, OpResult]] = {}
+    for run_name, rs in results_by_run.items():
+        for r in rs:
+            by_op.setdefault(r.op, {})[run_name] = r
+    for op in sorted(by_op):
+        cells = []
+        for run_name in runs:
+            r = by_op[op].get(run_name)
+            if r is None:
+                cells.append("")
+                continue
+            cell = f"{r.verdict} {_versions(r)}" if r.tensors else r.verdict
+            if r.message:
+                cell += f" ({r.message.replace('|', '/')[:100]})"
+            cells.append(cell)
+        lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
+    doc = {"meta": meta, "runs": {k: {"counts": counts(v), "results": [asdict(r) for r in v]}
+                                  for k, v in results_by_run.items()}}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
