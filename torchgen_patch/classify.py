@@ -24,8 +24,11 @@ from .model import (
 SUPPORTED_FORMS = {"tensor", "tensor_list", "optional_tensor"}
 
 
-def classify(native_path: str, tags_path: str, functions: list, torch_version: str) -> Scan:
-    derived = tg.derivative_names(os.path.join(tg.packaged_autograd_dir(), "derivatives.yaml"))
+def classify(native_path: str, tags_path: str, functions: list, torch_version: str,
+             raw_schemas: dict[int, str] | None = None) -> Scan:
+    registers = [tg.upstream_registers(f) for f in functions]
+    bases = {str(f.func.name.name.base) for f, r in zip(functions, registers) if r and not f.is_abstract}
+    derived = tg.derivative_signatures(os.path.join(tg.packaged_autograd_dir(), "derivatives.yaml"), bases)
     infos_cache: dict = {}
 
     def infos():
@@ -34,19 +37,20 @@ def classify(native_path: str, tags_path: str, functions: list, torch_version: s
         return infos_cache["d"]
 
     scan = Scan(native_path, tags_path, torch_version)
-    for f in functions:
-        scan.records.append(_one(f, derived, infos))
+    for f, reg in zip(functions, registers):
+        generates = reg if not reg else tg.upstream_uses_derived(f, derived, infos)
+        scan.records.append(_one(f, generates, raw_schemas))
     scan.records.sort(key=lambda r: r.name)
     return scan
 
 
-def _one(f, derived, infos) -> OpRecord:
+def _one(f, generates: bool | None, raw_schemas) -> OpRecord:
     written = tuple(WrittenArg(w.name, w.form) for w in tg.written_args(f))
     kind = tg.kind(f)
-    verdict, reason = _verdict(f, kind, written, derived, infos)
+    verdict, reason = _verdict(f, kind, written, generates)
     return OpRecord(
         name=tg.op_name(f),
-        schema=tg.schema_str(f),
+        schema=tg.schema_str(f, raw_schemas),
         file=f.loc.file,
         line=f.loc.line,
         kind=kind,
@@ -56,17 +60,22 @@ def _one(f, derived, infos) -> OpRecord:
         reason=reason,
         composite_implicit=not f.is_abstract,
         manual=tg.is_manual_autograd(f),
-        cpp=_cpp(f) if verdict == MISSING else None,
     )
 
 
-def _cpp(f) -> CppSig:
-    s = tg.cpp_signature(f)
-    return CppSig(tuple(s.formals), tuple(s.arg_names), s.unambiguous_name, s.root_name)
+def cpp_signatures(functions: list, ops: set[str]) -> dict[str, CppSig]:
+    """The C++ dispatcher signatures (torchgen's C++ API) of ``ops``."""
+    out = {}
+    for f in functions:
+        name = tg.op_name(f)
+        if name in ops:
+            s = tg.cpp_signature(f)
+            out[name] = CppSig(tuple(s.formals), tuple(s.arg_names), s.unambiguous_name, s.root_name)
+    return out
 
 
-def _verdict(f, kind, written, derived, infos) -> tuple[str, str]:
-    generates = tg.upstream_generates(f, derived, infos)
+def _verdict(f, kind, written, generates: bool | None) -> tuple[str, str]:
+    """``generates``: the upstream codegen emits a kernel (None: no codegen to ask)."""
     if generates:
         return COVERED, "the autograd codegen emits an ADInplaceOrView kernel"
     if not written:

@@ -28,13 +28,14 @@ def _extensions():
     return mods
 
 
-def inputs(args, use_overlay: bool = True):
-    """Sources → scan → overlay, from the common command-line arguments."""
+def inputs(args, use_overlay: bool = True, full: bool = True):
+    """Sources → scan → overlay, from the common command-line arguments.
+    ``full=False``: the caller needs only the summary (lint)."""
     from . import overlay as ov
     from .render import template_names
 
     sources = load.Sources.resolve(args.native_functions, args.tags, args.pytorch_root)
-    scan = load.scan(sources, use_cache=not args.no_cache)
+    scan = load.scan(sources, use_cache=not args.no_cache, full=full)
     if args.no_overlay or not use_overlay:
         return scan, ov.empty()
     path = args.overlay or ov.default_path()
@@ -72,7 +73,7 @@ def cmd_scan(args) -> int:
 def cmd_lint(args) -> int:
     from .lint import findings
 
-    scan, overlay = inputs(args)
+    scan, overlay = inputs(args, full=args.against_runtime)
     fs = findings(scan, overlay)
     sys.stdout.write(report.lint_json(fs, scan) if args.format == "json" else report.lint_text(fs, scan))
     rc = 1 if fs else 0

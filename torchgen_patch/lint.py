@@ -31,8 +31,8 @@ class Finding:
 
 def findings(scan: Scan, overlay: Overlay) -> list[Finding]:
     out = []
-    for r in scan.records:
-        if r.verdict not in (MISSING, UNSUPPORTED) or overlay.skipped(r.name):
+    for r in scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED):
+        if overlay.skipped(r.name):
             continue
         rule = RULE_MISSING if r.verdict == MISSING else RULE_UNSUPPORTED
         out.append(Finding(r.file, r.line, r.name, rule, f"{r.name}: {r.reason}"))

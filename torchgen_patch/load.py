@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from .errors import InputError
-from .model import OpRecord, Scan
+from .model import MISSING, UNSUPPORTED, OpRecord, Scan
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,20 @@ class Sources:
 
 
 def torch_version() -> str:
+    """The installed torch's version, without importing torch (read from
+    torch/version.py; importlib.metadata as a fallback)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        try:
+            text = open(os.path.join(os.path.dirname(spec.origin), "version.py"), encoding="utf-8").read()
+            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            if m:
+                return m.group(1)
+        except OSError:
+            pass
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -76,53 +90,118 @@ def _read_bytes(path: str, what: str) -> bytes:
     return read_text(path, what).encode("utf-8")  # validates existence and encoding
 
 
-def scan(sources: Sources, use_cache: bool = True) -> Scan:
-    """Classify every function of ``sources`` (through the cache when allowed)."""
+# The verdicts whose records a summary cache file carries (what lint needs).
+SUMMARY_VERDICTS = (MISSING, UNSUPPORTED)
+
+
+def scan(sources: Sources, use_cache: bool = True, full: bool = True) -> Scan:
+    """Classify every function of ``sources`` (through the cache when allowed).
+
+    The cache holds two files per key: a summary (counts, every op's verdict,
+    and the records a lint needs) and the full records. ``full=False`` (lint)
+    writes only the summary; the full records are written, and loaded, only
+    when something asks for them.
+    """
     native_b = _read_bytes(sources.native, "native_functions.yaml")
     tags_b = _read_bytes(sources.tags, "tags.yaml")
     tv = torch_version()
     key = hashlib.sha256(b"\0".join([native_b, tags_b, tv.encode(), _tool_fingerprint().encode()])).hexdigest()
-    path = os.path.join(cache_dir(), f"scan-{key[:32]}.json")
+    full_path = os.path.join(cache_dir(), f"scan-{key[:32]}.json")
+    summary = os.path.join(cache_dir(), f"scan-{key[:32]}.summary.json")
     if use_cache:
-        cached = _read_cache(path, sources, tv)
-        if cached is not None:
+        cached = _read_cache(full_path, summary, sources, tv, key)
+        if cached is not None and (not full or os.path.exists(full_path)):
             return cached
     from . import classify, tg
 
-    functions = tg.parse(sources.native, sources.tags, native_b.decode(), tags_b.decode())
-    result = classify.classify(sources.native, sources.tags, functions, tv)
+    functions, raw = tg.parse(sources.native, sources.tags, native_b.decode(), tags_b.decode())
+    result = classify.classify(sources.native, sources.tags, functions, tv, raw)
     if use_cache:
-        _write_cache(path, result)
+        result.cache_key = key
+        if full:
+            _write_full(full_path, result)
+        _write_cache(summary, {"counts": result.counts(), "verdicts": {r.name: r.verdict for r in result.records},
+                               "records": [dict(r.to_json(), file="") for r in result.records
+                                           if r.verdict in SUMMARY_VERDICTS]})
     return result
 
 
-def _read_cache(path: str, sources: Sources, tv: str) -> Scan | None:
+def _write_full(path: str, result: Scan) -> None:
+    _write_cache(path, {"records": [dict(r.to_json(), file="") for r in result.records]})
+
+
+def cpp_signatures(scan: Scan) -> dict:
+    """C++ signatures of the scan's missing ops, for the codegen (cached by the
+    scan's content key; computing them needs torchgen's parse again)."""
+    from .model import CppSig
+
+    name = f"cpp-{scan.cache_key[:32]}.json" if scan.cache_key else None
+    if name is not None:
+        cached = read_json_cache(name)
+        if cached is not None:
+            return {k: CppSig.from_json(v) for k, v in cached.items()}
+    from . import classify, tg
+
+    native = _read_bytes(scan.native_path, "native_functions.yaml").decode()
+    tags = _read_bytes(scan.tags_path, "tags.yaml").decode()
+    functions, _raw = tg.parse(scan.native_path, scan.tags_path, native, tags)
+    sigs = classify.cpp_signatures(functions, {r.name for r in scan.by_verdict(MISSING)})
+    if name is not None:
+        write_json_cache(name, {k: v.to_json() for k, v in sorted(sigs.items())})
+    return sigs
+
+
+
+
+def _load_json(path: str):
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+            return json.load(fh)
     except (OSError, ValueError):
         return None
-    s = Scan(sources.native, sources.tags, tv)
-    s.records = [OpRecord.from_json(r) for r in data["records"]]
-    # the cache is keyed by content, not by path: re-attach the caller's path
-    s.records = [_with_file(r, sources.native) for r in s.records]
-    return s
 
 
-def _with_file(r: OpRecord, file: str) -> OpRecord:
-    if r.file == file:
-        return r
-    d = r.to_json()
-    d["file"] = file
-    return OpRecord.from_json(d)
+def _read_cache(full: str, summary: str, sources: Sources, tv: str, key: str) -> Scan | None:
+    # the cache is keyed by content, not by path: attach the caller's path
+    def records(data) -> list[OpRecord]:
+        return [OpRecord.from_json(dict(r, file=sources.native)) for r in data["records"]]
+
+    head = _load_json(summary)
+    if head is None:
+        return None
+
+    def lazy() -> list[OpRecord]:
+        data = _load_json(full)
+        if data is None:  # not written yet (a lint wrote only the summary): classify now
+            result = scan(sources, use_cache=False)
+            _write_full(full, result)
+            return result.records
+        return records(data)
+
+    partial: dict[str, list[OpRecord]] = {v: [] for v in SUMMARY_VERDICTS}
+    for r in records(head):
+        partial[r.verdict].append(r)
+    return Scan(sources.native, sources.tags, tv, lazy=lazy, counts=head["counts"], partial=partial,
+                verdicts=head["verdicts"], cache_key=key)
 
 
-def _write_cache(path: str, s: Scan) -> None:
+def read_json_cache(name: str):
+    try:
+        with open(os.path.join(cache_dir(), name), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_cache(name: str, data) -> None:
+    _write_cache(os.path.join(cache_dir(), name), data)
+
+
+def _write_cache(path: str, data) -> None:
     from .write import atomic_write
 
-    data = {"records": [r.to_json() for r in s.records]}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write(path, json.dumps(data, sort_keys=True).encode())
+        atomic_write(path, json.dumps(data, separators=(",", ":")).encode(), durable=False)
     except OSError:
         pass  # a cache that cannot be written is only a slower next run

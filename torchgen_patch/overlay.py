@@ -59,9 +59,30 @@ def empty() -> Overlay:
 
 
 def load(path: str, scan: Scan, templates: set[str]) -> Overlay:
-    import yaml
+    """Parse and validate; a valid overlay is cached by content (with the scan's key)."""
+    import hashlib
+
+    from . import load as ld
 
     text = read_text(path, "overlay")
+    name = None
+    if scan.cache_key is not None:
+        h = hashlib.sha256((scan.cache_key + "\0" + ",".join(sorted(templates)) + "\0" + text).encode())
+        name = f"overlay-{h.hexdigest()[:32]}.json"
+        cached = ld.read_json_cache(name)
+        if cached is not None:
+            return Overlay(path, {e["op"]: Entry(**dict(e, devices=tuple(e["devices"]))) for e in cached})
+    result = _parse(path, text, scan, templates)
+    if name is not None:
+        from dataclasses import asdict
+
+        ld.write_json_cache(name, [asdict(e) for e in result.entries.values()])
+    return result
+
+
+def _parse(path: str, text: str, scan: Scan, templates: set[str]) -> Overlay:
+    import yaml
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
@@ -86,18 +107,19 @@ def load(path: str, scan: Scan, templates: set[str]) -> Overlay:
 def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
     import yaml
 
-    rec = scan.get(op)
-    if rec is None:
+    verdict = scan.verdict_of(op)
+    if verdict is None:
         hint = None
         if "::" not in op:
             hint = f"operator names carry their namespace: 'aten::{op}'"
         else:
-            close = difflib.get_close_matches(op, [r.name for r in scan.records], n=3, cutoff=0.6)
+            close = difflib.get_close_matches(op, scan.names(), n=3, cutoff=0.6)
             if close:
                 hint = "did you mean " + ", ".join(f"'{c}'" for c in close) + "?"
         raise InputError(path, line, f"unknown operator '{op}'", hint)
-    if rec.verdict not in (MISSING, UNSUPPORTED):
-        raise InputError(path, line, f"'{op}' is {rec.verdict} ({rec.reason}), not missing: nothing to decide")
+    if verdict not in (MISSING, UNSUPPORTED):
+        rec = scan.get(op)
+        raise InputError(path, line, f"'{op}' is {verdict} ({rec.reason}), not missing: nothing to decide")
     if not isinstance(node, yaml.MappingNode):
         raise InputError(path, node.start_mark.line + 1, f"entry for '{op}' must be a mapping")
     fields: dict[str, object] = {}

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from .errors import InputError
-from .model import MISSING, UNSUPPORTED, OpRecord, Scan, WrittenArg
+from .model import MISSING, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
 from .overlay import Overlay
 
 DEFAULT_TEMPLATE = "kernel.cpp.j2"
@@ -61,11 +61,14 @@ def stable_hash(key: str) -> int:
     return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "little")
 
 
-def make_plan(scan: Scan, overlay: Overlay, strict: bool = False) -> Plan:
+def make_plan(scan: Scan, overlay: Overlay, strict: bool = False, cpp: dict | None = None) -> Plan:
+    """``cpp``: C++ signatures by op (default: load.cpp_signatures(scan))."""
+    if cpp is None:
+        from .load import cpp_signatures
+
+        cpp = cpp_signatures(scan)
     plan = Plan(torch_version=scan.torch_version)
-    for r in scan.records:
-        if r.verdict not in (MISSING, UNSUPPORTED):
-            continue
+    for r in sorted(scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED), key=lambda r: r.name):
         entry = overlay.get(r.name)
         if entry is not None and entry.action == "skip":
             plan.left_out.append(LeftOut(r.name, r.file, r.line, f"skipped by the overlay: {entry.reason}"))
@@ -76,14 +79,13 @@ def make_plan(scan: Scan, overlay: Overlay, strict: bool = False) -> Plan:
                                  "add a 'skip' entry with a reason to the overlay")
             plan.left_out.append(LeftOut(r.name, r.file, r.line, r.reason))
             continue
-        plan.kernels.append(_kernel(r, entry))
+        plan.kernels.append(_kernel(r, entry, cpp[r.name]))
     plan.kernels.sort(key=lambda k: k.op)
     plan.left_out.sort(key=lambda lo: lo.op)
     return plan
 
 
-def _kernel(r: OpRecord, entry) -> Kernel:
-    assert r.cpp is not None, f"missing op {r.name} has no C++ signature"
+def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
     xfail_devices = None
     xfail_reason = None
     if entry is not None and entry.action == "xfail":
@@ -91,15 +93,15 @@ def _kernel(r: OpRecord, entry) -> Kernel:
     return Kernel(
         op=r.name,
         name=r.name.split("::", 1)[1],
-        fn=r.cpp.unambiguous_name,
+        fn=sig.unambiguous_name,
         schema=r.schema,
         yaml_name=os.path.basename(r.file),
         line=r.line,
         template=(entry.template if entry is not None and entry.template else DEFAULT_TEMPLATE),
-        formals=r.cpp.formals,
-        call_args=r.cpp.call_args,
-        unambiguous_name=r.cpp.unambiguous_name,
-        root_name=r.cpp.root_name,
+        formals=sig.formals,
+        call_args=sig.call_args,
+        unambiguous_name=sig.unambiguous_name,
+        root_name=sig.root_name,
         written=r.written,
         xfail_devices=xfail_devices,
         xfail_reason=xfail_reason,

@@ -16,7 +16,7 @@ def lint_text(fs: list[Finding], scan: Scan) -> str:
     lines = [f"{display_path(f.path)}:{f.line}: {f.severity}: [{f.code}] {f.message}" for f in fs]
     c = scan.counts()
     lines.append(f"{len(fs)} finding(s); " + ", ".join(f"{v} {c[v]}" for v in VERDICTS)
-                 + f" (of {len(scan.records)} functions)")
+                 + f" (of {scan.total()} functions)")
     return "\n".join(lines) + "\n"
 
 
@@ -27,7 +27,7 @@ def lint_json(fs: list[Finding], scan: Scan) -> str:
         "torch": scan.torch_version,
         "native_functions": display_path(scan.native_path),
         "counts": scan.counts(),
-        "total": len(scan.records),
+        "total": scan.total(),
         "findings": [dict(f.to_json(), path=display_path(f.path)) for f in fs],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

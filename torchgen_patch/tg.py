@@ -75,10 +75,10 @@ def load_yaml_list(path: str, text: str, what: str) -> list:
 _LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
 
 
-def _torchgen_error(path: str, exc: BaseException) -> InputError:
+def _torchgen_error(path: str, exc: BaseException, es: list | None = None) -> InputError:
     msg = str(exc.args[0]) if exc.args else type(exc).__name__
     m = _LOC.search(msg)
-    line = int(m.group("line")) if m else None
+    line = int(m.group("line")) if m else _line_of_named_entry(msg, es or [])
     first = one_line(msg)
     if first.startswith("in ") and _LOC.match(first):
         first = type(exc).__name__
@@ -88,7 +88,8 @@ def _torchgen_error(path: str, exc: BaseException) -> InputError:
 
 def parse(native_path: str, tags_path: str, native_text: str, tags_text: str) -> list:
     """Parse both files through torchgen; return its NativeFunctions (with
-    generated ones added, as torchgen's own codegen does)."""
+    generated ones added, as torchgen's own codegen does) and the raw func
+    text of each yaml line (see ``schema_str``)."""
     from torchgen.gen import parse_native_yaml_struct, parse_tags_yaml_struct
 
     tag_es = load_yaml_list(tags_path, tags_text, "tags.yaml")
@@ -101,8 +102,17 @@ def parse(native_path: str, tags_path: str, native_text: str, tags_text: str) ->
     try:
         parsed = parse_native_yaml_struct(es, tags, path=native_path)
     except Exception as e:
-        raise _torchgen_error(native_path, e) from None
-    return list(parsed.native_functions)
+        raise _torchgen_error(native_path, e, es) from None
+    return list(parsed.native_functions), {e["__line__"]: e["func"].strip() for e in es}
+
+
+def _line_of_named_entry(msg: str, es: list) -> int | None:
+    """torchgen's cross-entry checks name the schema but not its line: find it."""
+    for e in es:
+        func = e.get("func")
+        if isinstance(func, str) and func.strip() in msg:
+            return e.get("__line__")
+    return None
 
 
 def _check_duplicates(path: str, es: list) -> None:
@@ -134,7 +144,13 @@ def op_name(f) -> str:
     return f"aten::{f.func.name}"
 
 
-def schema_str(f) -> str:
+def schema_str(f, raw: dict[int, str] | None = None) -> str:
+    """``aten::`` + the schema. ``raw`` maps a yaml line to the yaml's own func
+    text, which torchgen guarantees round-trips (it asserts
+    str(parse(text)) == text), so it is used instead of re-printing."""
+    text = raw.get(f.loc.line) if raw else None
+    if text is not None and text.startswith(f"{f.func.name}("):
+        return f"aten::{text}"
     return f"aten::{f.func}"
 
 
@@ -192,51 +208,89 @@ def is_view(f) -> bool:
     return up[0].get_view_info(f) is not None
 
 
-def is_manual_autograd(f) -> bool:
+@functools.cache
+def _manual_bases() -> frozenset[str]:
     up = _upstream()
-    if up is None:
+    return frozenset(m.rstrip("_") for m in up[1].MANUAL_AUTOGRAD) if up else frozenset()
+
+
+def is_manual_autograd(f) -> bool:
+    """Is ``f`` in the codegen's MANUAL_AUTOGRAD set (kernels written by hand)?"""
+    if str(f.func.name.name.base) not in _manual_bases():  # cheap pre-filter by base name
         return False
     from torchgen.api import cpp
 
-    return cpp.name(f.func) in up[1].MANUAL_AUTOGRAD
+    return cpp.name(f.func) in _upstream()[1].MANUAL_AUTOGRAD
 
 
-def derivative_names(path: str) -> frozenset[str]:
-    """Base operator names that derivatives.yaml mentions (cheap: names only)."""
+def derivative_signatures(path: str, bases: set[str] | None = None) -> frozenset[str]:
+    """Signatures of the schemas derivatives.yaml names (a cheap pre-filter).
+
+    The autograd codegen attaches a DifferentiabilityInfo to every function
+    whose signature equals that of a derivatives.yaml entry; a function whose
+    signature matches none has no info, so the full (slow) load_derivatives is
+    needed only when a match exists.
+    """
+    from torchgen.model import FunctionSchema
+
     try:
         text = open(path, encoding="utf-8").read()
     except OSError:
         return frozenset()
-    return frozenset(m.group(1) for m in re.finditer(r"^- name: *([A-Za-z0-9_]+)", text, re.M))
+    sigs = set()
+    for m in re.finditer(r"^- name: *(.+?)\s*$", text, re.M):
+        if bases is not None and m.group(1).split("(", 1)[0].split(".", 1)[0] not in bases:
+            continue
+        try:
+            sigs.add(str(FunctionSchema.parse(m.group(1)).signature()))
+        except Exception:  # an entry this torchgen cannot parse: let load_derivatives judge
+            sigs.add("*")
+    return frozenset(sigs)
 
 
-def upstream_generates(f, derived_names: frozenset[str], infos=None) -> bool | None:
-    """Does the installed upstream autograd codegen emit an ADInplaceOrView
-    kernel for ``f``? Calls its own functions (``inplace_or_view_method_registration``
-    and ``use_derived``). ``None`` if the codegen is not shipped.
-
-    Differentiability infos matter only for non-abstract functions; they are
-    loaded (``infos()``) only when such a function is named in derivatives.yaml.
-    """
+def upstream_registers(f) -> bool | None:
+    """Would the installed autograd codegen register an ADInplaceOrView kernel
+    for ``f`` (its own ``inplace_or_view_method_registration``)? ``None`` if the
+    codegen is not shipped. This part does not depend on derivatives."""
     up = _upstream()
     if up is None:
         return None
+    from torchgen.api.autograd import NativeFunctionWithDifferentiabilityInfo as NFWDI
+
     g = up[0]
+    if g.get_view_info(f) is None and not g.modifies_arguments(f):
+        return False  # the codegen's own first test; skips building a registration string
+    reg = g.inplace_or_view_method_registration
+    # The undecorated function: the decision needs no native_function_manager
+    # context, and entering one per function is half the cost of a cold scan.
+    reg = getattr(reg, "__wrapped__", reg)
+    return reg(NFWDI(func=f, info=None, fw_derivatives=None)) is not None
+
+
+def upstream_uses_derived(f, derived: frozenset[str], infos) -> bool:
+    """The codegen's own ``use_derived`` (which also drops MANUAL_AUTOGRAD ops).
+
+    Differentiability infos matter only for non-abstract functions; they are
+    loaded (``infos()``) only when such a function's signature is in ``derived``.
+    """
+    g = _upstream()[0]
     from torchgen.api.autograd import NativeFunctionWithDifferentiabilityInfo as NFWDI
 
     info = None
-    if not f.is_abstract and str(f.func.name.name.base) in derived_names and infos is not None:
+    if not f.is_abstract and ("*" in derived or str(f.func.signature()) in derived):
         info = infos().get(f.func)
-    fn = NFWDI(func=f, info=info, fw_derivatives=None)
-    if g.inplace_or_view_method_registration(fn) is None:
-        return False
-    return bool(g.use_derived(fn))
+    return bool(g.use_derived(NFWDI(func=f, info=info, fw_derivatives=None)))
 
 
 def load_infos(native_path: str, tags_path: str):
     from torchgen.packaged.autograd.load_derivatives import load_derivatives
 
-    d, _ = load_derivatives(os.path.join(packaged_autograd_dir(), "derivatives.yaml"), native_path, tags_path)
+    try:
+        d, _ = load_derivatives(os.path.join(packaged_autograd_dir(), "derivatives.yaml"), native_path, tags_path)
+    except Exception as e:  # the autograd codegen's own checks of the yaml
+        err = _torchgen_error(native_path, e)
+        err.message = err.message.replace("torchgen rejected", "the autograd codegen rejected")
+        raise InputError(err.path, err.line, err.message, err.hint) from None
     return d
 
 

@@ -9,16 +9,18 @@ import tempfile
 from .errors import InputError
 
 
-def atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory
-    and a rename: a reader sees the old file or the new one, never a part."""
+    and a rename: a reader sees the old file or the new one, never a part.
+    ``durable=False`` skips the fsync (caches: losing one costs only time)."""
     d = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

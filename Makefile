@@ -1,0 +1,40 @@
+# torchgen-patch: `make run` sets up and runs the main job; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.torchgen-patch-installed
+OUT    ?= build/generated
+
+.PHONY: setup run test test-fast bench goldens cuda-report clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+# The main job on the embedded default (the installed torch's own native_functions.yaml):
+# find the ops, generate their kernels, build them and check every op before/after.
+run: setup
+	$(BIN)/torchgen-patch lint --against-runtime || [ $$? -eq 1 ]
+	$(BIN)/torchgen-patch gen --strict --out $(OUT) --output-dependencies $(OUT).cmake
+	$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md
+	@echo "report: build/verify-cpu.md"
+
+test: setup
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -ra -m "not build"
+
+bench: setup
+	$(BIN)/python bench/run.py
+
+goldens: setup
+	$(BIN)/python -m tests.regen_goldens
+
+clean:
+	rm -rf build .cache .pytest_cache

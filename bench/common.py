@@ -1,0 +1,59 @@
+"""Helpers for side-by-side benchmarks: paired, interleaved runs; medians; ratios."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_py(code: str, env: dict | None = None) -> float:
+    """Run ``code`` in a fresh interpreter; it must print the seconds it measured."""
+    e = dict(os.environ, PYTHONPATH=ROOT)
+    e.update(env or {})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def wall(cmd: list[str], env: dict | None = None) -> float:
+    e = dict(os.environ, PYTHONPATH=ROOT)
+    e.update(env or {})
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=ROOT)
+    dt = time.perf_counter() - t
+    if r.returncode not in (0, 1):
+        raise RuntimeError(r.stderr)
+    return dt
+
+
+def paired(a, b, n: int) -> tuple[list[float], list[float]]:
+    """Run a() and b() n times each, interleaved (a b a b ...), so drift hits both."""
+    xs, ys = [], []
+    for _ in range(n):
+        xs.append(a())
+        ys.append(b())
+    return xs, ys
+
+
+def ratio_line(name: str, xs: list[float], ys: list[float], target: float | None) -> dict:
+    mx, my = statistics.median(xs), statistics.median(ys)
+    ratio = mx / my
+    ok = None if target is None else ratio <= target
+    verdict = "" if ok is None else ("  [target <= %.2f: %s]" % (target, "met" if ok else "NOT MET"))
+    print(f"{name}: {mx:.4f}s vs {my:.4f}s  ratio {ratio:.3f}{verdict}", flush=True)
+    return {"name": name, "median_s": mx, "anchor_median_s": my, "ratio": ratio, "target": target, "met": ok,
+            "runs": len(xs)}
+
+
+def save(results: list[dict], path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(results, fh, indent=2, sort_keys=True)
+        fh.write("\n")
