@@ -41,7 +41,7 @@ def inputs(args, use_overlay: bool = True, full: bool = True):
     path = args.overlay or ov.default_path()
     if path is None:
         return scan, ov.empty()
-    return scan, ov.load(path, scan, template_names())
+    return scan, ov.load(path, scan, template_names(), shipped=args.overlay is None)
 
 
 def run(args) -> int:

@@ -57,7 +57,7 @@ def default_plan(native=None, tags=None, pytorch_root=None, overlay=None, shards
     sources = load.Sources.resolve(native, tags, pytorch_root)
     scan = load.scan(sources)
     path = overlay or ov.default_path()
-    o = ov.load(path, scan, template_names()) if path else ov.empty()
+    o = ov.load(path, scan, template_names(), shipped=overlay is None) if path else ov.empty()
     plan = make_plan(scan, o)
     return plan, render(plan, shards)
 

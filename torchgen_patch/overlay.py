@@ -58,8 +58,14 @@ def empty() -> Overlay:
     return Overlay(None, {})
 
 
-def load(path: str, scan: Scan, templates: set[str]) -> Overlay:
-    """Parse and validate; a valid overlay is cached by content (with the scan's key)."""
+def load(path: str, scan: Scan, templates: set[str], shipped: bool = False) -> Overlay:
+    """Parse and validate; a valid overlay is cached by content (with the scan's key).
+
+    ``shipped``: the overlay that comes with the tool, written for the installed
+    torch's yaml. Applied to another yaml, its entries for ops that yaml does
+    not have (or does not miss) are dropped instead of being errors; every
+    other check stays strict.
+    """
     import hashlib
 
     from . import load as ld
@@ -68,11 +74,11 @@ def load(path: str, scan: Scan, templates: set[str]) -> Overlay:
     name = None
     if scan.cache_key is not None:
         h = hashlib.sha256((scan.cache_key + "\0" + ",".join(sorted(templates)) + "\0" + text).encode())
-        name = f"overlay-{h.hexdigest()[:32]}.json"
+        name = f"overlay-{'shipped-' if shipped else ''}{h.hexdigest()[:32]}.json"
         cached = ld.read_json_cache(name)
         if cached is not None:
             return Overlay(path, {e["op"]: Entry(**dict(e, devices=tuple(e["devices"]))) for e in cached})
-    result = _parse(path, text, scan, templates)
+    result = _parse(path, text, scan, templates, shipped)
     if name is not None:
         from dataclasses import asdict
 
@@ -80,7 +86,7 @@ def load(path: str, scan: Scan, templates: set[str]) -> Overlay:
     return result
 
 
-def _parse(path: str, text: str, scan: Scan, templates: set[str]) -> Overlay:
+def _parse(path: str, text: str, scan: Scan, templates: set[str], shipped: bool = False) -> Overlay:
     import yaml
 
     try:
@@ -100,6 +106,8 @@ def _parse(path: str, text: str, scan: Scan, templates: set[str]) -> Overlay:
         op = knode.value
         if op in entries:
             raise InputError(path, line, f"duplicate entry for '{op}'", f"first at line {entries[op].line}")
+        if shipped and scan.verdict_of(op) not in (MISSING, UNSUPPORTED):
+            continue
         entries[op] = _entry(path, op, line, vnode, scan, templates)
     return Overlay(path, entries)
 

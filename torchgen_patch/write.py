@@ -49,12 +49,12 @@ def write_all(out_dir: str, files: dict[str, bytes]) -> list[str]:
     Checks that the directory is writable before touching anything, so a bad
     output directory leaves it exactly as it was. Returns the names written.
     """
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(out_dir, None, "output path exists and is not a directory")
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise InputError(out_dir, None, f"cannot create output directory: {e.strerror}") from None
-    if not os.path.isdir(out_dir):
-        raise InputError(out_dir, None, "output path exists and is not a directory")
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise InputError(out_dir, None, "output directory is not writable")
     written = []
