@@ -1,0 +1,204 @@
+"""Issue 4: build, install (cpp and python backends), refusals, faults, CMake."""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torchgen_patch
+from tests.conftest import ROOT
+from tests.yaml_fixtures import subset_yaml
+from torchgen_patch import build, installer, load
+from torchgen_patch import overlay as ov
+from torchgen_patch.errors import InputError
+from torchgen_patch.plan import make_plan
+from torchgen_patch.render import render
+
+pytestmark = pytest.mark.build
+
+
+def repro():
+    """The original report's call, plus two ops whose CPU kernels never bump."""
+    x = torch.randn(2, 2)
+    y, z = torch.empty(2, 1), torch.empty(2, 1)
+    torch.split_with_sizes_copy(x, [1, 1], dim=1, out=[y, z])
+    v, i = torch.empty(4), torch.empty(4, dtype=torch.long)
+    torch.ops.aten._cummax_helper(torch.randn(4), v, i, 0)
+    return y._version, z._version, v._version, i._version
+
+
+def test_install_fixes_the_repro(library):
+    assert repro() == (1, 1, 0, 0)
+    rep = torchgen_patch.install(library=library.path)
+    try:
+        assert len(rep.registered) == len(library.ops) and not rep.refused
+        assert torchgen_patch.installed_ops() == sorted(library.ops)
+        assert repro() == (1, 1, 1, 1)
+        again = torchgen_patch.install(library=library.path)  # loading twice is a no-op
+        assert again.registered == [] and sorted(again.already) == sorted(library.ops)
+        assert repro() == (1, 1, 1, 1)
+    finally:
+        torchgen_patch.uninstall()
+    assert repro() == (1, 1, 0, 0) and torchgen_patch.installed_ops() == []
+
+
+def test_no_override_warning_and_refusal_of_existing_kernels(library, capfd):
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_cummin_helper", lambda ks, *a: None, "ADInplaceOrView", with_keyset=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rep = torchgen_patch.install(library=library.path)
+        assert rep.refused == {"aten::_cummin_helper": "already has an ADInplaceOrView kernel in this torch"}
+        assert "aten::_cummax_helper" in rep.registered
+    finally:
+        torchgen_patch.uninstall()
+        lib._destroy()
+    assert "Overriding a previously registered kernel" not in capfd.readouterr().err
+
+
+def test_python_backend_same_semantics():
+    rep = torchgen_patch.install(backend="python")
+    try:
+        assert rep.backend == "python" and not rep.refused
+        assert repro() == (1, 1, 1, 1)
+    finally:
+        torchgen_patch.uninstall()
+
+
+def _fixture_library(tmp_path, edits=(), funcs=("_cummax_helper", "_cummin_helper", "split_with_sizes_copy",
+                                                   "split_with_sizes_copy.out")):
+    native, tags = subset_yaml(str(tmp_path), list(funcs), edits)
+    scan = load.scan(load.Sources.resolve(native, tags), use_cache=False)
+    plan = make_plan(scan, ov.empty())
+    files = render(plan, 1)
+    return plan, files
+
+
+def test_refuses_schema_drift_and_absent_ops(tmp_path):
+    """A library made from another yaml: a changed schema and an op this torch lacks."""
+    edits = (("_cummax_helper(Tensor self, Tensor(a!) values, Tensor(b!) indices, int dim) -> ()",
+              "_cummax_helper(Tensor self, Tensor(a!) values, Tensor(b!) indices, int dim=0) -> ()"),)
+    plan, _ = _fixture_library(tmp_path, edits)
+    cands = [installer.Candidate(k.op, k.schema) for k in plan.kernels]
+    cands.append(installer.Candidate("aten::_no_such_op", "aten::_no_such_op(Tensor self) -> ()"))
+    ok, already, refused = installer.check(cands)
+    assert refused == {
+        "aten::_cummax_helper": "schema differs: the kernel was made for 'aten::_cummax_helper(Tensor self, "
+                                "Tensor(a!) values, Tensor(b!) indices, int dim=0) -> ()', this torch has "
+                                "'aten::_cummax_helper(Tensor self, Tensor(a!) values, Tensor(b!) indices, "
+                                "int dim) -> ()'",
+        "aten::_no_such_op": "this torch has no such operator",
+    }
+    assert [c.op for c in ok] == ["aten::_cummin_helper", "aten::split_with_sizes_copy.out"]
+
+
+def test_small_build_cache_concurrency_and_torch_mismatch(tmp_path):
+    plan, files = _fixture_library(tmp_path)
+    root = str(tmp_path / "builds")
+    code = (f"import sys; sys.path.insert(0, {ROOT!r});"
+            "import json; from torchgen_patch import build;"
+            f"files = {{k: v.encode('latin1') for k, v in json.load(open({str(tmp_path / 'f.json')!r})).items()}};"
+            f"lib = build.build(files, [], 1, root={root!r}); print(lib.path)")
+    json.dump({k: v.decode("latin1") for k, v in files.items()}, open(tmp_path / "f.json", "w"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    results = [p.communicate() + (p.returncode,) for p in procs]
+    assert [r[2] for r in results] == [0, 0], results
+    paths = {r[0].strip() for r in results}
+    assert len(paths) == 1
+    built = [r for r in results if "built " in r[1]]
+    assert len(built) == 1  # one compiled, the other waited on the lock and found it
+    assert sorted(os.listdir(root)) == sorted([os.path.basename(os.path.dirname(paths.pop())),
+                                               os.path.basename(os.path.dirname(built[0][0].strip())) + ".lock"])
+    # a second build with nothing changed compiles nothing
+    lib = build.build(files, [], 1, root=root)
+    assert lib.built is False
+    # a torch upgrade between build and load: refused, nothing registered
+    info = os.path.join(lib.directory, "build-info.json")
+    data = json.load(open(info))
+    data["torch"] = "0.0.1"
+    json.dump(data, open(info, "w"))
+    with pytest.raises(InputError) as e:
+        installer.install(library=lib.path)
+    assert e.value.render() == (f"{lib.path}: error: built for torch 0.0.1, this is torch {torch.__version__} "
+                                "(hint: rebuild with `torchgen-patch build`)")
+    assert torchgen_patch.installed_ops() == []
+
+
+def test_compiler_errors_name_the_op(tmp_path):
+    plan, files = _fixture_library(tmp_path)
+    name = "ADInplaceOrViewPatch_0.cpp"
+    text = files[name].decode()
+    marker = "torchgen_patch::bump_if_unchanged(values, values_before);"
+    i = text.index("// aten::_cummin_helper")
+    files[name] = (text[:i] + text[i:].replace(marker, marker + " int broken = ;", 1)).encode()
+    root = tmp_path / "builds"
+    with pytest.raises(InputError) as e:
+        build.build(files, [], 1, root=str(root))
+    msg = e.value.render()
+    assert msg.startswith("torchgen-patch: error: the generated kernels do not compile:\n")
+    assert "[in the kernel of aten::_cummin_helper (native_functions.yaml:8)]" in msg
+    # nothing half-built is left where a later load would look
+    assert [p for p in os.listdir(root) if p.startswith("build-") and not p.endswith(".lock")] == []
+
+
+def test_no_compiler(tmp_path, monkeypatch):
+    plan, files = _fixture_library(tmp_path)
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    with pytest.raises(InputError) as e:
+        build.build(files, [], 1, root=str(tmp_path / "b"))
+    assert e.value.render() == ("torchgen-patch: error: no C++ compiler: 'no-such-compiler-xyz' is not on PATH "
+                                "(hint: install g++ (or set CXX), or use install(backend='python'))")
+
+
+def test_unwritable_build_directory(tmp_path):
+    plan, files = _fixture_library(tmp_path)
+    with pytest.raises(InputError) as e:
+        build.build(files, [], 1, root="/proc/torchgen-patch-builds")
+    assert e.value.render().startswith("/proc/torchgen-patch-builds: error: build directory is not writable: ")
+
+
+def test_build_cli_cache_hit(run_cli, library):
+    rc, out, err = run_cli("build")
+    assert rc == 0 and out.strip() == library.path
+    assert "up to date (cache hit)" in err
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_cmake_route_builds_the_same_library(tmp_path, library):
+    build_dir = tmp_path / "cmake-build"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = subprocess.run(["cmake", *gen, "-S", os.path.join(ROOT, "tests", "cmake_project"), "-B", str(build_dir),
+                          f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", "-DCMAKE_BUILD_TYPE=Release",
+                          f"-DTORCHGEN_PATCH_COMMAND={sys.executable};-m;torchgen_patch"],
+                         capture_output=True, text=True, env=env)
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    b = subprocess.run(["cmake", "--build", str(build_dir), "-j2"], capture_output=True, text=True, env=env)
+    assert b.returncode == 0, b.stdout + b.stderr
+    so = build_dir / "libversion_counter_patch.so"
+    # the CMake library carries the same kernels as the cpp_extension build
+    names = []
+    for path in (str(so), library.path):
+        dll = ctypes.CDLL(path)
+        dll.torchgen_patch_count.restype = ctypes.c_int64
+        dll.torchgen_patch_name.restype = ctypes.c_char_p
+        names.append(sorted(dll.torchgen_patch_name(i).decode() for i in range(dll.torchgen_patch_count())))
+    assert names[0] == names[1] and len(names[0]) == len(library.ops)
+    # built with REGISTER_AT_LOAD: loading it in a fresh process registers every kernel
+    code = ("import torch, sys; sys.path.insert(0, %r); from tests.test_build import repro;"
+            "print(repro()); torch.ops.load_library(%r); print(repro())") % (ROOT, str(so))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["(1, 1, 0, 0)", "(1, 1, 1, 1)"]
+    assert "Overriding" not in r.stderr
+    # a re-build with nothing changed regenerates and recompiles nothing
+    again = subprocess.run(["cmake", "--build", str(build_dir)], capture_output=True, text=True, env=env)
+    assert "no work to do" in again.stdout or "Linking" not in again.stdout
