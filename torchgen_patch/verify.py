@@ -32,7 +32,8 @@ class OpResult:
     message: str = ""
 
 
-def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = None) -> OpResult:
+def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = None, call=None) -> OpResult:
+    """Run ``op`` once on its sample. ``call`` replaces the op (tests of verify itself)."""
     from .samples import NoSample, opoverload, sample
 
     try:
@@ -44,7 +45,7 @@ def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = 
     written = s.written_tensors()
     before = [int(t._version) for _, t in written]
     try:
-        opoverload(op)(*s.args, **s.kwargs)
+        (call or opoverload(op))(*s.args, **s.kwargs)
     except Exception as e:  # the op's own failure is a result, not a crash of verify
         return OpResult(op, device, patched, ERROR, message=f"{type(e).__name__}: {str(e).splitlines()[0]}")
     res = [TensorResult(n, b, int(t._version)) for (n, t), b in zip(written, before)]
