@@ -184,21 +184,25 @@ def test_cmake_route_builds_the_same_library(tmp_path, library):
     b = subprocess.run(["cmake", "--build", str(build_dir), "-j2"], capture_output=True, text=True, env=env)
     assert b.returncode == 0, b.stdout + b.stderr
     so = build_dir / "libversion_counter_patch.so"
-    # the CMake library carries the same kernels as the cpp_extension build
-    names = []
-    for path in (str(so), library.path):
-        dll = ctypes.CDLL(path)
-        dll.torchgen_patch_count.restype = ctypes.c_int64
-        dll.torchgen_patch_name.restype = ctypes.c_char_p
-        names.append(sorted(dll.torchgen_patch_name(i).decode() for i in range(dll.torchgen_patch_count())))
-    assert names[0] == names[1] and len(names[0]) == len(library.ops)
-    # built with REGISTER_AT_LOAD: loading it in a fresh process registers every kernel
-    code = ("import torch, sys; sys.path.insert(0, %r); from tests.test_build import repro;"
-            "print(repro()); torch.ops.load_library(%r); print(repro())") % (ROOT, str(so))
+    # built with REGISTER_AT_LOAD: loading it registers every kernel, so it is
+    # only ever loaded in a fresh process, never in this one
+    code = ("import torch, sys, ctypes; sys.path.insert(0, %r); from tests.test_build import repro;"
+            "print(repro()); torch.ops.load_library(%r); print(repro());"
+            "dll = ctypes.CDLL(%r); dll.torchgen_patch_count.restype = ctypes.c_int64;"
+            "dll.torchgen_patch_name.restype = ctypes.c_char_p;"
+            "print(','.join(sorted(dll.torchgen_patch_name(i).decode() for i in range(dll.torchgen_patch_count()))))"
+            ) % (ROOT, str(so), str(so))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:2] == ["(1, 1, 0, 0)", "(1, 1, 1, 1)"]
+    lines = r.stdout.split("\n")
+    assert lines[:2] == ["(1, 1, 0, 0)", "(1, 1, 1, 1)"]
     assert "Overriding" not in r.stderr
+    # the CMake library carries the same kernels as the cpp_extension build
+    dll = ctypes.CDLL(library.path)  # registers nothing at load
+    dll.torchgen_patch_count.restype = ctypes.c_int64
+    dll.torchgen_patch_name.restype = ctypes.c_char_p
+    ours = sorted(dll.torchgen_patch_name(i).decode() for i in range(dll.torchgen_patch_count()))
+    assert lines[2].split(",") == ours and len(ours) == len(library.ops)
     # a re-build with nothing changed regenerates and recompiles nothing
     again = subprocess.run(["cmake", "--build", str(build_dir)], capture_output=True, text=True, env=env)
     assert "no work to do" in again.stdout or "Linking" not in again.stdout

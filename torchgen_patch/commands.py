@@ -53,9 +53,10 @@ def run(args) -> int:
 
 
 def _runtime(scan) -> int:
+    from .installer import installed_ops
     from .runtime import cross_check
 
-    drifts = cross_check(scan)
+    drifts = cross_check(scan, set(installed_ops()))
     for d in drifts:
         print(f"drift: {d.op}: {d.kind}: {d.detail}", file=sys.stderr)
     print(f"against runtime: {len(drifts)} drift(s) over {len(scan.records)} functions", file=sys.stderr)

@@ -126,8 +126,10 @@ def _library(library, native, tags, overlay, verbose) -> tuple[str, list[Candida
         library = lib.path
     d = os.path.dirname(os.path.abspath(library))
     try:
-        info = json.load(open(os.path.join(d, "build-info.json")))
-        manifest = json.load(open(os.path.join(d, "src", "torchgen_patch_manifest.json")))
+        with open(os.path.join(d, "build-info.json")) as fh:
+            info = json.load(fh)
+        with open(os.path.join(d, "src", "torchgen_patch_manifest.json")) as fh:
+            manifest = json.load(fh)
     except (OSError, ValueError) as e:
         raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
     if info.get("torch") != torch.__version__:

@@ -54,7 +54,8 @@ def torch_version() -> str:
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.origin:
         try:
-            text = open(os.path.join(os.path.dirname(spec.origin), "version.py"), encoding="utf-8").read()
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py"), encoding="utf-8") as fh:
+                text = fh.read()
             m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
             if m:
                 return m.group(1)

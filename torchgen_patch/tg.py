@@ -42,7 +42,8 @@ def read_text(path: str, what: str) -> str:
     if os.path.isdir(path):
         raise InputError(path, None, f"{what} is a directory, expected a file")
     try:
-        data = open(path, "rb").read()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as e:
         raise InputError(path, None, f"cannot read {what}: {e.strerror}") from None
     try:
@@ -234,7 +235,8 @@ def derivative_signatures(path: str, bases: set[str] | None = None) -> frozenset
     from torchgen.model import FunctionSchema
 
     try:
-        text = open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
     except OSError:
         return frozenset()
     sigs = set()
