@@ -28,14 +28,14 @@ def _extensions():
     return mods
 
 
-def inputs(args, use_overlay: bool = True, full: bool = True):
+def inputs(args, use_overlay: bool = True, full: bool = True, cpp: bool = False):
     """Sources → scan → overlay, from the common command-line arguments.
     ``full=False``: the caller needs only the summary (lint)."""
     from . import overlay as ov
     from .render import template_names
 
     sources = load.Sources.resolve(args.native_functions, args.tags, args.pytorch_root)
-    scan = load.scan(sources, use_cache=not args.no_cache, full=full)
+    scan = load.scan(sources, use_cache=not args.no_cache, full=full, cpp=cpp)
     if args.no_overlay or not use_overlay:
         return scan, ov.empty()
     path = args.overlay or ov.default_path()

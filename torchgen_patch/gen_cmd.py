@@ -29,7 +29,7 @@ def generate(args):
 
     if args.shards < 1:
         raise InputError(None, None, f"--shards must be at least 1, not {args.shards}")
-    scan, overlay = inputs(args)
+    scan, overlay = inputs(args, full=False, cpp=True)
     plan = make_plan(scan, overlay, strict=args.strict)
     return plan, render(plan, args.shards)
 

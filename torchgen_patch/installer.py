@@ -55,7 +55,7 @@ def default_plan(native=None, tags=None, pytorch_root=None, overlay=None, shards
     from .render import render, template_names
 
     sources = load.Sources.resolve(native, tags, pytorch_root)
-    scan = load.scan(sources)
+    scan = load.scan(sources, full=False, cpp=True)
     path = overlay or ov.default_path()
     o = ov.load(path, scan, template_names(), shipped=overlay is None) if path else ov.empty()
     plan = make_plan(scan, o)

@@ -95,13 +95,14 @@ def _read_bytes(path: str, what: str) -> bytes:
 SUMMARY_VERDICTS = (MISSING, UNSUPPORTED)
 
 
-def scan(sources: Sources, use_cache: bool = True, full: bool = True) -> Scan:
+def scan(sources: Sources, use_cache: bool = True, full: bool = True, cpp: bool = False) -> Scan:
     """Classify every function of ``sources`` (through the cache when allowed).
 
     The cache holds two files per key: a summary (counts, every op's verdict,
     and the records a lint needs) and the full records. ``full=False`` (lint)
     writes only the summary; the full records are written, and loaded, only
-    when something asks for them.
+    when something asks for them. ``cpp=True`` (the codegen): when torchgen
+    parses anyway, also compute the missing ops' C++ signatures from that parse.
     """
     native_b = _read_bytes(sources.native, "native_functions.yaml")
     tags_b = _read_bytes(sources.tags, "tags.yaml")
@@ -117,10 +118,14 @@ def scan(sources: Sources, use_cache: bool = True, full: bool = True) -> Scan:
 
     functions, raw = tg.parse(sources.native, sources.tags, native_b.decode(), tags_b.decode())
     result = classify.classify(sources.native, sources.tags, functions, tv, raw)
+    if cpp:
+        result.cpp = classify.cpp_signatures(functions, {r.name for r in result.by_verdict(MISSING)})
     if use_cache:
         result.cache_key = key
         if full:
             _write_full(full_path, result)
+        if result.cpp is not None:
+            write_json_cache(f"cpp-{key[:32]}.json", {k: v.to_json() for k, v in sorted(result.cpp.items())})
         _write_cache(summary, {"counts": result.counts(), "verdicts": {r.name: r.verdict for r in result.records},
                                "records": [dict(r.to_json(), file="") for r in result.records
                                            if r.verdict in SUMMARY_VERDICTS]})
@@ -136,6 +141,8 @@ def cpp_signatures(scan: Scan) -> dict:
     scan's content key; computing them needs torchgen's parse again)."""
     from .model import CppSig
 
+    if scan.cpp is not None:
+        return scan.cpp
     name = f"cpp-{scan.cache_key[:32]}.json" if scan.cache_key else None
     if name is not None:
         cached = read_json_cache(name)
@@ -149,6 +156,7 @@ def cpp_signatures(scan: Scan) -> dict:
     sigs = classify.cpp_signatures(functions, {r.name for r in scan.by_verdict(MISSING)})
     if name is not None:
         write_json_cache(name, {k: v.to_json() for k, v in sorted(sigs.items())})
+    scan.cpp = sigs
     return sigs
 
 

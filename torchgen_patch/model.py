@@ -90,6 +90,7 @@ class Scan:
         self._verdicts = verdicts  # op name -> verdict, known without the full records
         self.cache_key = cache_key  # content key of the inputs, when the cache is in use
         self._idx: dict[str, OpRecord] | None = None
+        self.cpp: dict[str, CppSig] | None = None  # C++ signatures of the missing ops, once known
 
     @property
     def records(self) -> list[OpRecord]:

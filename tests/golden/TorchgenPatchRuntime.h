@@ -24,19 +24,24 @@
 
 namespace torchgen_patch {
 
+// All inline (TensorImpl's counter accessors), no call into libtorch.
 inline int64_t version_of(const at::Tensor& t) {
-  if (!t.defined() || t.is_inference()) {
+  if (!t.defined()) {
     return -1;
   }
-  return t._version();
+  const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
+  return vc.enabled() ? static_cast<int64_t>(vc.current_version()) : -1;
 }
 
 inline void bump_if_unchanged(const at::Tensor& t, int64_t before) {
   if (!t.defined()) {
     return;
   }
-  if (t.is_inference() || t._version() == before) {
-    t.unsafeGetTensorImpl()->bump_version();
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const c10::VariableVersion& vc = impl->version_counter();
+  // no counter (an inference tensor): bump() raises outside InferenceMode, as upstream's does
+  if (!vc.enabled() || static_cast<int64_t>(vc.current_version()) == before) {
+    impl->bump_version();
   }
 }
 
