@@ -37,6 +37,12 @@ class Kernel:
     def shard(self, n: int) -> int:
         return stable_hash(self.op) % n
 
+    @property
+    def declaration(self) -> str:
+        """The kernel's C++ declarator: the dispatcher signature, keyset first."""
+        args = ", ".join(["c10::DispatchKeySet ks"] + [f"{t} {n}" for t, n in self.formals])
+        return f"void {self.fn}({args})"
+
 
 @dataclass(frozen=True)
 class LeftOut:

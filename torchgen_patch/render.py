@@ -62,24 +62,25 @@ def render(plan, shards: int) -> dict[str, bytes]:
     bodies = {k.op: env.get_template(k.template).render(k=k).rstrip() + "\n" for k in plan.kernels}
     files: dict[str, str] = {}
 
-    def shard(kernels, namespace, table, name):
+    def shard(kernels, namespace):
         return env.get_template(SHARD_TEMPLATE).render(
             generated_comment=_comment(SHARD_TEMPLATE),
             kernels=kernels,
             bodies=[bodies[k.op] for k in kernels],
             headers=sorted({k.root_name for k in kernels}),
             namespace=namespace,
-            table=table,
         )
 
-    tables = []
+    declarations = []
     for i, name in enumerate(shard_names(shards)):
         ks = [k for k in plan.kernels if k.shard(shards) == i]
-        files[name] = shard(ks, f"shard_{i}", f"kEntries_{i}", name)
-        tables.append(f"kEntries_{i}")
-    files["ADInplaceOrViewPatchEverything.cpp"] = shard(plan.kernels, "everything", "kEntries_everything", "")
+        files[name] = shard(ks, f"shard_{i}")
+        declarations.append((f"shard_{i}", [k.declaration for k in ks]))
+    files["ADInplaceOrViewPatchEverything.cpp"] = shard(plan.kernels, "everything")
     files["RegisterADInplaceOrViewPatch.cpp"] = env.get_template(REGISTER_TEMPLATE).render(
-        generated_comment=_comment(REGISTER_TEMPLATE), tables=tables)
+        generated_comment=_comment(REGISTER_TEMPLATE),
+        declarations=[(ns, ds) for ns, ds in declarations if ds],
+        entries=[(k.name, f"shard_{k.shard(shards)}", k.fn) for k in plan.kernels])
     files["TorchgenPatchRuntime.h"] = env.get_template(RUNTIME_TEMPLATE).render(
         generated_comment=_comment(RUNTIME_TEMPLATE))
     manifest = {

@@ -8,19 +8,50 @@
 // -DTORCHGEN_PATCH_REGISTER_AT_LOAD (the CMake route), every kernel is
 // registered by a static TORCH_LIBRARY_IMPL block instead.
 
-#include "TorchgenPatchRuntime.h"
+//
+// Kernels are registered as runtime function pointers: the boxing wrapper
+// the dispatcher needs is then instantiated once per distinct C++ signature
+// (many ops share one), not once per kernel, and only in this file.
+
+#include <torch/library.h>
 
 #include <cstring>
 #include <memory>
 #include <vector>
 
 namespace torchgen_patch {
-extern const Entry kEntries_0[];
+namespace shard_0 {
+void _cummax_helper(c10::DispatchKeySet ks, const at::Tensor & self, at::Tensor & values, at::Tensor & indices, int64_t dim);
+void _cummin_helper(c10::DispatchKeySet ks, const at::Tensor & self, at::Tensor & values, at::Tensor & indices, int64_t dim);
+void _foreach_add_Scalar_out(c10::DispatchKeySet ks, at::TensorList self, const at::Scalar & scalar, at::TensorList out);
+void _foreach_add__Scalar(c10::DispatchKeySet ks, at::TensorList self, const at::Scalar & scalar);
+void _fused_adam_out(c10::DispatchKeySet ks, at::TensorList self, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize, const ::std::optional<at::Tensor> & grad_scale, const ::std::optional<at::Tensor> & found_inf, at::TensorList out);
+void _fused_adam_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize, const ::std::optional<at::Tensor> & grad_scale, const ::std::optional<at::Tensor> & found_inf);
+void split_with_sizes_copy_out(c10::DispatchKeySet ks, const at::Tensor & self, c10::SymIntArrayRef split_sizes, int64_t dim, at::TensorList out);
+} // namespace shard_0
 
 namespace {
 
+// One registrable kernel: the operator name (with overload) and a function
+// that registers it into an ADInplaceOrView library block.
+struct Entry {
+  const char* name;
+  void (*reg)(torch::Library&);
+};
+
+const Entry kEntries[] = {
+    {"_cummax_helper", [](torch::Library& m) { m.impl("_cummax_helper", &shard_0::_cummax_helper); }},
+    {"_cummin_helper", [](torch::Library& m) { m.impl("_cummin_helper", &shard_0::_cummin_helper); }},
+    {"_foreach_add.Scalar_out", [](torch::Library& m) { m.impl("_foreach_add.Scalar_out", &shard_0::_foreach_add_Scalar_out); }},
+    {"_foreach_add_.Scalar", [](torch::Library& m) { m.impl("_foreach_add_.Scalar", &shard_0::_foreach_add__Scalar); }},
+    {"_fused_adam.out", [](torch::Library& m) { m.impl("_fused_adam.out", &shard_0::_fused_adam_out); }},
+    {"_fused_adam_", [](torch::Library& m) { m.impl("_fused_adam_", &shard_0::_fused_adam_); }},
+    {"split_with_sizes_copy.out", [](torch::Library& m) { m.impl("split_with_sizes_copy.out", &shard_0::split_with_sizes_copy_out); }},
+    {nullptr, nullptr},
+};
+
 const Entry* const kTables[] = {
-    kEntries_0,
+    kEntries,
     nullptr,
 };
 

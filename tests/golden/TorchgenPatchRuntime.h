@@ -17,7 +17,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
-#include <torch/library.h>
 
 #include <cstdint>
 #include <optional>
@@ -91,12 +90,5 @@ inline void bump_if_unchanged(at::TensorList ts, const Versions& before) {
     bump_if_unchanged(ts[i], before[i]);
   }
 }
-
-// One registrable kernel: the operator name (with overload) and a function
-// that registers it into an ADInplaceOrView library block.
-struct Entry {
-  const char* name;
-  void (*reg)(torch::Library&);
-};
 
 } // namespace torchgen_patch

@@ -1,0 +1,87 @@
+"""Issue 4: the clean build of all generated kernels against compiling one
+translation unit that only includes torch/extension.h (same compiler, the same
+flags and include paths cpp_extension uses), side by side; wall time and peak
+memory of the whole process tree. Plus the no-change rebuild."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from common import ROOT
+from procmem import run_measured
+
+sys.path.insert(0, ROOT)
+
+
+def _extension_tu_cmd(workdir: str) -> list[str]:
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    src = os.path.join(workdir, "ext.cpp")
+    with open(src, "w") as fh:
+        fh.write("#include <torch/extension.h>\n")
+    inc = []
+    for p in cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]:
+        inc += ["-isystem", p]
+    from torchgen_patch.build import CFLAGS
+
+    return [os.environ.get("CXX", "c++"), "-std=c++17", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=1", *inc, *CFLAGS,
+            "-c", src, "-o", os.path.join(workdir, "ext.o")]
+
+
+def main(n: int = 2) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    rows = []
+    ours_w, ours_m, anchor_w, anchor_m = [], [], [], []
+    for _ in range(n):
+        cache = tempfile.mkdtemp(prefix="tgp-build-")
+        w, m, r = run_measured([sys.executable, "-m", "torchgen_patch", "build"],
+                               env=dict(env, TORCHGEN_PATCH_CACHE=cache, MAX_JOBS="2"))
+        assert r.returncode == 0, r.stderr
+        ours_w.append(w)
+        ours_m.append(m)
+        work = tempfile.mkdtemp(prefix="tgp-ext-")
+        w, m, r = run_measured(_extension_tu_cmd(work), env=env)
+        assert r.returncode == 0, r.stderr
+        anchor_w.append(w)
+        anchor_m.append(m)
+        shutil.rmtree(work, ignore_errors=True)
+        if _ < n - 1:
+            shutil.rmtree(cache, ignore_errors=True)
+    for what, xs, ys, unit in (("wall", ours_w, anchor_w, "s"), ("peak memory", ours_m, anchor_m, "B")):
+        mx, my = statistics.median(xs), statistics.median(ys)
+        ok = mx / my <= 0.5
+        fmt = (lambda v: f"{v:.1f}s") if unit == "s" else (lambda v: f"{v / 2**20:.0f} MiB")
+        print(f"clean build of all kernels vs one torch/extension.h TU, {what}: {fmt(mx)} vs {fmt(my)}  "
+              f"ratio {mx / my:.3f}  [target <= 0.50: {'met' if ok else 'NOT MET'}]", flush=True)
+        rows.append({"name": f"clean build vs extension.h TU ({what})", "median": mx, "anchor_median": my,
+                     "ratio": mx / my, "target": 0.5, "met": ok, "runs": n})
+    # no-change rebuild: the CLI (an interpreter, torch imported) and the API call alone
+    w, _, r = run_measured([sys.executable, "-m", "torchgen_patch", "build"],
+                           env=dict(env, TORCHGEN_PATCH_CACHE=cache))
+    assert r.returncode == 0 and "cache hit" in r.stderr, r.stderr
+    os.environ["TORCHGEN_PATCH_CACHE"] = cache
+    from torchgen_patch.build import build
+    from torchgen_patch.installer import default_plan
+
+    plan, files = default_plan()
+    t = time.perf_counter()
+    lib = build(files, plan.ops(), 2)
+    api = time.perf_counter() - t
+    assert not lib.built
+    print(f"no-change rebuild: CLI {w:.2f}s (interpreter and torch import included), build() {api * 1000:.1f} ms  "
+          f"[target <= 2 s: {'met' if w <= 2 else 'NOT MET'}]", flush=True)
+    rows.append({"name": "no-change rebuild (CLI wall)", "seconds": w, "target": 2.0, "met": w <= 2.0})
+    rows.append({"name": "no-change rebuild (build() call)", "seconds": api, "target": 2.0, "met": api <= 2.0})
+    shutil.rmtree(cache, ignore_errors=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""`make bench`: every benchmark, each figure a ratio against its anchor,
+measured side by side in one run. Writes reports/bench-<device>-torch<ver>.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench_build  # noqa: E402
+import bench_gen  # noqa: E402
+import bench_lint  # noqa: E402
+from common import ROOT, save  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=("lint", "gen", "build", "call"), action="append")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    only = set(args.only or ("lint", "gen", "build", "call"))
+    results = {}
+    if "lint" in only:
+        print("== lint (issue 2)", flush=True)
+        results["lint"] = bench_lint.main()
+    if "gen" in only:
+        print("== gen (issue 3)", flush=True)
+        results["gen"] = bench_gen.main()
+    if "build" in only:
+        print("== build (issue 4)", flush=True)
+        results["build"] = bench_build.main()
+    if "call" in only:
+        print("== per-call cost (issue 5)", flush=True)
+        out = os.path.join(ROOT, "build", f"bench-call-{args.device}.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        r = subprocess.run([sys.executable, os.path.join(HERE, "bench_call.py"), "--device", args.device,
+                            "--json", out], env=dict(os.environ, PYTHONPATH=ROOT))
+        if r.returncode != 0:
+            return r.returncode
+        with open(out) as fh:
+            results["call"] = json.load(fh)
+    from torchgen_patch.load import torch_version
+
+    path = os.path.join(ROOT, "reports", f"bench-{args.device}-torch{torch_version().split('+')[0]}.json")
+    save([{"section": k, "results": v} for k, v in sorted(results.items())], path)
+    print(f"wrote {os.path.relpath(path, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
