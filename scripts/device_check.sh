@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The CUDA checks, run on the GPU machine from the source tree (no install, no
+# network): writes its reports under $OUT (default: reports/device).
+set -u
+OUT=${OUT:-reports/device}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCHGEN_PATCH_CACHE=${TORCHGEN_PATCH_CACHE:-/tmp/tgp-cache}
+PY=${PYTHON:-python3}
+TV=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
+log() { echo "== $*" | tee -a "$OUT/log.txt"; }
+log "torch $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())')"
+log "lint --against-runtime on this torch's own yaml"
+{ echo "\$ torchgen-patch lint --against-runtime   (torch $TV)"; $PY -m torchgen_patch lint --against-runtime 2>&1 | tail -3;
+  echo; echo "\$ torchgen-patch scan | tail -1"; $PY -m torchgen_patch scan | tail -1;
+  echo; echo "\$ torchgen-patch gen --strict --out /tmp/gen"; $PY -m torchgen_patch gen --strict --out /tmp/gen 2>&1; } \
+  > "$OUT/lint-scan-torch$TV.txt"
+log "repro"
+$PY scripts/repro_report.py > "$OUT/repro-torch$TV.md" 2>>"$OUT/log.txt"
+log "verify cuda"
+$PY -m torchgen_patch verify --both --device cuda --format markdown -o "$OUT/verify-cuda-torch$TV.md" 2>>"$OUT/log.txt"
+echo "rc=$?" >> "$OUT/log.txt"
+log "verify cpu"
+$PY -m torchgen_patch verify --both --device cpu --format markdown -o "$OUT/verify-cpu-torch$TV.md" 2>>"$OUT/log.txt"
+echo "rc=$?" >> "$OUT/log.txt"
+log "bench per call (cuda)"
+$PY bench/bench_call.py --device cuda --json "$OUT/bench-call-cuda-torch$TV.json" >> "$OUT/log.txt" 2>&1
+log "pytest"
+timeout 420 $PY -m pytest -q -ra -p no:cacheprovider tests > "$OUT/pytest-torch$TV.txt" 2>&1
+echo "pytest rc=$?" >> "$OUT/log.txt"
+tail -5 "$OUT/pytest-torch$TV.txt" >> "$OUT/log.txt"
