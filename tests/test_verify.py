@@ -208,8 +208,10 @@ def _fused_optimizers(device):
     for name in ("Adam", "AdamW", "SGD", "Adagrad", "Adamax", "RMSprop", "NAdam", "RAdam", "Adadelta"):
         cls = getattr(torch.optim, name)
         kw = {"momentum": 0.9} if name == "SGD" else {}
-        try:
-            cls([torch.nn.Parameter(torch.randn(2, device=device))], lr=0.1, fused=True, **kw)
+        try:  # construction and one step: some check the device only when stepping
+            p = torch.nn.Parameter(torch.randn(2, device=device))
+            p.grad = torch.ones(2, device=device)
+            cls([p], lr=0.1, fused=True, **kw).step()
         except (RuntimeError, TypeError, ValueError):
             continue
         out.append((cls, kw))

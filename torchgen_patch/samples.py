@@ -176,6 +176,10 @@ def _amp_unscale(device, op):
 def _histogramdd(device, op):
     import torch
 
+    if device != "cpu" and not torch._C._dispatch_has_kernel_for_dispatch_key(
+            "aten::_histogramdd_bin_edges", device.upper()):
+        raise NoSample(f"aten::_histogramdd_bin_edges has no {device.upper()} kernel in this torch")
+
     return {"self": _t(device, 5, 2), "bins": [3, 3], "out": lambda: [torch.empty(0, device=device) for _ in range(2)]}
 
 
