@@ -66,6 +66,7 @@ def main(n: int = 2) -> list[dict]:
     w, _, r = run_measured([sys.executable, "-m", "torchgen_patch", "build"],
                            env=dict(env, TORCHGEN_PATCH_CACHE=cache))
     assert r.returncode == 0 and "cache hit" in r.stderr, r.stderr
+    saved = os.environ.get("TORCHGEN_PATCH_CACHE")
     os.environ["TORCHGEN_PATCH_CACHE"] = cache
     from torchgen_patch.build import build
     from torchgen_patch.installer import default_plan
@@ -80,6 +81,10 @@ def main(n: int = 2) -> list[dict]:
     rows.append({"name": "no-change rebuild (CLI wall)", "seconds": w, "target": 2.0, "met": w <= 2.0})
     rows.append({"name": "no-change rebuild (build() call)", "seconds": api, "target": 2.0, "met": api <= 2.0})
     shutil.rmtree(cache, ignore_errors=True)
+    if saved is None:
+        os.environ.pop("TORCHGEN_PATCH_CACHE", None)
+    else:
+        os.environ["TORCHGEN_PATCH_CACHE"] = saved
     return rows
 
 

@@ -39,7 +39,7 @@ YAML_CASES = {
                     "(hint: is the yaml from a torch release this torchgen can read?)"),
     "unknown_key": (FOO + b"  dispatchh: {CPU: foo}\n",
                     "N:1: error: torchgen rejected this file: leftover entries: "
-                    "{'dispatchh': {'CPU': 'foo', '__line__': 3}} "
+                    "{'dispatchh': {'CPU': 'foo'}} "
                     "(hint: is the yaml from a torch release this torchgen can read?)"),
     "inplace_must_return_self": (b"- func: foo_(Tensor(a!) self) -> ()\n",
                                  "N:1: error: torchgen rejected this file: Inplace op foo_ with Tensor self must "

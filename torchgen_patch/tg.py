@@ -53,12 +53,41 @@ def read_text(path: str, what: str) -> str:
         raise InputError(path, line, f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x})") from None
 
 
+_ENTRY_START = re.compile(r"^-[ \n]", re.M)
+
+
+def _fast_load(text: str):
+    """PyYAML's C loader, with torchgen's ``__line__`` added to each top-level
+    entry from where its '- ' starts. None when that cannot be done safely
+    (no C loader, or entries that do not start at column 0 one per '- ')."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", None)
+    if loader is None:
+        return None
+    es = yaml.load(text, Loader=loader)
+    if not isinstance(es, list):
+        return es
+    starts, line, pos = [], 1, 0
+    for m in _ENTRY_START.finditer(text):
+        line += text.count("\n", pos, m.start())
+        pos = m.start()
+        starts.append(line)
+    if len(starts) != len(es) or not all(isinstance(e, dict) for e in es):
+        return None
+    for e, line in zip(es, starts):
+        e["__line__"] = line
+    return es
+
+
 def load_yaml_list(path: str, text: str, what: str) -> list:
     import yaml
     from torchgen.gen import LineLoader
 
     try:
-        es = yaml.load(text, Loader=LineLoader)
+        es = _fast_load(text)
+        if es is None or isinstance(es, list) and es and "__line__" not in es[0]:
+            es = yaml.load(text, Loader=LineLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else None
