@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 
-.PHONY: setup run test test-fast bench goldens cuda-report clean
+.PHONY: setup run test test-fast bench goldens patches clean
 
 setup: $(STAMP)
 
@@ -38,3 +38,10 @@ goldens: setup
 
 clean:
 	rm -rf build .cache .pytest_cache
+
+# The example diffs for the installed torch's codegen (tests check they are current).
+patches: setup
+	rm -rf build/tree && mkdir -p build
+	$(BIN)/python -c "from tests.upstream_tree import make_tree; make_tree('build/tree')"
+	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode fix -o patches/gen_inplace_or_view_type-fix-torch2.13.diff
+	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode error -o patches/gen_inplace_or_view_type-error-torch2.13.diff

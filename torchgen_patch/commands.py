@@ -19,7 +19,7 @@ def _extensions():
     import importlib
 
     mods = []
-    for name in ("gen_cmd", "build_cmd", "verify_cmd"):
+    for name in ("gen_cmd", "build_cmd", "verify_cmd", "diff_cmd"):
         try:
             mods.append(importlib.import_module(f"torchgen_patch.{name}"))
         except ModuleNotFoundError as e:

@@ -1,0 +1,74 @@
+"""A PyTorch source-tree fixture assembled from the installed wheel, which
+ships the same files: torchgen/packaged/autograd at tools/autograd and
+torchgen/packaged/ATen at aten/src/ATen. Plus helpers to run its codegen."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from torchgen_patch import tg
+
+
+def make_tree(root: str) -> str:
+    packaged = os.path.dirname(tg.packaged_autograd_dir())
+    shutil.copytree(os.path.join(packaged, "autograd"), os.path.join(root, "tools", "autograd"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(packaged, "ATen"), os.path.join(root, "aten", "src", "ATen"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    open(os.path.join(root, "tools", "__init__.py"), "w").close()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=root,
+                   check=True)
+    return root
+
+
+def run_codegen(root: str, out: str) -> subprocess.CompletedProcess:
+    n = os.path.join("aten", "src", "ATen", "native")
+    return subprocess.run([sys.executable, "-m", "tools.autograd.gen_autograd", f"{n}/native_functions.yaml",
+                           f"{n}/tags.yaml", out, "tools/autograd"], cwd=root, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=root))
+
+
+_REG = re.compile(r'm\.impl\("([^"]+)",\s*TORCH_FN\(ADInplaceOrView::(\w+)\)\s*\);', re.S)
+
+
+def registrations(out: str) -> dict[str, str]:
+    """op name (with overload) -> kernel function, from ADInplaceOrViewType_*.cpp."""
+    regs = {}
+    for name in sorted(os.listdir(out)):
+        if re.fullmatch(r"ADInplaceOrViewType_\d+\.cpp", name):
+            regs.update(dict(_REG.findall(open(os.path.join(out, name)).read())))
+    return regs
+
+
+def kernel_sources(out: str, fns: set[str]) -> dict[str, str]:
+    """The definitions of the named kernel functions (from column-0 `... fn(` to the next `}`)."""
+    found = {}
+    for name in sorted(os.listdir(out)):
+        if not re.fullmatch(r"ADInplaceOrViewType_\d+\.cpp", name):
+            continue
+        text = open(os.path.join(out, name)).read()
+        for m in re.finditer(r"^\S[^\n]*?\b(\w+)\(c10::DispatchKeySet ks[^\n]*\{\n.*?^\}\n", text, re.S | re.M):
+            if m.group(1) in fns:
+                found[m.group(1)] = m.group(0)
+    return found
+
+
+def kernels_tu(out: str, new: dict[str, str]) -> str:
+    """A translation unit with the upstream codegen's new kernels and their registration."""
+    bodies = kernel_sources(out, set(new.values()))
+    missing = set(new.values()) - set(bodies)
+    assert not missing, f"kernel definitions not found: {sorted(missing)}"
+    lines = ['#include "torch/csrc/autograd/VariableTypeUtils.h"', "#include <torch/library.h>",
+             "#include <ATen/Operators.h>", "", "using namespace at;",
+             "using torch::autograd::increment_version;", "", "namespace upstream_kernels {", ""]
+    lines += [bodies[fn] for fn in sorted(bodies)]
+    lines += ["} // namespace upstream_kernels", "", "TORCH_LIBRARY_IMPL(aten, ADInplaceOrView, m) {"]
+    lines += [f'  m.impl("{op}", TORCH_FN(upstream_kernels::{fn}));' for op, fn in sorted(new.items())]
+    lines += ["}", ""]
+    return "\n".join(lines)
