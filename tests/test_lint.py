@@ -40,6 +40,7 @@ def test_lint_json_schema(run_cli, default_scan):
     doc = json.loads(out)
     assert set(doc) == {"schema_version", "tool", "torch", "native_functions", "counts", "total", "findings"}
     assert doc["schema_version"] == 1 and doc["total"] == len(default_scan.records)
+    assert len(doc["native_functions"]) == 1
     assert doc["counts"] == default_scan.counts()
     f = next(f for f in doc["findings"] if f["op"] == "aten::_fused_adam_")
     assert set(f) == {"path", "line", "op", "rule", "message", "severity", "code"}

@@ -24,7 +24,8 @@ def _add_sources(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="torchgen-patch", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(prog="torchgen-patch", description=__doc__.splitlines()[0] if __doc__ else None,
+                                fromfile_prefix_chars="@")
     p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -34,10 +35,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--verdict", action="append", help="show only these verdicts (repeatable)")
     s.add_argument("--against-runtime", action="store_true", help="cross-check with the imported torch's dispatcher")
 
-    lint = sub.add_parser("lint", help="report mutating ops with no ADInplaceOrView kernel")
+    lint = sub.add_parser("lint", help="report mutating ops with no ADInplaceOrView kernel",
+                          fromfile_prefix_chars="@",
+                          description="Exit codes: 0 clean, 1 findings, 2 bad input; --format lintrunner always "
+                                      "exits 0 (failures are messages). Paths may come from @FILE.")
     _add_sources(lint)
-    lint.add_argument("--format", choices=("text", "json"), default="text")
+    lint.add_argument("paths", nargs="*", metavar="NATIVE_FUNCTIONS_YAML",
+                      help="yaml files to lint (each with the tags.yaml beside it); pre-commit and lintrunner "
+                           "pass them here")
+    lint.add_argument("--format", choices=("text", "json", "lintrunner", "sarif", "github"), default="text")
     lint.add_argument("--against-runtime", action="store_true", help="cross-check with the imported torch's dispatcher")
+    lint.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
+    lint.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
+    lint.add_argument("--generated", metavar="DIR", help="also check the kernels generated in DIR against the plan")
 
     from . import commands
 
@@ -50,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except InputError as e:
+        if getattr(args, "format", None) == "lintrunner":  # lintrunner's protocol: a message, exit 0
+            from .formats import lintrunner_failure
+
+            sys.stdout.write(lintrunner_failure(e))
+            return 0
         print(e.render(), file=sys.stderr)
         return 2
     except KeyboardInterrupt:

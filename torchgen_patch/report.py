@@ -12,22 +12,31 @@ from .model import VERDICTS, Scan
 JSON_SCHEMA_VERSION = 1
 
 
-def lint_text(fs: list[Finding], scan: Scan) -> str:
+def _counts(scans: list[Scan]) -> dict[str, int]:
+    c = {v: 0 for v in VERDICTS}
+    for s in scans:
+        for k, n in s.counts().items():
+            c[k] += n
+    return c
+
+
+def lint_text(fs: list[Finding], scans: list[Scan]) -> str:
     lines = [f"{display_path(f.path)}:{f.line}: {f.severity}: [{f.code}] {f.message}" for f in fs]
-    c = scan.counts()
+    c = _counts(scans)
     lines.append(f"{len(fs)} finding(s); " + ", ".join(f"{v} {c[v]}" for v in VERDICTS)
-                 + f" (of {scan.total()} functions)")
+                 + f" (of {sum(c.values())} functions)")
     return "\n".join(lines) + "\n"
 
 
-def lint_json(fs: list[Finding], scan: Scan) -> str:
+def lint_json(fs: list[Finding], scans: list[Scan]) -> str:
+    c = _counts(scans)
     doc = {
         "schema_version": JSON_SCHEMA_VERSION,
         "tool": "torchgen-patch",
-        "torch": scan.torch_version,
-        "native_functions": display_path(scan.native_path),
-        "counts": scan.counts(),
-        "total": scan.total(),
+        "torch": scans[0].torch_version,
+        "native_functions": [display_path(s.native_path) for s in scans],
+        "counts": c,
+        "total": sum(c.values()),
         "findings": [dict(f.to_json(), path=display_path(f.path)) for f in fs],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
