@@ -89,11 +89,12 @@ def load(path: str, scan: Scan, templates: set[str], shipped: bool = False) -> O
 def _parse(path: str, text: str, scan: Scan, templates: set[str], shipped: bool = False) -> Overlay:
     import yaml
 
+    from .tg import yaml_error
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        raise InputError(path, mark.line + 1 if mark else None, f"malformed YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise yaml_error(path, text, e) from None
     if root is None:
         return Overlay(path, {})
     if not isinstance(root, yaml.MappingNode):

@@ -88,18 +88,27 @@ def load_yaml_list(path: str, text: str, what: str) -> list:
         es = _fast_load(text)
         if es is None or isinstance(es, list) and es and "__line__" not in es[0]:
             es = yaml.load(text, Loader=LineLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark else None
-        raise InputError(path, line, f"malformed YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise InputError(path, None, f"malformed YAML: {one_line(e)}") from None
+        raise yaml_error(path, text, e) from None
     if not isinstance(es, list) or not es:
         raise InputError(path, 1, f"{what} must be a non-empty YAML list of entries")
     for e in es:
         if not isinstance(e, dict):
             raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(e).__name__}")
     return es
+
+
+def yaml_error(path: str, text: str, e) -> InputError:
+    """A PyYAML error as an InputError at its line (MarkedYAMLError or ReaderError)."""
+    import yaml
+
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        return InputError(path, mark.line + 1 if mark else None, f"malformed YAML: {e.problem or e.context}")
+    if isinstance(e, yaml.reader.ReaderError):
+        line = text.count("\n", 0, e.position) + 1 if isinstance(e.position, int) else None
+        return InputError(path, line, f"malformed YAML: {e.reason} (character {e.character!r})")
+    return InputError(path, None, f"malformed YAML: {one_line(e)}")
 
 
 _LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
