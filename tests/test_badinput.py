@@ -39,11 +39,13 @@ YAML_CASES = {
                     "(hint: is the yaml from a torch release this torchgen can read?)"),
     "unknown_key": (FOO + b"  dispatchh: {CPU: foo}\n",
                     "N:1: error: torchgen rejected this file: leftover entries: "
-                    "{'dispatchh': {'CPU': 'foo'}} "
+                    "{'dispatchh': {'CPU': 'foo', '__line__': 3}} "
                     "(hint: is the yaml from a torch release this torchgen can read?)"),
     "inplace_must_return_self": (b"- func: foo_(Tensor(a!) self) -> ()\n",
                                  "N:1: error: torchgen rejected this file: Inplace op foo_ with Tensor self must "
                                  "return self (hint: is the yaml from a torch release this torchgen can read?)"),
+    "duplicate_key": (FOO + b"  variants: method\n",
+                      "N:1: error: malformed YAML: duplicate key 'variants'"),
     "unknown_dispatch_key": (FOO + b"  dispatch:\n    CPUU: foo\n",
                              "N:1: error: torchgen rejected this file: unknown dispatch key CPUU "
                              "(hint: is the yaml from a torch release this torchgen can read?)"),

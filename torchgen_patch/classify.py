@@ -16,6 +16,7 @@ from .model import (
     MISSING,
     NOT_MUTATING,
     UNSUPPORTED,
+    VERDICTS,
     OpRecord,
     Scan,
     WrittenArg,
@@ -25,7 +26,9 @@ SUPPORTED_FORMS = {"tensor", "tensor_list", "optional_tensor"}
 
 
 def classify(native_path: str, tags_path: str, functions: list, torch_version: str,
-             raw_schemas: dict[int, str] | None = None) -> Scan:
+             raw_schemas: dict[int, str] | None = None, keep: tuple[str, ...] | None = None, lazy=None) -> Scan:
+    """Every function's verdict. ``keep``: build records only for these
+    verdicts (the rest are counted and named); ``lazy`` then loads them all."""
     registers = [tg.upstream_registers(f) for f in functions]
     bases = {str(f.func.name.name.base) for f, r in zip(functions, registers) if r and not f.is_abstract}
     derived = tg.derivative_signatures(os.path.join(tg.packaged_autograd_dir(), "derivatives.yaml"), bases)
@@ -36,21 +39,35 @@ def classify(native_path: str, tags_path: str, functions: list, torch_version: s
             infos_cache["d"] = tg.load_infos(native_path, tags_path)
         return infos_cache["d"]
 
-    scan = Scan(native_path, tags_path, torch_version)
+    records, verdicts = [], {}
     for f, reg in zip(functions, registers):
         generates = reg if not reg else tg.upstream_uses_derived(f, derived, infos)
-        scan.records.append(_one(f, generates, raw_schemas))
-    scan.records.sort(key=lambda r: r.name)
-    return scan
+        if keep is None:
+            records.append(_one(f, generates, raw_schemas))
+            continue
+        verdict, _ = _verdict(f, tg.kind(f), tuple(tg.written_args(f)), generates)
+        verdicts[f"aten::{f.func.name}"] = verdict
+        if verdict in keep:
+            records.append(_one(f, generates, raw_schemas))
+    records.sort(key=lambda r: r.name)
+    if keep is None:
+        return Scan(native_path, tags_path, torch_version, records)
+    counts = {v: 0 for v in VERDICTS}
+    for v in verdicts.values():
+        counts[v] += 1
+    partial = {v: [r for r in records if r.verdict == v] for v in keep}
+    return Scan(native_path, tags_path, torch_version, lazy=lazy, counts=counts, partial=partial,
+                verdicts=dict(sorted(verdicts.items())))
 
 
 def _one(f, generates: bool | None, raw_schemas) -> OpRecord:
     written = tuple(WrittenArg(w.name, w.form) for w in tg.written_args(f))
     kind = tg.kind(f)
     verdict, reason = _verdict(f, kind, written, generates)
+    name = str(f.func.name)
     return OpRecord(
-        name=tg.op_name(f),
-        schema=tg.schema_str(f, raw_schemas),
+        name=f"aten::{name}",
+        schema=tg.schema_str(f, raw_schemas, name),
         file=f.loc.file,
         line=f.loc.line,
         kind=kind,

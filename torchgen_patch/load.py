@@ -117,7 +117,11 @@ def scan(sources: Sources, use_cache: bool = True, full: bool = True, cpp: bool 
     from . import classify, tg
 
     functions, raw = tg.parse(sources.native, sources.tags, native_b.decode(), tags_b.decode())
-    result = classify.classify(sources.native, sources.tags, functions, tv, raw)
+    if full:
+        result = classify.classify(sources.native, sources.tags, functions, tv, raw)
+    else:  # records only for what a lint needs; the rest on demand (parsing again)
+        result = classify.classify(sources.native, sources.tags, functions, tv, raw, keep=SUMMARY_VERDICTS,
+                                   lazy=lambda: scan(sources, use_cache=use_cache, full=True).records)
     if cpp:
         result.cpp = classify.cpp_signatures(functions, {r.name for r in result.by_verdict(MISSING)})
     if use_cache:
@@ -126,9 +130,10 @@ def scan(sources: Sources, use_cache: bool = True, full: bool = True, cpp: bool 
             _write_full(full_path, result)
         if result.cpp is not None:
             write_json_cache(f"cpp-{key[:32]}.json", {k: v.to_json() for k, v in sorted(result.cpp.items())})
-        _write_cache(summary, {"counts": result.counts(), "verdicts": {r.name: r.verdict for r in result.records},
-                               "records": [dict(r.to_json(), file="") for r in result.records
-                                           if r.verdict in SUMMARY_VERDICTS]})
+        _write_cache(summary, {"counts": result.counts(),
+                               "verdicts": {n: result.verdict_of(n) for n in result.names()},
+                               "records": [dict(r.to_json(), file="") for v in SUMMARY_VERDICTS
+                                           for r in result.by_verdict(v)]})
     return result
 
 

@@ -53,43 +53,19 @@ def read_text(path: str, what: str) -> str:
         raise InputError(path, line, f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x})") from None
 
 
-_ENTRY_START = re.compile(r"^-[ \n]", re.M)
-
-
-def _fast_load(text: str):
-    """PyYAML's C loader, with torchgen's ``__line__`` added to each top-level
-    entry from where its '- ' starts. None when that cannot be done safely
-    (no C loader, or entries that do not start at column 0 one per '- ')."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", None)
-    if loader is None:
-        return None
-    es = yaml.load(text, Loader=loader)
-    if not isinstance(es, list):
-        return es
-    starts, line, pos = [], 1, 0
-    for m in _ENTRY_START.finditer(text):
-        line += text.count("\n", pos, m.start())
-        pos = m.start()
-        starts.append(line)
-    if len(starts) != len(es) or not all(isinstance(e, dict) for e in es):
-        return None
-    for e, line in zip(es, starts):
-        e["__line__"] = line
-    return es
-
-
 def load_yaml_list(path: str, text: str, what: str) -> list:
     import yaml
     from torchgen.gen import LineLoader
 
     try:
-        es = _fast_load(text)
-        if es is None or isinstance(es, list) and es and "__line__" not in es[0]:
-            es = yaml.load(text, Loader=LineLoader)
+        es = yaml.load(text, Loader=LineLoader)
     except yaml.YAMLError as e:
         raise yaml_error(path, text, e) from None
+    except AssertionError as e:  # torchgen's loader refuses duplicate keys this way
+        m = re.search(r"key=(.*?), line=(\d+)", str(e))
+        line = int(m.group(2)) + 1 if m else None
+        what = f"duplicate key '{m.group(1)}'" if m else one_line(e)
+        raise InputError(path, line, f"malformed YAML: {what}") from None
     if not isinstance(es, list) or not es:
         raise InputError(path, 1, f"{what} must be a non-empty YAML list of entries")
     for e in es:
@@ -183,12 +159,14 @@ def op_name(f) -> str:
     return f"aten::{f.func.name}"
 
 
-def schema_str(f, raw: dict[int, str] | None = None) -> str:
+def schema_str(f, raw: dict[int, str] | None = None, name: str | None = None) -> str:
     """``aten::`` + the schema. ``raw`` maps a yaml line to the yaml's own func
     text, which torchgen guarantees round-trips (it asserts
-    str(parse(text)) == text), so it is used instead of re-printing."""
+    str(parse(text)) == text), so it is used instead of re-printing; functions
+    torchgen generates share their source's line, hence the name check.
+    ``name``: str(f.func.name), when the caller has it."""
     text = raw.get(f.loc.line) if raw else None
-    if text is not None and text.startswith(f"{f.func.name}("):
+    if text is not None and text.startswith(f"{name or f.func.name}("):
         return f"aten::{text}"
     return f"aten::{f.func}"
 
