@@ -61,15 +61,17 @@ def _key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
 
 
 def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] = CFLAGS,
-          root: str | None = None, verbose: bool = False, log=sys.stderr) -> Library:
-    """Compile ``files`` (as rendered by render.render) unless the cache has them."""
+          root: str | None = None, verbose: bool = False, log=sys.stderr, sources: list[str] | None = None,
+          prefix: str = LIB_PREFIX) -> Library:
+    """Compile ``files`` (as rendered by render.render) unless the cache has them.
+    ``sources``: the files to compile (default: the plan's shards and registration)."""
     import torch
 
     compiler = _compiler()
     key = _key(files, flags, compiler)
     root = root or os.path.join(cache_dir(), "builds")
     final = os.path.join(root, f"build-{key[:24]}")
-    name = f"{LIB_PREFIX}_{key[:12]}"
+    name = f"{prefix}_{key[:12]}"
     lib = Library(os.path.join(final, f"{name}.so"), final, key, torch.__version__, tuple(ops), False)
     if _complete(final, key):
         return lib
@@ -85,7 +87,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
         try:
             if _complete(final, key):
                 return lib
-            _compile(files, shards, flags, name, key, final, root, verbose, log)
+            _compile(files, sources or compiled_sources(shards), flags, name, key, final, root, verbose, log)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return Library(lib.path, final, key, torch.__version__, tuple(ops), True)
@@ -99,7 +101,7 @@ def _complete(final: str, key: str) -> bool:
         return False
 
 
-def _compile(files, shards, flags, name, key, final, root, verbose, log) -> None:
+def _compile(files, source_names, flags, name, key, final, root, verbose, log) -> None:
     import torch
     from torch.utils import cpp_extension
 
@@ -110,7 +112,7 @@ def _compile(files, shards, flags, name, key, final, root, verbose, log) -> None
         for fname, data in files.items():
             with open(os.path.join(src, fname), "wb") as fh:
                 fh.write(data)
-        sources = [os.path.join(src, s) for s in compiled_sources(shards)]
+        sources = [os.path.join(src, s) for s in source_names]
         print(f"torchgen-patch: compiling {len(sources)} translation units with ninja "
               f"(torch {torch.__version__}) ...", file=log, flush=True)
         t0 = time.monotonic()
@@ -171,3 +173,11 @@ def _kernel_at(path: str, line: int) -> str | None:
         if m:
             return f"{m.group('op')} ({m.group('yaml')})"
     return None
+
+
+def build_boxed(root: str | None = None, verbose: bool = False) -> Library:
+    """The boxed kernel library (for operators outside native_functions.yaml)."""
+    from .render import render_boxed
+
+    return build(render_boxed(), [], 0, root=root, verbose=verbose, sources=["BoxedADInplaceOrView.cpp"],
+                 prefix="torchgen_patch_boxed")

@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
     lint.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
     lint.add_argument("--generated", metavar="DIR", help="also check the kernels generated in DIR against the plan")
+    lint.add_argument("--runtime", action="store_true",
+                      help="lint the live operator registry (any namespace) instead of a yaml")
+    lint.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
+                      help="with --runtime: import MOD first (repeatable), e.g. torch.distributed.fsdp")
+    lint.add_argument("--namespace", action="append", metavar="NS", help="with --runtime: only these namespaces")
 
     from . import commands
 

@@ -78,13 +78,23 @@ def cmd_lint(args) -> int:
 
     if args.paths and (args.native_functions or args.pytorch_root):
         raise InputError(None, None, "give yaml paths or --native-functions/--pytorch-root, not both")
+    if (args.imports or args.namespace) and not args.runtime:
+        raise InputError(None, None, "--import and --namespace go with --runtime")
     runs = []
-    for path in args.paths or [None]:
-        if path is not None:
-            args.native_functions, args.tags = path, None
-        scan, overlay = inputs(args, full=args.against_runtime or bool(args.generated))
-        runs.append((scan, overlay))
-    fs = [f for scan, overlay in runs for f in findings(scan, overlay)]
+    if args.runtime:
+        if args.paths or args.native_functions or args.pytorch_root or args.generated:
+            raise InputError(None, None, "--runtime lints the live registry: no yaml inputs or --generated")
+        from . import runtime_ops
+
+        runtime_ops.import_modules(args.imports)
+        fs = runtime_ops.findings(runtime_ops.uncovered(args.namespace))
+    else:
+        for path in args.paths or [None]:
+            if path is not None:
+                args.native_functions, args.tags = path, None
+            scan, overlay = inputs(args, full=args.against_runtime or bool(args.generated))
+            runs.append((scan, overlay))
+        fs = [f for scan, overlay in runs for f in findings(scan, overlay)]
     if args.generated:
         if len(runs) != 1:
             raise InputError(None, None, "--generated checks one yaml at a time")
@@ -116,6 +126,8 @@ def cmd_lint(args) -> int:
         sys.stdout.write(formats.sarif(fs, __version__))
     elif args.format == "github":
         sys.stdout.write(formats.github(fs))
+    elif args.runtime and args.format in ("json", "text"):
+        sys.stdout.write(report.runtime_lint(fs, args.format))
     elif args.format == "json":
         sys.stdout.write(report.lint_json(fs, [s for s, _ in runs]))
     else:

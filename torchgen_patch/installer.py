@@ -85,13 +85,19 @@ def check(candidates: list[Candidate]) -> tuple[list[Candidate], list[str], dict
 
 def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str | None = None,
             native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
-            verbose: bool = False) -> InstallReport:
+            runtime_ops: list[str] | None = None, verbose: bool = False) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
 
+    ``runtime_ops``: operators of any namespace found in the live registry
+    (``torchgen-patch lint --runtime``), served by one boxed kernel that reads
+    their schemas at call time; given alone, only those are installed.
     Loading twice is a no-op: ops already installed are reported as such.
     """
     if backend not in ("cpp", "python"):
         raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
+    if runtime_ops is not None and ops is None and library is None:
+        with _LOCK:
+            return _install_runtime(runtime_ops, backend, verbose)
     with _LOCK:
         if backend == "python":
             plan, _files = default_plan(native_functions, tags, overlay=overlay)
@@ -181,6 +187,71 @@ def _install_python(cands: list[Candidate]) -> InstallReport:
     return rep
 
 
+def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallReport:
+    from . import runtime_ops as rt
+
+    import torch
+
+    rep = InstallReport(backend)
+    todo = []
+    for name in names:
+        if "::" not in name:
+            raise InputError(None, None, f"runtime op '{name}' needs its namespace ('ns::op.overload')")
+        if name in _INSTALLED:
+            rep.already.append(name)
+            continue
+        schema = rt.schema_of(name)
+        if schema is None:
+            rep.refused[name] = "this process has no such operator (import the module that defines it first)"
+        elif not rt.written_args(schema):
+            rep.refused[name] = "its schema writes no argument"
+        elif rt.is_view(schema):
+            rep.refused[name] = "a view: its kernel must set up the view, which this one does not"
+        elif torch._C._dispatch_has_kernel_for_dispatch_key(name, "ADInplaceOrView"):
+            rep.refused[name] = "already has an ADInplaceOrView kernel"
+        else:
+            todo.append((name, schema))
+    if not todo:
+        return rep
+    if backend == "python":
+        from .pykernel import make_kernel
+
+        for name, schema in todo:
+            ns, rest = name.split("::", 1)
+            base, _, overload = rest.partition(".")
+            opov = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+            lib = torch.library.Library(ns, "IMPL")
+            lib.impl(rest, make_kernel(opov, [rt.Written(w) for w in rt.written_args(schema)]),
+                     "ADInplaceOrView", with_keyset=True)
+            _HANDLES.append(lib)
+            _INSTALLED[name] = "python"
+            rep.registered.append(name)
+        return rep
+    from .build import build_boxed
+
+    lib = build_boxed(verbose=verbose)
+    rep.library = lib.path
+    dll = _CDLLS.get(lib.path)
+    if dll is None:
+        dll = ctypes.CDLL(lib.path)
+        dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
+        dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
+                                                      ctypes.c_int64]
+        dll.torchgen_patch_boxed_unregister_all.restype = None
+        _CDLLS[lib.path] = dll
+    by_ns: dict[str, list[str]] = {}
+    for name, _ in todo:
+        ns, rest = name.split("::", 1)
+        by_ns.setdefault(ns, []).append(rest)
+    for ns, rests in sorted(by_ns.items()):
+        arr = (ctypes.c_char_p * len(rests))(*[r.encode() for r in rests])
+        dll.torchgen_patch_boxed_register(ns.encode(), arr, len(rests))
+        for r in rests:
+            _INSTALLED[f"{ns}::{r}"] = "boxed"
+            rep.registered.append(f"{ns}::{r}")
+    return rep
+
+
 def installed_ops() -> list[str]:
     return sorted(_INSTALLED)
 
@@ -190,7 +261,9 @@ def uninstall() -> list[str]:
     with _LOCK:
         gone = sorted(_INSTALLED)
         for dll in _CDLLS.values():
-            dll.torchgen_patch_unregister_all()
+            for fn in ("torchgen_patch_unregister_all", "torchgen_patch_boxed_unregister_all"):
+                if hasattr(dll, fn):
+                    getattr(dll, fn)()
         for lib in _HANDLES:
             lib._destroy()
         _HANDLES.clear()

@@ -96,3 +96,16 @@ def render(plan, shards: int) -> dict[str, bytes]:
     }
     files[MANIFEST] = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     return {k: v.encode("utf-8") for k, v in files.items()}
+
+
+BOXED_TEMPLATE = "BoxedADInplaceOrView.cpp.j2"
+
+
+def render_boxed() -> dict[str, bytes]:
+    """The boxed kernel for operators outside native_functions.yaml (fixed text)."""
+    env = environment()
+    files = {
+        "BoxedADInplaceOrView.cpp": env.get_template(BOXED_TEMPLATE).render(generated_comment=_comment(BOXED_TEMPLATE)),
+        "TorchgenPatchRuntime.h": env.get_template(RUNTIME_TEMPLATE).render(generated_comment=_comment(RUNTIME_TEMPLATE)),
+    }
+    return {k: v.encode("utf-8") for k, v in files.items()}

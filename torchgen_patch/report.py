@@ -65,3 +65,13 @@ def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
                 if verdicts is None or r.verdict in verdicts],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def runtime_lint(fs: list[Finding], fmt: str) -> str:
+    """`lint --runtime` as text or JSON (the same finding records as the yaml lint)."""
+    if fmt == "json":
+        doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "torchgen-patch", "source": "runtime",
+               "findings": [dict(f.to_json(), path=display_path(f.path)) for f in fs]}
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    lines = [f"{display_path(f.path)}:{f.line}: {f.severity}: [{f.code}] {f.message}" for f in fs]
+    return "\n".join(lines + [f"{len(fs)} finding(s) in the live operator registry"]) + "\n"
