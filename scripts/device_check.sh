@@ -12,7 +12,9 @@ log "torch $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_devic
 log "lint --against-runtime on this torch's own yaml"
 { echo "\$ torchgen-patch lint --against-runtime   (torch $TV)"; $PY -m torchgen_patch lint --against-runtime 2>&1 | tail -3;
   echo; echo "\$ torchgen-patch scan | tail -1"; $PY -m torchgen_patch scan | tail -1;
-  echo; echo "\$ torchgen-patch gen --strict --out /tmp/gen"; $PY -m torchgen_patch gen --strict --out /tmp/gen 2>&1; } \
+  echo; echo "\$ torchgen-patch gen --strict --out /tmp/gen"; $PY -m torchgen_patch gen --strict --out /tmp/gen 2>&1;
+  echo; echo "\$ torchgen-patch lint --runtime --import torch.distributed.fsdp --namespace fsdp";
+  $PY -m torchgen_patch lint --runtime --import torch.distributed.fsdp --namespace fsdp 2>&1; } \
   > "$OUT/lint-scan-torch$TV.txt"
 log "repro"
 $PY scripts/repro_report.py > "$OUT/repro-torch$TV.md" 2>>"$OUT/log.txt"
