@@ -50,9 +50,14 @@ def test_killed_gen_leaves_old_or_new_files(tmp_path):
     assert _gen(out, *inputs["a"]).wait() == 0
     rng = random.Random(20261130)
     mixed = 0
+    first = out / "ADInplaceOrViewPatchEverything.cpp"  # gen writes in sorted order: this one first
     for i in range(16):
+        seen = first.stat().st_mtime_ns
         p = _gen(out, *inputs["b" if i % 2 == 0 else "a"])
-        time.sleep(rng.uniform(0.05, 0.6))
+        # kill once the write phase has begun (whatever the machine's speed), a little later each time
+        while p.poll() is None and first.stat().st_mtime_ns == seen:
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0.0, 0.02))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
         p.wait()
