@@ -10,22 +10,11 @@ from . import load, report
 
 
 def add_subcommands(sub, add_sources) -> None:
-    """Subcommands beyond scan/lint are registered here as they are built."""
-    for mod in _extensions():
+    """The subcommands beyond scan/lint, each in its own module."""
+    from . import build_cmd, diff_cmd, gen_cmd, verify_cmd
+
+    for mod in (gen_cmd, build_cmd, verify_cmd, diff_cmd):
         mod.add_parser(sub, add_sources)
-
-
-def _extensions():
-    import importlib
-
-    mods = []
-    for name in ("gen_cmd", "build_cmd", "verify_cmd", "diff_cmd"):
-        try:
-            mods.append(importlib.import_module(f"torchgen_patch.{name}"))
-        except ModuleNotFoundError as e:
-            if e.name != f"torchgen_patch.{name}":
-                raise
-    return mods
 
 
 def inputs(args, use_overlay: bool = True, full: bool = True, cpp: bool = False):
