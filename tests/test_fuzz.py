@@ -55,6 +55,13 @@ INTERESTING = st.sampled_from([b"- func: ", b"(", b")", b"->", b"Tensor(a!)", b"
                                b"dispatch:", b"tags: ", b"\t", b"\xff", b"&a", b"*a", b"!!python/object", b"{", b"'"])
 
 
+def _insert(data: bytes, extra) -> bytes:
+    for pos, token in extra:
+        i = pos % (len(data) + 1)
+        data = data[:i] + token + data[i:]
+    return data
+
+
 def _run(capsys, *argv):
     try:
         rc = cli.main([str(a) for a in argv])
@@ -73,10 +80,7 @@ def _run(capsys, *argv):
 @given(ops=MUTATIONS, extra=st.lists(st.tuples(st.integers(0, 10**6), INTERESTING), max_size=3))
 def test_fuzz_native_functions_lint(base, capsys, ops, extra):
     d, data = base
-    data = _mutate(data, ops)
-    for pos, token in extra:
-        i = pos % (len(data) + 1)
-        data = data[:i] + token + data[i:]
+    data = _insert(_mutate(data, ops), extra)
     p = os.path.join(d, "native_functions.yaml")
     with open(p, "wb") as fh:
         fh.write(data)
@@ -95,10 +99,7 @@ def test_fuzz_overlay(base, capsys, ops, extra, tmp_path_factory):
     p = os.path.join(d, "native_functions.yaml")
     with open(p, "wb") as fh:
         fh.write(data)
-    ov = _mutate(OVERLAY_OK, ops)
-    for pos, token in extra:
-        i = pos % (len(ov) + 1)
-        ov = ov[:i] + token + ov[i:]
+    ov = _insert(_mutate(OVERLAY_OK, ops), extra)
     o = os.path.join(d, "overlay.yaml")
     with open(o, "wb") as fh:
         fh.write(ov)

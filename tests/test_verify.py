@@ -245,27 +245,14 @@ def _optimizer_check(device):
 
 
 @pytest.mark.build
-def test_fused_optimizers_raise_when_patched_cpu(library):
-    opts = _optimizer_check("cpu")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[CUDA, pytest.mark.cuda])])
+def test_fused_optimizers_raise_when_patched(library, device):
+    opts = _optimizer_check(device)
     torchgen_patch.install(library=library.path)
     try:
         for cls, kw in opts:
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-                _step_between_forward_and_backward(cls, kw, "cpu", fused=True)
-    finally:
-        torchgen_patch.uninstall()
-
-
-@CUDA
-@pytest.mark.cuda
-@pytest.mark.build
-def test_fused_optimizers_raise_when_patched_cuda(library):
-    opts = _optimizer_check("cuda")
-    torchgen_patch.install(library=library.path)
-    try:
-        for cls, kw in opts:
-            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-                _step_between_forward_and_backward(cls, kw, "cuda", fused=True)
+                _step_between_forward_and_backward(cls, kw, device, fused=True)
     finally:
         torchgen_patch.uninstall()
 
