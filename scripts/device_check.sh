@@ -25,7 +25,7 @@ log "verify cpu"
 $PY -m torchgen_patch verify --both --device cpu --format markdown -o "$OUT/verify-cpu-torch$TV.md" 2>>"$OUT/log.txt"
 echo "rc=$?" >> "$OUT/log.txt"
 log "bench per call (cuda)"
-$PY bench/bench_call.py --device cuda --json "$OUT/bench-call-cuda-torch$TV.json" >> "$OUT/log.txt" 2>&1
+$PY bench/bench_call.py --device cuda --rounds ${ROUNDS:-100} --json "$OUT/bench-call-cuda-torch$TV.json" >> "$OUT/log.txt" 2>&1
 log "pytest"
 timeout 420 $PY -m pytest -q -ra -p no:cacheprovider tests > "$OUT/pytest-torch$TV.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/log.txt"

@@ -114,8 +114,10 @@ before = verify.run(ops, "cpu", False)
 cpp_extension.load("upstream_kernels", [{str(src)!r}], extra_cflags=["-O1", "-w"],
                    build_directory={str(tmp_path)!r}, is_python_module=False)
 after = verify.run(ops, "cpu", True)
+cuda = verify.run(ops, "cuda", True) if torch.cuda.is_available() else []
 print(json.dumps({{"before": verify.counts(before), "after": verify.counts(after),
-                  "bad": [r.op for r in after if r.verdict in verify.FAILING]}}))
+                  "bad": [r.op for r in after + cuda if r.verdict in verify.FAILING],
+                  "cuda": verify.counts(cuda)}}))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONPATH=ROOT, MAX_JOBS="2"))
@@ -124,6 +126,10 @@ print(json.dumps({{"before": verify.counts(before), "after": verify.counts(after
     assert res["bad"] == []
     assert res["before"].get("MISS", 0) > 0
     assert res["after"] == {"PASS": len(default_plan.ops()) - 3, "NOT_RUN": 3}
+    import torch
+
+    if torch.cuda.is_available():  # on the GPU machine: the same kernels on CUDA
+        assert res["cuda"].get("PASS", 0) >= len(default_plan.ops()) - 6, res["cuda"]
 
 
 def test_error_mode_fails_the_codegen_listing_the_ops(tmp_path, run_cli, default_scan):
