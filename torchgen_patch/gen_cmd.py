@@ -43,12 +43,10 @@ def run(args) -> int:
         out = args.out.rstrip("/") or "/"
         text = cmake_fragment("TORCHGEN_PATCH_SOURCES", out, compiled_sources(args.shards))
         text += cmake_fragment("TORCHGEN_PATCH_OUTPUTS", out, output_names(args.shards))
-        d = os.path.dirname(os.path.abspath(args.output_dependencies))
-        if not os.path.isdir(d):
-            raise InputError(args.output_dependencies, None, "directory of --output-dependencies does not exist")
-        try:
-            from .write import write_if_changed
+        from .write import write_if_changed
 
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output_dependencies)), exist_ok=True)
             write_if_changed(args.output_dependencies, text.encode())
         except OSError as e:
             raise InputError(args.output_dependencies, None, f"cannot write: {e.strerror}") from None
