@@ -111,6 +111,12 @@ def test_output_dependencies_dry_run(run_cli, tmp_path):
     assert sorted(f'"{out}/{n}"' for n in os.listdir(out)) == outs
 
 
+def test_output_dependencies_directory_is_created(run_cli, tmp_path):
+    dep = tmp_path / "new" / "dir" / "deps.cmake"
+    rc, _, _ = run_cli("gen", "--out", tmp_path / "g", "--output-dependencies", dep, "--dry-run")
+    assert rc == 0 and dep.read_text().startswith("set(TORCHGEN_PATCH_SOURCES\n")
+
+
 def test_strict_mode_names_the_op(run_cli, tmp_path, default_scan):
     out = tmp_path / "g"
     rc, stdout, err = run_cli("gen", "--out", out, "--strict", "--no-overlay")
