@@ -3,7 +3,6 @@ from the wheel, side by side (interleaved runs, fresh interpreters both)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile

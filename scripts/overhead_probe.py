@@ -43,7 +43,7 @@ for kw in variants.values():
         torchgen_patch.install(["aten::_foreach_add_.Scalar"], **kw)
         torchgen_patch.uninstall()
 res = {k: [] for k in variants}
-for r in range(40):
+for _ in range(40):
     for name, kw in variants.items():
         if kw is not None:
             torchgen_patch.install(["aten::_foreach_add_.Scalar"], **kw)

@@ -59,7 +59,7 @@ def main() -> int:
     rep = torchgen_patch.install(backend=args.backend)
     i = 0
     for d in devices:
-        for name, fn in calls(d).items():
+        for fn in calls(d).values():
             rows[i].append(fn())
             i += 1
     print("# The original report, before and after `torchgen_patch.install()`\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Verdicts, in the order they are reported.
 COVERED = "covered"  # the upstream autograd codegen emits an ADInplaceOrView kernel
