@@ -6,13 +6,15 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
 import torchgen_patch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from bench_call import per_call  # noqa: E402
 
 dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
@@ -24,14 +26,7 @@ def fn():
 
 
 def pc(n=5000):
-    for _ in range(50):
-        fn()
-    sync()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    sync()
-    return (time.perf_counter() - t) / n * 1e6
+    return per_call(fn, n, sync) * 1e6
 
 
 ov = os.path.join(tempfile.mkdtemp(), "o.yaml")
