@@ -116,6 +116,10 @@ def _compile(files, source_names, flags, name, key, final, root, verbose, log) -
         print(f"torchgen-patch: compiling {len(sources)} translation units with ninja "
               f"(torch {torch.__version__}) ...", file=log, flush=True)
         t0 = time.monotonic()
+        saved_path = os.environ.get("PATH", "")
+        here = os.path.dirname(sys.executable)
+        if shutil.which("ninja") is None and shutil.which("ninja", path=here):
+            os.environ["PATH"] = here + os.pathsep + saved_path  # the ninja pip put beside this Python
         try:
             cpp_extension.load(
                 name=name,
@@ -128,6 +132,8 @@ def _compile(files, source_names, flags, name, key, final, root, verbose, log) -
             )
         except (RuntimeError, OSError, ImportError) as e:
             raise InputError(None, None, "the generated kernels do not compile:\n" + explain(str(e), src)) from None
+        finally:
+            os.environ["PATH"] = saved_path
         with open(os.path.join(tmp, "build-info.json"), "w") as fh:
             json.dump({"key": key, "torch": torch.__version__, "library": f"{name}.so",
                        "flags": list(flags)}, fh, indent=2, sort_keys=True)
