@@ -158,6 +158,17 @@ def test_no_compiler(tmp_path, monkeypatch):
                                 "(hint: install g++ (or set CXX), or use install(backend='python'))")
 
 
+def test_no_ninja(tmp_path, monkeypatch):
+    plan, files = _fixture_library(tmp_path)
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda cmd, *a, **k: None if cmd == "ninja" else real(cmd, *a, **k))
+    with pytest.raises(InputError) as e:
+        build.build(files, [], 1, root=str(tmp_path / "b"))
+    assert e.value.render() == ("torchgen-patch: error: ninja is not installed (torch.utils.cpp_extension builds "
+                                "with it) (hint: pip install ninja)")
+    assert [p for p in os.listdir(tmp_path / "b") if p.startswith(".build-")] == []
+
+
 def test_unwritable_build_directory(tmp_path):
     plan, files = _fixture_library(tmp_path)
     with pytest.raises(InputError) as e:

@@ -118,7 +118,10 @@ def _compile(files, source_names, flags, name, key, final, root, verbose, log) -
         t0 = time.monotonic()
         saved_path = os.environ.get("PATH", "")
         here = os.path.dirname(sys.executable)
-        if shutil.which("ninja") is None and shutil.which("ninja", path=here):
+        if shutil.which("ninja") is None:
+            if not shutil.which("ninja", path=here):
+                raise InputError(None, None, "ninja is not installed (torch.utils.cpp_extension builds with it)",
+                                 "pip install ninja")
             os.environ["PATH"] = here + os.pathsep + saved_path  # the ninja pip put beside this Python
         try:
             cpp_extension.load(
