@@ -144,20 +144,42 @@ def _library(library, native, tags, overlay, verbose) -> tuple[str, list[Candida
     return library, [Candidate(k["op"], k["schema"]) for k in manifest["kernels"]]
 
 
+def _dll(path: str) -> ctypes.CDLL:
+    """The library at ``path``, loaded once (loading registers nothing by itself)."""
+    dll = _CDLLS.get(path)
+    if dll is None:
+        dll = ctypes.CDLL(path)
+        _CDLLS[path] = dll
+    return dll
+
+
+def _c_names(names: list[str]):
+    return (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
+
+
+def _python_kernel(op: str, written) -> object:
+    """Register the Python fallback kernel for ``op`` (ns::name.overload); returns the Library."""
+    import torch
+
+    from .pykernel import make_kernel
+
+    ns, rest = op.split("::", 1)
+    base, _, overload = rest.partition(".")
+    opov = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+    lib = torch.library.Library(ns, "IMPL")
+    lib.impl(rest, make_kernel(opov, written), "ADInplaceOrView", with_keyset=True)
+    return lib
+
+
 def _install_cpp(path: str, cands: list[Candidate]) -> InstallReport:
     rep = InstallReport("cpp", library=path)
     ok, rep.already, rep.refused = check(cands)
     if not ok:
         return rep
-    dll = _CDLLS.get(path)
-    if dll is None:
-        dll = ctypes.CDLL(path)
-        dll.torchgen_patch_register.restype = ctypes.c_int64
-        dll.torchgen_patch_register.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
-        dll.torchgen_patch_unregister_all.restype = None
-        _CDLLS[path] = dll
-    names = (ctypes.c_char_p * len(ok))(*[c.op.split("::", 1)[1].encode() for c in ok])
-    n = dll.torchgen_patch_register(names, len(ok))
+    dll = _dll(path)
+    dll.torchgen_patch_register.restype = ctypes.c_int64
+    dll.torchgen_patch_register.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
+    n = dll.torchgen_patch_register(_c_names([c.op.split("::", 1)[1] for c in ok]), len(ok))
     if n < 0:
         raise InputError(path, None, f"the library has no kernel for {ok[-n - 1].op}: rebuild it")
     for c in ok:
@@ -167,23 +189,12 @@ def _install_cpp(path: str, cands: list[Candidate]) -> InstallReport:
 
 
 def _install_python(cands: list[Candidate]) -> InstallReport:
-    import torch
-
-    from .pykernel import make_kernel
-
     rep = InstallReport("python")
     ok, rep.already, rep.refused = check(cands)
-    if not ok:
-        return rep
-    lib = torch.library.Library("aten", "IMPL")
     for c in ok:
-        name = c.op.split("::", 1)[1]
-        base, _, overload = name.partition(".")
-        opov = getattr(getattr(torch.ops.aten, base), overload or "default")
-        lib.impl(name, make_kernel(opov, c.written), "ADInplaceOrView", with_keyset=True)
+        _HANDLES.append(_python_kernel(c.op, c.written))
         _INSTALLED[c.op] = "python"
         rep.registered.append(c.op)
-    _HANDLES.append(lib)
     return rep
 
 
@@ -214,16 +225,8 @@ def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallRe
     if not todo:
         return rep
     if backend == "python":
-        from .pykernel import make_kernel
-
         for name, schema in todo:
-            ns, rest = name.split("::", 1)
-            base, _, overload = rest.partition(".")
-            opov = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
-            lib = torch.library.Library(ns, "IMPL")
-            lib.impl(rest, make_kernel(opov, [rt.Written(w) for w in rt.written_args(schema)]),
-                     "ADInplaceOrView", with_keyset=True)
-            _HANDLES.append(lib)
+            _HANDLES.append(_python_kernel(name, [rt.Written(w) for w in rt.written_args(schema)]))
             _INSTALLED[name] = "python"
             rep.registered.append(name)
         return rep
@@ -231,21 +234,15 @@ def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallRe
 
     lib = build_boxed(verbose=verbose)
     rep.library = lib.path
-    dll = _CDLLS.get(lib.path)
-    if dll is None:
-        dll = ctypes.CDLL(lib.path)
-        dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
-        dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
-                                                      ctypes.c_int64]
-        dll.torchgen_patch_boxed_unregister_all.restype = None
-        _CDLLS[lib.path] = dll
+    dll = _dll(lib.path)
+    dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
+    dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
     by_ns: dict[str, list[str]] = {}
     for name, _ in todo:
         ns, rest = name.split("::", 1)
         by_ns.setdefault(ns, []).append(rest)
     for ns, rests in sorted(by_ns.items()):
-        arr = (ctypes.c_char_p * len(rests))(*[r.encode() for r in rests])
-        dll.torchgen_patch_boxed_register(ns.encode(), arr, len(rests))
+        dll.torchgen_patch_boxed_register(ns.encode(), _c_names(rests), len(rests))
         for r in rests:
             _INSTALLED[f"{ns}::{r}"] = "boxed"
             rep.registered.append(f"{ns}::{r}")
@@ -263,6 +260,7 @@ def uninstall() -> list[str]:
         for dll in _CDLLS.values():
             for fn in ("torchgen_patch_unregister_all", "torchgen_patch_boxed_unregister_all"):
                 if hasattr(dll, fn):
+                    getattr(dll, fn).restype = None
                     getattr(dll, fn)()
         for lib in _HANDLES:
             lib._destroy()
