@@ -172,12 +172,10 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
 
 
 def default_path() -> str | None:
-    """The overlay shipped with the tool: next to the package in a source tree or
-    editable install, else under <prefix>/share/torchgen-patch."""
-    import sys
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for d in (here, os.path.join(sys.prefix, "share", "torchgen-patch")):
+    """The overlay shipped with the tool: at the top of a source tree (or
+    editable install), else the copy a wheel installs inside the package."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.dirname(pkg), os.path.join(pkg, "shipped")):
         p = os.path.join(d, "native_functions_overlay.yaml")
         if os.path.isfile(p):
             return p

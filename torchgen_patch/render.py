@@ -6,13 +6,13 @@ import os
 
 
 def templates_dir() -> str:
+    """templates/ at the top of a source tree (or editable install), else the
+    copy a wheel installs inside the package."""
     here = os.path.dirname(os.path.abspath(__file__))
-    src = os.path.join(os.path.dirname(here), "templates")
-    if os.path.isdir(src):
-        return src
-    from importlib.resources import files
-
-    return str(files("torchgen_patch.templates"))
+    for d in (os.path.join(os.path.dirname(here), "templates"), os.path.join(here, "templates")):
+        if os.path.isdir(d):
+            return d
+    raise RuntimeError(f"torchgen-patch is installed without its templates (looked in {here})")
 
 
 def template_names() -> set[str]:

@@ -1,0 +1,40 @@
+"""The wheel carries what an installed tool needs: the templates and the
+shipped overlay, found without the source tree."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", ROOT, "-w", str(d / "whl")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {r.stderr.strip().splitlines()[-1:]}")
+    wheel = next((d / "whl").iterdir())
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(d / "site"),
+                        str(wheel)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def test_installed_wheel_generates_the_same_files(installed, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(installed / "site"), TORCHGEN_PATCH_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "gen", "--strict", "--out", str(tmp_path / "a")],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "3 left out" in r.stderr  # the shipped overlay was found and applied
+    r = subprocess.run([sys.executable, "-c", "import torchgen_patch, sys; print(torchgen_patch.__file__)"],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert r.stdout.startswith(str(installed / "site"))
+    src = subprocess.run([sys.executable, "-m", "torchgen_patch", "gen", "--strict", "--out", str(tmp_path / "b")],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+    assert src.returncode == 0
+    for name in os.listdir(tmp_path / "b"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
