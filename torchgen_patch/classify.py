@@ -19,7 +19,6 @@ from .model import (
     VERDICTS,
     OpRecord,
     Scan,
-    WrittenArg,
 )
 
 SUPPORTED_FORMS = {"tensor", "tensor_list", "optional_tensor"}
@@ -45,7 +44,7 @@ def classify(native_path: str, tags_path: str, functions: list, torch_version: s
         if keep is None:
             records.append(_one(f, generates, raw_schemas))
             continue
-        verdict, _ = _verdict(f, tg.kind(f), tuple(tg.written_args(f)), generates)
+        verdict, _ = _verdict(f, tg.kind(f), tg.written_args(f), generates)
         verdicts[f"aten::{f.func.name}"] = verdict
         if verdict in keep:
             records.append(_one(f, generates, raw_schemas))
@@ -61,7 +60,7 @@ def classify(native_path: str, tags_path: str, functions: list, torch_version: s
 
 
 def _one(f, generates: bool | None, raw_schemas) -> OpRecord:
-    written = tuple(WrittenArg(w.name, w.form) for w in tg.written_args(f))
+    written = tg.written_args(f)
     kind = tg.kind(f)
     verdict, reason = _verdict(f, kind, written, generates)
     name = str(f.func.name)

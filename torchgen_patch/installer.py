@@ -192,7 +192,7 @@ def _install_python(cands: list[Candidate]) -> InstallReport:
     rep = InstallReport("python")
     ok, rep.already, rep.refused = check(cands)
     for c in ok:
-        _HANDLES.append(_python_kernel(c.op, c.written))
+        _HANDLES.append(_python_kernel(c.op, [w.name for w in c.written]))
         _INSTALLED[c.op] = "python"
         rep.registered.append(c.op)
     return rep
@@ -226,7 +226,7 @@ def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallRe
         return rep
     if backend == "python":
         for name, schema in todo:
-            _HANDLES.append(_python_kernel(name, [rt.Written(w) for w in rt.written_args(schema)]))
+            _HANDLES.append(_python_kernel(name, list(rt.written_args(schema))))
             _INSTALLED[name] = "python"
             rep.registered.append(name)
         return rep

@@ -4,10 +4,10 @@ generated C++ kernels, registered through torch.library."""
 from __future__ import annotations
 
 
-def _positions(opov, written) -> list[tuple[int, str, bool]]:
+def _positions(opov, written: list[str]) -> list[tuple[int, str, bool]]:
     """(schema position, name, kwarg-only) of each written argument."""
     args = opov._schema.arguments
-    want = {w.name for w in written}
+    want = set(written)
     return [(i, a.name, a.kwarg_only) for i, a in enumerate(args) if a.name in want]
 
 
@@ -31,7 +31,8 @@ def _version(t) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def make_kernel(opov, written):
+def make_kernel(opov, written: list[str]):
+    """The ADInplaceOrView kernel for ``opov`` whose arguments named ``written`` are written."""
     import torch
     from torch.autograd.graph import increment_version
 

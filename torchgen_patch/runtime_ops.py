@@ -24,11 +24,6 @@ class RuntimeOp:
     line: int
 
 
-@dataclass(frozen=True)
-class Written:
-    name: str
-
-
 def import_modules(modules: list[str]) -> None:
     for m in modules:
         try:

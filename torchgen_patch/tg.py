@@ -101,7 +101,7 @@ def _torchgen_error(path: str, exc: BaseException, es: list | None = None) -> In
                       "is the yaml from a torch release this torchgen can read?")
 
 
-def parse(native_path: str, tags_path: str, native_text: str, tags_text: str) -> list:
+def parse(native_path: str, tags_path: str, native_text: str, tags_text: str) -> tuple[list, dict[int, str]]:
     """Parse both files through torchgen; return its NativeFunctions (with
     generated ones added, as torchgen's own codegen does) and the raw func
     text of each yaml line (see ``schema_str``)."""
@@ -147,14 +147,6 @@ def _check_duplicates(path: str, es: list) -> None:
 # Facts about one NativeFunction
 
 
-@dataclass(frozen=True)
-class Written:
-    """An argument the schema marks as written (alias annotation with '!')."""
-
-    name: str  # the C++ name of the argument in the dispatcher signature
-    form: str  # "tensor" | "tensor_list" | "optional_tensor" | "optional_tensor_list"
-
-
 def op_name(f) -> str:
     return f"aten::{f.func.name}"
 
@@ -176,13 +168,13 @@ def kind(f) -> str:
     return f.func.kind().name
 
 
-def written_args(f) -> list[Written]:
-    out = []
-    for a in f.func.arguments.flat_all:
-        if a.annotation is None or not a.annotation.is_write:
-            continue
-        out.append(Written(a.name, _form(a.type)))
-    return out
+def written_args(f) -> tuple:
+    """The arguments the schema marks as written (alias annotation with '!'),
+    as model.WrittenArg (their C++ names in the dispatcher signature, and form)."""
+    from .model import WrittenArg
+
+    return tuple(WrittenArg(a.name, _form(a.type)) for a in f.func.arguments.flat_all
+                 if a.annotation is not None and a.annotation.is_write)
 
 
 def _form(t) -> str:
@@ -212,10 +204,6 @@ def _upstream():
     except Exception:  # an exotic build without the packaged autograd codegen
         return None
     return g, t
-
-
-def upstream_available() -> bool:
-    return _upstream() is not None
 
 
 def is_view(f) -> bool:
@@ -334,9 +322,3 @@ def cpp_signature(f) -> CppSignature:
         formals = [(a.type, a.name) for a in args]
         names = [e.expr for e in sig.exprs()]
     return CppSignature(formals, names, f.func.name.unambiguous_name(), f.root_name)
-
-
-def parse_schema(text: str):
-    from torchgen.model import FunctionSchema
-
-    return FunctionSchema.parse(text)
