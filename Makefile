@@ -31,7 +31,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not build"
 
 bench: setup
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 goldens: setup
 	$(BIN)/python -m tests.regen_goldens

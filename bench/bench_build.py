@@ -29,7 +29,7 @@ def _extension_tu_cmd(workdir: str) -> list[str]:
     inc = []
     for p in cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]:
         inc += ["-isystem", p]
-    from torchgen_patch.build import CFLAGS
+    from torchgen_patch.runtime.build import CFLAGS
 
     return [os.environ.get("CXX", "c++"), "-std=c++17", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=1", *inc, *CFLAGS,
             "-c", src, "-o", os.path.join(workdir, "ext.o")]
@@ -68,10 +68,11 @@ def main(n: int = 2) -> list[dict]:
     assert r.returncode == 0 and "cache hit" in r.stderr, r.stderr
     saved = os.environ.get("TORCHGEN_PATCH_CACHE")
     os.environ["TORCHGEN_PATCH_CACHE"] = cache
-    from torchgen_patch.build import build
-    from torchgen_patch.installer import default_plan
+    from torchgen_patch.runtime.build import build
+    from torchgen_patch.pipeline import generate
+    from torchgen_patch.sources import Options
 
-    plan, files = default_plan()
+    _, plan, files = generate(Options())
     t = time.perf_counter()
     lib = build(files, plan.ops(), 2)
     api = time.perf_counter() - t

@@ -10,12 +10,12 @@ import tempfile
 from common import ROOT, paired, ratio_line, wall
 
 sys.path.insert(0, ROOT)
-from torchgen_patch import tg  # noqa: E402
+from torchgen_patch.sources import Options, resolve  # noqa: E402
 
 
 def main(n: int = 3) -> list[dict]:
-    native, tags = tg.packaged_yaml()
-    autograd = tg.packaged_autograd_dir()
+    src = resolve(Options())
+    native, tags, autograd = src.native, src.tags, src.toolchain.autograd_dir
 
     def upstream():
         out = tempfile.mkdtemp(prefix="tgp-up-")

@@ -1,52 +1,73 @@
-"""Issue 2: `lint` over the full yaml against torchgen's parse_native_yaml alone.
+"""`lint` over the full yaml against torchgen's own parse_native_yaml on the same
+yaml, in both worlds, side by side (interleaved runs):
 
-Both sides run in a fresh interpreter and time themselves from before their
-first import to the end (the interpreter's own start-up is excluded from both).
-Cold: an empty cache directory. Warm: a re-run on unchanged inputs (cache hit).
+- installed: the installed torch's torchgen and its packaged yaml;
+- checkout: a checkout-layout tree of the installed release (tests/trees.py),
+  linted with --pytorch-root, against the tree's own torchgen parsing the tree's yaml.
+
+Every run is a fresh interpreter timing itself from before its first import to
+the end (the interpreter's own start-up excluded on both sides). Cold: an empty
+cache. Warm: a re-run on unchanged inputs (cache hit).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 import tempfile
 
-from common import paired, ratio_line, run_py
+from common import ROOT, paired, ratio_line, run_py
 
 PARSE = """
-import time; t = time.perf_counter()
+import sys, time; t = time.perf_counter()
 from torchgen.gen import parse_native_yaml
-from torchgen_patch.tg import packaged_yaml
-n, tags = packaged_yaml()
-parse_native_yaml(n, tags)
+parse_native_yaml(sys.argv[1], sys.argv[2])
 print(time.perf_counter() - t)
 """
 
 LINT = """
-import time, io, contextlib; t = time.perf_counter()
+import sys, time, io, contextlib; t = time.perf_counter()
 from torchgen_patch.cli import main
 with contextlib.redirect_stdout(io.StringIO()):
-    main(["lint"])
+    main(["lint"] + sys.argv[1:])
 print(time.perf_counter() - t)
 """
 
 
 def main(n: int = 7) -> list[dict]:
-    def cold():
-        return run_py(LINT, {"TORCHGEN_PATCH_CACHE": tempfile.mkdtemp(prefix="tgp-cold-")})
+    sys.path.insert(0, ROOT)
+    from tests.trees import tree_from_installed
+    from torchgen_patch.sources import Options, resolve
 
-    warm_dir = tempfile.mkdtemp(prefix="tgp-warm-")
-    run_py(LINT, {"TORCHGEN_PATCH_CACHE": warm_dir})  # fill the cache once
-
-    def warm():
-        return run_py(LINT, {"TORCHGEN_PATCH_CACHE": warm_dir})
-
-    def parse():
-        return run_py(PARSE)
-
+    src = resolve(Options())
+    work = tempfile.mkdtemp(prefix="tgp-bench-lint-")
+    tree = tree_from_installed(os.path.join(work, "pytorch"), git=False)
+    tyaml = os.path.join(tree, "aten", "src", "ATen", "native")
     out = []
-    xs, ys = paired(cold, parse, n)
-    out.append(ratio_line("lint cold vs parse_native_yaml", xs, ys, 1.2))
-    xs, ys = paired(warm, parse, n)
-    out.append(ratio_line("lint re-run (cache hit) vs parse_native_yaml", xs, ys, 0.1))
+    try:
+        for world, lint_args, parse_args, parse_path in (
+                ("installed", [], [src.native, src.tags], None),
+                ("checkout", ["--pytorch-root", tree],
+                 [os.path.join(tyaml, "native_functions.yaml"), os.path.join(tyaml, "tags.yaml")], tree)):
+            def cold():
+                return run_py(LINT, {"TORCHGEN_PATCH_CACHE": tempfile.mkdtemp(prefix="c-", dir=work)}, lint_args)
+
+            warm_dir = tempfile.mkdtemp(prefix="w-", dir=work)
+            run_py(LINT, {"TORCHGEN_PATCH_CACHE": warm_dir}, lint_args)  # fill the cache once
+
+            def warm():
+                return run_py(LINT, {"TORCHGEN_PATCH_CACHE": warm_dir}, lint_args)
+
+            def parse():
+                return run_py(PARSE, None, parse_args, pythonpath=parse_path)
+
+            xs, ys = paired(cold, parse, n)
+            out.append(ratio_line(f"{world}: lint cold vs parse_native_yaml", xs, ys, 1.1))
+            xs, ys = paired(warm, parse, n)
+            out.append(ratio_line(f"{world}: lint re-run (cache hit) vs parse_native_yaml", xs, ys, 0.1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 

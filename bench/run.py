@@ -22,6 +22,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=("lint", "gen", "build", "call"), action="append")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--report", action="store_true",
+                    help="also update the committed report under reports/ (only the sections run are replaced)")
     args = ap.parse_args()
     only = set(args.only or ("lint", "gen", "build", "call"))
     results = {}
@@ -44,11 +46,19 @@ def main() -> int:
             return r.returncode
         with open(out) as fh:
             results["call"] = json.load(fh)
-    from torchgen_patch.load import torch_version
+    from torchgen_patch.sources import installed_torch_version as torch_version
 
-    path = os.path.join(ROOT, "reports", f"bench-{args.device}-torch{torch_version().split('+')[0]}.json")
-    save([{"section": k, "results": v} for k, v in sorted(results.items())], path)
-    print(f"wrote {os.path.relpath(path, ROOT)}")
+    name = f"bench-{args.device}-torch{torch_version().split('+')[0]}.json"
+    # every run lands in build/; the committed report changes only when asked (--report), and then
+    # only in the sections this run measured
+    targets = [os.path.join(ROOT, "build", name)] + ([os.path.join(ROOT, "reports", name)] if args.report else [])
+    for path in targets:
+        sections = dict(results)
+        if path.startswith(os.path.join(ROOT, "reports")) and os.path.exists(path):
+            with open(path) as fh:
+                sections = {s["section"]: s["results"] for s in json.load(fh)} | results
+        save([{"section": k, "results": v} for k, v in sorted(sections.items())], path)
+        print(f"wrote {os.path.relpath(path, ROOT)}")
     return 0
 
 

@@ -9,24 +9,23 @@ os.environ.setdefault("TORCHGEN_PATCH_CACHE", os.path.join(ROOT, ".cache", "torc
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from torchgen_patch import cli, load  # noqa: E402
-from torchgen_patch import overlay as ov  # noqa: E402
+from torchgen_patch import cli  # noqa: E402
+from torchgen_patch.codegen import template_names  # noqa: E402
 from torchgen_patch.plan import make_plan  # noqa: E402
-from torchgen_patch.render import template_names  # noqa: E402
-
-
-def torch_is(prefix: str) -> bool:
-    return load.torch_version().startswith(prefix)
+from torchgen_patch.plan import overlay as ov  # noqa: E402
+from torchgen_patch.scan import scan  # noqa: E402
+from torchgen_patch.sources import Options, resolve  # noqa: E402
+from tests.support import torch_is  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
 def default_scan():
-    return load.scan(load.Sources.resolve())
+    return scan(resolve(Options()))
 
 
 @pytest.fixture(scope="session")
 def default_overlay(default_scan):
-    return ov.load(ov.default_path(), default_scan, template_names())
+    return ov.load(resolve(Options()), default_scan, template_names())
 
 
 @pytest.fixture(scope="session")
@@ -49,8 +48,8 @@ def run_cli(capsys):
 @pytest.fixture(scope="session")
 def library(default_plan):
     """The full plan for the installed torch, compiled once per session (cached by content)."""
-    from torchgen_patch.build import build
-    from torchgen_patch.render import render
+    from torchgen_patch.codegen import render
+    from torchgen_patch.runtime.build import build
 
     files = render(default_plan, 2)
     return build(files, default_plan.ops(), 2)

@@ -18,14 +18,14 @@ GOLDEN = os.path.join(HERE, "golden")
 def render_goldens() -> dict[str, bytes]:
     sys.path.insert(0, os.path.dirname(HERE))
     from tests.yaml_fixtures import golden_yaml
-    from torchgen_patch import load, overlay
+    from tests.support import scan_of
+    from torchgen_patch.codegen.render import environment, render
     from torchgen_patch.plan import make_plan
-    from torchgen_patch.render import environment, render
+    from torchgen_patch.plan.overlay import empty
 
     with tempfile.TemporaryDirectory() as d:
         native, tags = golden_yaml(d)
-        scan = load.scan(load.Sources.resolve(native, tags), use_cache=False)
-        plan = make_plan(scan, overlay.empty())
+        plan = make_plan(scan_of(native, tags, cache=False), empty())
     files = {k: v for k, v in render(plan, 1).items() if k != "ADInplaceOrViewPatchEverything.cpp"}
     env = environment()
     for k in plan.kernels:

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from torchgen_patch import tg
+from tests.support import packaged_yaml
 
-NATIVE, TAGS = tg.packaged_yaml()
+NATIVE, TAGS = packaged_yaml()
 FOO = b"- func: foo(Tensor self) -> Tensor\n  variants: function\n"
 REAL = open(NATIVE, "rb").read()
 
@@ -28,29 +28,29 @@ YAML_CASES = {
     "no_func": (FOO + b"- variants: function\n", "N:3: error: entry has no 'func:' schema string"),
     "func_not_string": (b"- func: [1, 2]\n", "N:1: error: entry has no 'func:' schema string"),
     "bad_schema": (b"- func: foo(Tensor self -> Tensor\n  variants: function\n",
-                   "N:1: error: torchgen rejected this file: Invalid function schema: foo(Tensor self -> Tensor "
+                   "N:1: error: the installed torchgen rejected this file: Invalid function schema: foo(Tensor self -> Tensor "
                    "(hint: is the yaml from a torch release this torchgen can read?)"),
     "bad_type": (b"- func: foo(Tensr self) -> Tensor\n",
-                 "N:1: error: torchgen rejected this file: unrecognized type Tensr "
+                 "N:1: error: the installed torchgen rejected this file: unrecognized type Tensr "
                  "(hint: is the yaml from a torch release this torchgen can read?)"),
     "duplicate": (FOO + b"\n" + FOO, "N:4: error: duplicate operator 'foo' (hint: first defined at line 1)"),
     "unknown_tag": (FOO + b"  tags: not_a_tag\n",
-                    "N:1: error: torchgen rejected this file: illegal tag not_a_tag "
+                    "N:1: error: the installed torchgen rejected this file: illegal tag not_a_tag "
                     "(hint: is the yaml from a torch release this torchgen can read?)"),
     "unknown_key": (FOO + b"  dispatchh: {CPU: foo}\n",
-                    "N:1: error: torchgen rejected this file: leftover entries: "
+                    "N:1: error: the installed torchgen rejected this file: leftover entries: "
                     "{'dispatchh': {'CPU': 'foo', '__line__': 3}} "
                     "(hint: is the yaml from a torch release this torchgen can read?)"),
     "inplace_must_return_self": (b"- func: foo_(Tensor(a!) self) -> ()\n",
-                                 "N:1: error: torchgen rejected this file: Inplace op foo_ with Tensor self must "
+                                 "N:1: error: the installed torchgen rejected this file: Inplace op foo_ with Tensor self must "
                                  "return self (hint: is the yaml from a torch release this torchgen can read?)"),
     "duplicate_key": (FOO + b"  variants: method\n",
                       "N:1: error: malformed YAML: duplicate key 'variants'"),
     "unknown_dispatch_key": (FOO + b"  dispatch:\n    CPUU: foo\n",
-                             "N:1: error: torchgen rejected this file: unknown dispatch key CPUU "
+                             "N:1: error: the installed torchgen rejected this file: unknown dispatch key CPUU "
                              "(hint: is the yaml from a torch release this torchgen can read?)"),
     "truncated_mid_schema": (REAL[: REAL.index(b"- func: _cast_Double") + 24],
-                             "N:17: error: torchgen rejected this file: Invalid function schema: _cast_Double(Ten "
+                             "N:17: error: the installed torchgen rejected this file: Invalid function schema: _cast_Double(Ten "
                              "(hint: is the yaml from a torch release this torchgen can read?)"),
     "tab_indent": (b"- func: foo(Tensor self) -> Tensor\n\tvariants: function\n",
                    "N:2: error: malformed YAML: found a tab character that violates indentation"),
@@ -94,10 +94,12 @@ def test_bad_native_functions(tmp_path, run_cli, name, cmd):
      "/nonexistent/tags.yaml: error: tags.yaml not found"),
     (["lint", "--tags", TAGS], "torchgen-patch: error: --tags needs --native-functions"),
     (["lint", "--pytorch-root", "/nonexistent"], "/nonexistent: error: --pytorch-root is not a directory"),
-    (["lint", "--pytorch-root", "/tmp"], "/tmp: error: not a PyTorch source tree: "
-                                          "aten/src/ATen/native/native_functions.yaml is missing"),
+    (["lint", "--pytorch-root", "/tmp"], "/tmp: error: not a PyTorch checkout: "
+                                          "aten/src/ATen/native/native_functions.yaml is missing "
+                                          "(hint: is the checkout complete?)"),
     (["lint", "--overlay", "/nonexistent.yaml"], "/nonexistent.yaml: error: overlay not found"),
-    (["gen", "--out", "/tmp/x", "--shards", "0"], "torchgen-patch: error: --shards must be at least 1, not 0"),
+    (["gen", "--out", "/tmp/x", "--shards", "0"], "torchgen-patch: error: --shards must be between 1 and 256, not 0 (hint: PyTorch's own codegen uses 5 "
+     "shards for ~1,100 kernels)"),
 ])
 def test_bad_arguments(run_cli, argv, expected):
     rc, out, err = run_cli(*argv)
@@ -114,7 +116,7 @@ def test_output_path_is_a_file(run_cli, tmp_path):
 
 def test_write_failure_leaves_output_as_it_was(run_cli, tmp_path, monkeypatch):
     """A failure injected in the file layer (a full disk, say) on the third file."""
-    from torchgen_patch import write
+    from torchgen_patch import files as write
 
     out = tmp_path / "out"
     rc, _, _ = run_cli("gen", "--out", out)

@@ -14,11 +14,13 @@ import torch
 import torchgen_patch
 from tests.conftest import ROOT
 from tests.yaml_fixtures import subset_yaml
-from torchgen_patch import build, installer, load
-from torchgen_patch import overlay as ov
+from tests.support import scan_of
+from torchgen_patch.plan.overlay import empty
+from torchgen_patch.runtime import build
+from torchgen_patch.runtime import install as installer
 from torchgen_patch.errors import InputError
 from torchgen_patch.plan import make_plan
-from torchgen_patch.render import render
+from torchgen_patch.codegen.render import render
 
 pytestmark = pytest.mark.build
 
@@ -75,8 +77,7 @@ def test_python_backend_same_semantics():
 def _fixture_library(tmp_path, edits=(), funcs=("_cummax_helper", "_cummin_helper", "split_with_sizes_copy",
                                                    "split_with_sizes_copy.out")):
     native, tags = subset_yaml(str(tmp_path), list(funcs), edits)
-    scan = load.scan(load.Sources.resolve(native, tags), use_cache=False)
-    plan = make_plan(scan, ov.empty())
+    plan = make_plan(scan_of(native, tags, cache=False), empty())
     files = render(plan, 1)
     return plan, files
 
@@ -103,7 +104,7 @@ def test_small_build_cache_concurrency_and_torch_mismatch(tmp_path):
     plan, files = _fixture_library(tmp_path)
     root = str(tmp_path / "builds")
     code = (f"import sys; sys.path.insert(0, {ROOT!r});"
-            "import json; from torchgen_patch import build;"
+            "import json; from torchgen_patch.runtime import build;"
             f"files = {{k: v.encode('latin1') for k, v in json.load(open({str(tmp_path / 'f.json')!r})).items()}};"
             f"lib = build.build(files, [], 1, root={root!r}); print(lib.path)")
     json.dump({k: v.decode("latin1") for k, v in files.items()}, open(tmp_path / "f.json", "w"))

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from tests.support import packaged_yaml
+
 from tests.conftest import ROOT
 
 ENV = dict(os.environ, PYTHONPATH=ROOT)
@@ -27,9 +29,7 @@ def _snapshot(d):
 def test_killed_gen_leaves_old_or_new_files(tmp_path):
     """SIGKILL at random moments while gen rewrites every file: each output file
     is always complete, the old version or the new one."""
-    from torchgen_patch import tg
-
-    native, tags = tg.packaged_yaml()
+    native, tags = packaged_yaml()
     text = open(native).read()
     inputs = {}
     for name, prefix in (("a", ""), ("b", "# one more line: every kernel's yaml line moves\n")):

@@ -76,11 +76,12 @@ def test_paths_from_file(run_cli, tmp_path):
 
 
 def test_github_annotations_and_escaping(run_cli, tmp_path):
-    from torchgen_patch import formats
-    from torchgen_patch.lint import Finding
+    from torchgen_patch.diagnostics import Finding
+    from torchgen_patch.diagnostics.render import github
+    from torchgen_patch.errors import Location
 
-    f = Finding("a,b:c.yaml", 7, "aten::x", "missing-inplace-or-view-kernel", "100% wrong\nsecond line")
-    assert formats.github([f]) == ("::error file=a%2Cb%3Ac.yaml,line=7,"
+    f = Finding(Location("a,b:c.yaml", 7), "aten::x", "missing-inplace-or-view-kernel", "100% wrong\nsecond line")
+    assert github([f]) == ("::error file=a%2Cb%3Ac.yaml,line=7,"
                                    "title=VERSIONCOUNTER missing-inplace-or-view-kernel::100%25 wrong%0Asecond line\n")
     native = _tree(str(tmp_path / "dirty"), FUNCS)
     rc, out, _ = run_cli("lint", "--format", "github", native)
@@ -205,7 +206,8 @@ def test_generated_directory_check(run_cli, tmp_path):
 def test_real_lintrunner_on_a_pytorch_like_checkout(tmp_path):
     root = str(tmp_path / "pytorch")
     native = _tree(root, FUNCS)
-    cfg = open(os.path.join(ROOT, "lintrunner.toml.example")).read().replace("'python3'", repr(sys.executable))
+    text = open(os.path.join(ROOT, "lintrunner.toml.example")).read()
+    cfg = text[:text.index("# --- PyTorch's own repository")].replace("'python3'", repr(sys.executable))
     open(os.path.join(root, ".lintrunner.toml"), "w").write(cfg)
     open(os.path.join(root, "README.md"), "w").write("not linted\n")
     _git(root, "init", "-q")

@@ -12,7 +12,7 @@ def test_lint_reports_missing_ops_and_exits_1(run_cli, default_scan):
     findings = lines[:-1]
     assert len(findings) == len(default_scan.by_verdict("missing"))
     r = default_scan.get("aten::split_with_sizes_copy.out")
-    assert any(line.endswith(f":{r.line}: error: [VERSIONCOUNTER] aten::split_with_sizes_copy.out: out= op writes "
+    assert any(line.endswith(f":{r.loc.line}: error: [VERSIONCOUNTER] aten::split_with_sizes_copy.out: out= op writes "
                                      "out and returns nothing: no ADInplaceOrView kernel bumps it") for line in findings)
     assert lines[-1].startswith(f"{len(findings)} finding(s); covered ")
 
@@ -45,7 +45,7 @@ def test_lint_json_schema(run_cli, default_scan):
     f = next(f for f in doc["findings"] if f["op"] == "aten::_fused_adam_")
     assert set(f) == {"path", "line", "op", "rule", "message", "severity", "code"}
     assert (f["rule"], f["severity"], f["code"]) == ("missing-inplace-or-view-kernel", "error", "VERSIONCOUNTER")
-    assert f["line"] == default_scan.get("aten::_fused_adam_").line
+    assert f["line"] == default_scan.get("aten::_fused_adam_").loc.line
 
 
 def test_lint_against_runtime(run_cli):

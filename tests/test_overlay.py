@@ -1,16 +1,15 @@
-"""Issue 2: the overlay is validated strictly, each error at its file:line."""
+"""The overlay is validated strictly, each error at its file:line."""
 
 import pytest
 
-from torchgen_patch import overlay as ov
+from tests.support import overlay_of
 from torchgen_patch.errors import InputError
-from torchgen_patch.render import template_names
 
 
 def load_text(tmp_path, scan, text):
     p = tmp_path / "overlay.yaml"
     p.write_text(text)
-    return ov.load(str(p), scan, template_names()), str(p)
+    return overlay_of(str(p), scan), str(p)
 
 
 def error(tmp_path, scan, text) -> str:

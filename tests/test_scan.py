@@ -1,4 +1,4 @@
-"""Issue 2: loading and classification of every function."""
+"""Scanning: every function of the yaml classified into exactly one verdict."""
 
 import os
 import subprocess
@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, torch_is
-from torchgen_patch import load
-from torchgen_patch.model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, VERDICTS
-from torchgen_patch.runtime import cross_check
+from tests.support import packaged_yaml, scan_of
+from torchgen_patch.checks.crosscheck import cross_check
+from torchgen_patch.scan.model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, VERDICTS
 
 
 def test_every_function_lands_in_exactly_one_bucket(default_scan):
@@ -51,8 +51,8 @@ def test_bucket_examples(default_scan, op, verdict):
 
 def test_record_carries_yaml_location(default_scan):
     r = default_scan.get("aten::split_with_sizes_copy.out")
-    text = open(r.file, encoding="utf-8").read().splitlines()
-    assert text[r.line - 1].startswith("- func: split_with_sizes_copy.out(")
+    text = open(r.loc.path, encoding="utf-8").read().splitlines()
+    assert text[r.loc.line - 1].startswith("- func: split_with_sizes_copy.out(")
     assert [w.name for w in r.written] == ["out"] and r.written[0].form == "tensor_list"
 
 
@@ -65,9 +65,7 @@ def test_against_runtime_reports_drift(tmp_path):
     this torch lacks are reported; a removed op simply is not scanned."""
     from tests.yaml_fixtures import entries
 
-    from torchgen_patch import tg
-
-    native, tags = tg.packaged_yaml()
+    native, tags = packaged_yaml()
     text = open(native, encoding="utf-8").read()
     blocks = entries(text)
     text = text.replace(blocks["_cummin_helper"], "")
@@ -77,48 +75,31 @@ def test_against_runtime_reports_drift(tmp_path):
     p = tmp_path / "native_functions.yaml"
     p.write_text(text)
     (tmp_path / "tags.yaml").write_text(open(tags).read())
-    scan = load.scan(load.Sources.resolve(str(p)), use_cache=False)
+    scan = scan_of(str(p), cache=False)
     assert scan.get("aten::_cummin_helper") is None
     # one missing op removed, two added (_foreach_zero2_ and its autogen out= variant)
-    assert len(scan.by_verdict(MISSING)) == len(load.scan(load.Sources.resolve()).by_verdict(MISSING)) + 1
+    assert len(scan.by_verdict(MISSING)) == len(scan_of().by_verdict(MISSING)) + 1
     drifts = {(d.op, d.kind) for d in cross_check(scan)}
     assert drifts == {("aten::_cummax_helper", "schema"),
                       ("aten::_foreach_zero2_", "absent"),
                       ("aten::_foreach_zero2", "absent"), ("aten::_foreach_zero2.out", "absent")}
 
 
-def test_pytorch_root_layout(tmp_path):
-    from torchgen_patch import tg
-
-    native, tags = tg.packaged_yaml()
-    d = tmp_path / "aten" / "src" / "ATen" / "native"
-    d.mkdir(parents=True)
-    (d / "native_functions.yaml").write_text(open(native).read())
-    (d / "tags.yaml").write_text(open(tags).read())
-    s = load.Sources.resolve(pytorch_root=str(tmp_path))
-    assert s.native == str(d / "native_functions.yaml")
-    assert len(load.scan(s).records) == len(load.scan(load.Sources.resolve()).records)
-
-
 def test_cache_is_keyed_by_content(tmp_path, monkeypatch):
-    from torchgen_patch import tg
-
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(tmp_path / "cache"))
-    native, tags = tg.packaged_yaml()
-    first = load.scan(load.Sources.resolve())
+    native, tags = packaged_yaml()
+    first = scan_of()
     files = sorted(os.listdir(tmp_path / "cache"))
-    assert len(files) == 2 and files[0].startswith("scan-") and files[1].endswith(".summary.json")
-    again = load.scan(load.Sources.resolve())
-    assert again.counts() == first.counts()
-    assert again.by_verdict("missing") == first.by_verdict("missing")
-    assert again.records == first.records  # the full file, loaded lazily
+    assert len(files) == 1 and files[0].startswith("scan-")
+    again = scan_of()
+    assert again.records == first.records and again.cpp == first.cpp and again.key == first.key
     # a copy elsewhere has the same content: same cache entry, its own path in the records
     (tmp_path / "y").mkdir()
     (tmp_path / "y" / "native_functions.yaml").write_text(open(native).read())
     (tmp_path / "y" / "tags.yaml").write_text(open(tags).read())
-    moved = load.scan(load.Sources.resolve(str(tmp_path / "y" / "native_functions.yaml")))
-    assert len(os.listdir(tmp_path / "cache")) == 2
-    assert moved.records[0].file == str(tmp_path / "y" / "native_functions.yaml")
+    moved = scan_of(str(tmp_path / "y" / "native_functions.yaml"))
+    assert len(os.listdir(tmp_path / "cache")) == 1
+    assert moved.records[0].loc.path == str(tmp_path / "y" / "native_functions.yaml")
 
 
 def test_scan_cli_table_and_module_entry_point():
@@ -134,8 +115,8 @@ def test_scan_cli_table_and_module_entry_point():
 def test_record_json_round_trip_covers_every_field(default_scan):
     from dataclasses import fields
 
-    from torchgen_patch.model import OpRecord
+    from torchgen_patch.scan.model import OpRecord
 
     r = default_scan.get("aten::split_with_sizes_copy.out")
-    assert set(r.to_json()) == {f.name for f in fields(OpRecord)}
-    assert OpRecord.from_json(r.to_json()) == r
+    assert set(r.to_json()) == {f.name for f in fields(OpRecord)} - {"loc"} | {"file", "line"}
+    assert OpRecord.from_json(r.to_json(), r.loc.path) == r

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, torch_is
 from tests.upstream_tree import kernels_tu, make_tree, registrations, run_codegen
-from torchgen_patch import upstream_patch as up
+from torchgen_patch.upstream import patch as up
 
 PATCHES = os.path.join(ROOT, "patches")
 
@@ -108,7 +108,7 @@ def test_upstream_kernels_compile_and_pass_the_version_tests(trees, tmp_path, de
 import json, sys, torch
 sys.path.insert(0, {ROOT!r})
 from torch.utils import cpp_extension
-from torchgen_patch import verify
+from torchgen_patch.checks import verify
 ops = {json.dumps(default_plan.ops())}
 before = verify.run(ops, "cpu", False)
 cpp_extension.load("upstream_kernels", [{str(src)!r}], extra_cflags=["-O1", "-w"],
@@ -141,7 +141,7 @@ def test_error_mode_fails_the_codegen_listing_the_ops(tmp_path, run_cli, default
     missing = default_scan.by_verdict("missing")
     assert f"{len(missing)} operators mutate arguments and return nothing" in r.stderr
     rec = default_scan.get("aten::split_with_sizes_copy.out")
-    assert f"native_functions.yaml:{rec.line}: split_with_sizes_copy.out" in r.stderr
+    assert f"native_functions.yaml:{rec.loc.line}: split_with_sizes_copy.out" in r.stderr
     # the allowlist the patch adds accepts them
     path = os.path.join(root, up.TARGET)
     text = open(path).read()

@@ -6,7 +6,7 @@ import torch
 
 import torchgen_patch
 from tests.conftest import torch_is
-from torchgen_patch import verify
+from torchgen_patch.checks import verify
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -1,35 +1,25 @@
-"""A PyTorch source-tree fixture assembled from the installed wheel, which
-ships the same files: torchgen/packaged/autograd at tools/autograd and
-torchgen/packaged/ATen at aten/src/ATen. Plus helpers to run its codegen."""
+"""A PyTorch source-tree fixture assembled from the installed wheel (see
+tests/trees.py), and helpers to run its codegen and read what it generated."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
-from torchgen_patch import tg
+from tests.trees import tree_from_installed
 
 
 def make_tree(root: str) -> str:
-    packaged = os.path.dirname(tg.packaged_autograd_dir())
-    shutil.copytree(os.path.join(packaged, "autograd"), os.path.join(root, "tools", "autograd"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(os.path.join(packaged, "ATen"), os.path.join(root, "aten", "src", "ATen"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    open(os.path.join(root, "tools", "__init__.py"), "w").close()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree"], cwd=root,
-                   check=True)
-    return root
+    """A checkout-layout tree of the installed torch (its torchgen, tools/autograd and yaml), under git."""
+    return tree_from_installed(root)
 
 
-def run_codegen(root: str, out: str) -> subprocess.CompletedProcess:
+def run_codegen(root: str, out: str, python: str = sys.executable) -> subprocess.CompletedProcess:
+    """The tree's own autograd codegen, run from the tree with the tree's torchgen."""
     n = os.path.join("aten", "src", "ATen", "native")
-    return subprocess.run([sys.executable, "-m", "tools.autograd.gen_autograd", f"{n}/native_functions.yaml",
+    return subprocess.run([python, "-m", "tools.autograd.gen_autograd", f"{n}/native_functions.yaml",
                            f"{n}/tags.yaml", out, "tools/autograd"], cwd=root, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=root))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from torchgen_patch import tg
+from tests.support import packaged_yaml
 
 # Representative ops for the goldens: one of each family.
 GOLDEN_FUNCS = [
@@ -42,7 +42,7 @@ def entries(text: str) -> dict[str, str]:
 
 
 def subset_yaml(dir_: str, funcs: list[str], edits: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:
-    native, tags = tg.packaged_yaml()
+    native, tags = packaged_yaml()
     blocks = entries(open(native, encoding="utf-8").read())
     text = "".join(blocks[f] + "\n" for f in funcs)
     for old, new in edits:

@@ -1,8 +1,11 @@
-"""The one error type for bad input, rendered like a compiler message.
+"""Where things are, and the errors the user sees.
 
-Anything the user can get wrong (a path, a yaml, an overlay, a flag) is an
-``InputError``; the CLI prints ``FILE:LINE: error: MESSAGE`` and exits 2.
-Every other exception is a bug and keeps its traceback.
+``Location`` is the one file:line type of the package (records, findings, plan
+entries, errors all carry one). ``InputError`` is bad input: the CLI prints
+``FILE:LINE: error: MESSAGE (hint: ...)`` and exits 2. ``EnvironmentProblem``
+is a machine that lacks something a command needs (torch, a compiler, CUDA):
+the same one-line rendering, exit 3. Any other exception is a bug and keeps
+its traceback.
 """
 
 from __future__ import annotations
@@ -11,20 +14,29 @@ import os
 from dataclasses import dataclass
 
 
-@dataclass
-class InputError(Exception):
-    path: str | None
-    line: int | None
-    message: str
-    hint: str | None = None
-
-    def __post_init__(self) -> None:
-        super().__init__(self.render())
+@dataclass(frozen=True, order=True)
+class Location:
+    path: str
+    line: int | None = None
 
     def render(self) -> str:
-        where = display_path(self.path) if self.path else "torchgen-patch"
-        if self.line:
-            where = f"{where}:{self.line}"
+        where = display_path(self.path)
+        return f"{where}:{self.line}" if self.line else where
+
+
+class InputError(Exception):
+    exit_code = 2
+
+    def __init__(self, path: str | None, line: int | None, message: str, hint: str | None = None):
+        self.path, self.line, self.message, self.hint = path, line, message, hint
+        super().__init__(self.render())
+
+    @property
+    def location(self) -> Location | None:
+        return Location(self.path, self.line) if self.path else None
+
+    def render(self) -> str:
+        where = Location(self.path, self.line).render() if self.path else "torchgen-patch"
         text = f"{where}: error: {self.message}"
         if self.hint:
             text += f" (hint: {self.hint})"
@@ -32,6 +44,15 @@ class InputError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+class EnvironmentProblem(InputError):
+    """The machine lacks what a command needs (torch, a C++ compiler, ninja, CUDA)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(None, None, message, hint)
 
 
 def display_path(path: str) -> str:
@@ -49,3 +70,14 @@ def one_line(text: str) -> str:
         if part.strip():
             return part.strip()
     return str(text).strip() or "unknown error"
+
+
+def require_torch(what: str):
+    """Import torch for ``what``, or say clearly that this command needs it."""
+    try:
+        import torch
+    except ImportError:
+        raise EnvironmentProblem(f"{what} needs torch, and this Python has none",
+                                 "pip install 'torch>=2.11' (or torchgen-patch[torch]); scan, lint, gen and "
+                                 "diff on a checkout (--pytorch-root) work without it") from None
+    return torch

@@ -20,8 +20,8 @@ namespace shard_0 {
 
 // aten::_cummax_helper  (native_functions.yaml:1)
 void _cummax_helper(c10::DispatchKeySet ks, const at::Tensor & self, at::Tensor & values, at::Tensor & indices, int64_t dim) {
-  const int64_t values_before = torchgen_patch::version_of(values);
-  const int64_t indices_before = torchgen_patch::version_of(indices);
+  const auto values_before = torchgen_patch::version_of(values);
+  const auto indices_before = torchgen_patch::version_of(indices);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::_cummax_helper::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, values, indices, dim);
@@ -32,8 +32,8 @@ void _cummax_helper(c10::DispatchKeySet ks, const at::Tensor & self, at::Tensor 
 
 // aten::_cummin_helper  (native_functions.yaml:8)
 void _cummin_helper(c10::DispatchKeySet ks, const at::Tensor & self, at::Tensor & values, at::Tensor & indices, int64_t dim) {
-  const int64_t values_before = torchgen_patch::version_of(values);
-  const int64_t indices_before = torchgen_patch::version_of(indices);
+  const auto values_before = torchgen_patch::version_of(values);
+  const auto indices_before = torchgen_patch::version_of(indices);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::_cummin_helper::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, values, indices, dim);
@@ -44,7 +44,7 @@ void _cummin_helper(c10::DispatchKeySet ks, const at::Tensor & self, at::Tensor 
 
 // aten::_foreach_add.Scalar_out  (native_functions.yaml:22)
 void _foreach_add_Scalar_out(c10::DispatchKeySet ks, at::TensorList self, const at::Scalar & scalar, at::TensorList out) {
-  const auto out_before = torchgen_patch::versions_of(out);
+  const auto out_before = torchgen_patch::version_of(out);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::_foreach_add_Scalar_out::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, scalar, out);
@@ -54,7 +54,7 @@ void _foreach_add_Scalar_out(c10::DispatchKeySet ks, at::TensorList self, const 
 
 // aten::_foreach_add_.Scalar  (native_functions.yaml:22)
 void _foreach_add__Scalar(c10::DispatchKeySet ks, at::TensorList self, const at::Scalar & scalar) {
-  const auto self_before = torchgen_patch::versions_of(self);
+  const auto self_before = torchgen_patch::version_of(self);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::_foreach_add__Scalar::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, scalar);
@@ -64,11 +64,11 @@ void _foreach_add__Scalar(c10::DispatchKeySet ks, at::TensorList self, const at:
 
 // aten::_fused_adam.out  (native_functions.yaml:31)
 void _fused_adam_out(c10::DispatchKeySet ks, at::TensorList self, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize, const ::std::optional<at::Tensor> & grad_scale, const ::std::optional<at::Tensor> & found_inf, at::TensorList out) {
-  const auto grads_before = torchgen_patch::versions_of(grads);
-  const auto exp_avgs_before = torchgen_patch::versions_of(exp_avgs);
-  const auto exp_avg_sqs_before = torchgen_patch::versions_of(exp_avg_sqs);
-  const auto max_exp_avg_sqs_before = torchgen_patch::versions_of(max_exp_avg_sqs);
-  const auto out_before = torchgen_patch::versions_of(out);
+  const auto grads_before = torchgen_patch::version_of(grads);
+  const auto exp_avgs_before = torchgen_patch::version_of(exp_avgs);
+  const auto exp_avg_sqs_before = torchgen_patch::version_of(exp_avg_sqs);
+  const auto max_exp_avg_sqs_before = torchgen_patch::version_of(max_exp_avg_sqs);
+  const auto out_before = torchgen_patch::version_of(out);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::_fused_adam_out::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, out);
@@ -82,11 +82,11 @@ void _fused_adam_out(c10::DispatchKeySet ks, at::TensorList self, at::TensorList
 
 // aten::_fused_adam_  (native_functions.yaml:31)
 void _fused_adam_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize, const ::std::optional<at::Tensor> & grad_scale, const ::std::optional<at::Tensor> & found_inf) {
-  const auto self_before = torchgen_patch::versions_of(self);
-  const auto grads_before = torchgen_patch::versions_of(grads);
-  const auto exp_avgs_before = torchgen_patch::versions_of(exp_avgs);
-  const auto exp_avg_sqs_before = torchgen_patch::versions_of(exp_avg_sqs);
-  const auto max_exp_avg_sqs_before = torchgen_patch::versions_of(max_exp_avg_sqs);
+  const auto self_before = torchgen_patch::version_of(self);
+  const auto grads_before = torchgen_patch::version_of(grads);
+  const auto exp_avgs_before = torchgen_patch::version_of(exp_avgs);
+  const auto exp_avg_sqs_before = torchgen_patch::version_of(exp_avg_sqs);
+  const auto max_exp_avg_sqs_before = torchgen_patch::version_of(max_exp_avg_sqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::_fused_adam_::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf);
@@ -100,7 +100,7 @@ void _fused_adam_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList gr
 
 // aten::split_with_sizes_copy.out  (native_functions.yaml:46)
 void split_with_sizes_copy_out(c10::DispatchKeySet ks, const at::Tensor & self, c10::SymIntArrayRef split_sizes, int64_t dim, at::TensorList out) {
-  const auto out_before = torchgen_patch::versions_of(out);
+  const auto out_before = torchgen_patch::version_of(out);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::split_with_sizes_copy_out::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, split_sizes, dim, out);

@@ -74,9 +74,11 @@ inline void bump(at::TensorList ts) {
   }
 }
 
+// A TensorList's versions: the same call as for one tensor, so the kernel
+// template has no branch on the argument's form.
 using Versions = c10::SmallVector<int64_t, 8>;
 
-inline Versions versions_of(at::TensorList ts) {
+inline Versions version_of(at::TensorList ts) {
   Versions v;
   v.reserve(ts.size());
   for (const auto& t : ts) {

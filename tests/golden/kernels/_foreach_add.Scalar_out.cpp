@@ -1,6 +1,6 @@
 // aten::_foreach_add.Scalar_out  (native_functions.yaml:22)
 void _foreach_add_Scalar_out(c10::DispatchKeySet ks, at::TensorList self, const at::Scalar & scalar, at::TensorList out) {
-  const auto out_before = torchgen_patch::versions_of(out);
+  const auto out_before = torchgen_patch::version_of(out);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::_ops::_foreach_add_Scalar_out::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, scalar, out);

@@ -1,0 +1,29 @@
+"""Small helpers the tests share: the pipeline's stages called with test inputs."""
+
+from __future__ import annotations
+
+from torchgen_patch.codegen import template_names
+from torchgen_patch.plan import overlay as ov
+from torchgen_patch.scan import scan
+from torchgen_patch.sources import Options, installed_torch_version, resolve
+
+
+def packaged_yaml() -> tuple[str, str]:
+    """The installed torchgen's native_functions.yaml and tags.yaml."""
+    s = resolve(Options(no_overlay=True))
+    return s.native, s.tags
+
+
+def scan_of(native: str | None = None, tags: str | None = None, root: str | None = None, cache: bool = True):
+    return scan(resolve(Options(native, tags, root, no_overlay=True)), use_cache=cache)
+
+
+def overlay_of(path: str, sc):
+    """``path`` as a user-given overlay (every check strict) for the scan ``sc``."""
+    s = resolve(Options(sc.sources.native, sc.sources.tags, sc.sources.root, overlay=path)) \
+        if sc.sources.world == "installed" else resolve(Options(pytorch_root=sc.sources.root, overlay=path))
+    return ov.load(s, sc, template_names())
+
+
+def torch_is(prefix: str) -> bool:
+    return installed_torch_version().startswith(prefix)

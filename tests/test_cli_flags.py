@@ -1,0 +1,343 @@
+"""Every flag that a subcommand's --help shows is honoured by that subcommand.
+
+The parser is walked: each (subcommand, flag) must have a probe here, and each
+probe runs the subcommand with and without the flag and checks the difference
+the flag promises. Input flags are checked where they land (the Options the
+pipeline resolves), the rest by what the command prints, writes or calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from tests.trees import tree_from_installed
+from tests.yaml_fixtures import subset_yaml
+from torchgen_patch.cli.parser import parser
+
+FUNCS = ["_cummax_helper", "_cummin_helper", "split_with_sizes_copy", "split_with_sizes_copy.out"]
+
+
+def _flags() -> set[tuple[str, str]]:
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    out = set()
+    for cmd, p in sub.choices.items():
+        for a in p._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            out.add((cmd, max(a.option_strings, key=len) if a.option_strings else a.dest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return tree_from_installed(str(tmp_path_factory.mktemp("flags") / "pytorch"), git=False)
+
+
+@pytest.fixture
+def subset(tmp_path):
+    (tmp_path / "y").mkdir()
+    return subset_yaml(str(tmp_path / "y"), FUNCS)
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The Options every resolve() of the run was given."""
+    from torchgen_patch import pipeline
+
+    calls = []
+    real = pipeline.resolve
+
+    def spy(opts):
+        calls.append(opts)
+        return real(opts)
+
+    monkeypatch.setattr(pipeline, "resolve", spy)
+    return calls
+
+
+# ---------------------------------------------------------------------------
+# input flags, shared by the subcommands that show them
+
+SOURCE_ARGS = {
+    "--native-functions": lambda ctx: (["--native-functions", ctx["native"]], "native_functions", ctx["native"]),
+    "--tags": lambda ctx: (["--native-functions", ctx["native"], "--tags", ctx["tags"]], "tags", ctx["tags"]),
+    "--pytorch-root": lambda ctx: (["--pytorch-root", ctx["tree"]], "pytorch_root", ctx["tree"]),
+    "--overlay": lambda ctx: (["--overlay", ctx["overlay"]], "overlay", ctx["overlay"]),
+    "--no-overlay": lambda ctx: (["--no-overlay"], "no_overlay", True),
+    "--no-cache": lambda ctx: (["--no-cache"], "no_cache", True),
+}
+BASE = {  # the smallest run of each subcommand (and how to stub what would need a build)
+    "scan": [], "lint": [], "gen": ["--out", "OUT"], "build": [], "install": ["--backend", "python"],
+    "verify": ["--backend", "python", "--op", "aten::_cummax_helper"],
+}
+
+
+@pytest.mark.parametrize("cmd,flag", sorted(f for f in _flags() if f[1] in SOURCE_ARGS and f[0] != "diff"))
+def test_input_flag_reaches_the_pipeline(cmd, flag, run_cli, seen, subset, tree, tmp_path, monkeypatch):
+    import torchgen_patch
+
+    _stub_build(monkeypatch)
+    ov = tmp_path / "o.yaml"
+    ov.write_text("aten::_cummin_helper:\n  action: skip\n  reason: probe\n")
+    native, tags = subset
+    os.rename(tags, str(tmp_path / "tags.yaml"))  # --tags is needed to find it
+    if flag != "--tags":
+        os.rename(str(tmp_path / "tags.yaml"), tags)
+    ctx = {"native": native, "tags": str(tmp_path / "tags.yaml"), "tree": tree, "overlay": str(ov)}
+    args, field, value = SOURCE_ARGS[flag](ctx)
+    base = [str(tmp_path / "out") if a == "OUT" else a for a in BASE[cmd]]
+    try:
+        rc, out, err = run_cli(cmd, *base, *args)
+    finally:
+        torchgen_patch.uninstall()
+    assert rc in (0, 1), err
+    assert seen and all(getattr(o, field) == value for o in seen), seen
+
+
+# ---------------------------------------------------------------------------
+# every other flag, one probe each
+
+
+def p_scan_format(run_cli, **_):
+    assert json.loads(run_cli("scan", "--format", "json")[1])["total"] > 3000
+    assert run_cli("scan")[1].startswith("op ")
+
+
+def p_scan_verdict(run_cli, **_):
+    out = run_cli("scan", "--verdict", "unsupported")[1].splitlines()
+    assert len(out) == 5 and len(run_cli("scan")[1].splitlines()) > 3000  # header, 3 rows, total
+
+
+def p_against_runtime(cmd):
+    def probe(run_cli, **_):
+        rc, _, err = run_cli(cmd, "--against-runtime")
+        assert "against runtime: 0 drift(s)" in err and "against runtime" not in run_cli(cmd)[2]
+    return probe
+
+
+def p_lint_paths(run_cli, subset, **_):
+    rc, out, _ = run_cli("lint", subset[0])
+    assert rc == 1 and out.splitlines()[-1].startswith("3 finding(s)")
+
+
+def p_lint_format(run_cli, **_):
+    doc = json.loads(run_cli("lint", "--format", "json")[1])
+    assert len(doc["findings"]) == 177
+    assert run_cli("lint", "--format", "github")[1].startswith("::error ")
+
+
+def p_lint_baseline(run_cli, tmp_path, **_):
+    b = tmp_path / "b.json"
+    assert run_cli("lint", "--write-baseline", b)[0] == 0 and b.exists()
+    rc, out, _ = run_cli("lint", "--baseline", b)
+    assert rc == 0 and out.startswith("0 finding(s)")
+
+
+def p_lint_generated(run_cli, tmp_path, **_):
+    assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
+    rc, out, _ = run_cli("lint", "--generated", tmp_path / "g")
+    assert rc == 0 and out.startswith("0 finding(s)"), out  # every missing op has a current kernel
+
+
+def p_lint_runtime(run_cli, **_):
+    rc, out, _ = run_cli("lint", "--runtime", "--namespace", "aten")
+    assert out.endswith("in the live operator registry\n")
+
+
+def p_lint_import(run_cli, **_):
+    rc, out, _ = run_cli("lint", "--runtime", "--namespace", "tgp_test", "--import", "tests.custom_ops")
+    assert rc == 1 and "tgp_test::write_one" in out
+
+
+def p_lint_namespace(run_cli, **_):
+    import tests.custom_ops  # noqa: F401
+
+    everywhere = run_cli("lint", "--runtime")[1]
+    only = run_cli("lint", "--runtime", "--namespace", "aten")[1]
+    assert "tgp_test::" in everywhere and "tgp_test::" not in only
+
+
+def p_gen_out(run_cli, tmp_path, **_):
+    assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
+    assert "RegisterADInplaceOrViewPatch.cpp" in os.listdir(tmp_path / "g")
+
+
+def p_gen_shards(run_cli, tmp_path, **_):
+    run_cli("gen", "--out", tmp_path / "g", "--shards", "3")
+    assert sorted(n for n in os.listdir(tmp_path / "g") if n.startswith("ADInplaceOrViewPatch_")) == \
+        [f"ADInplaceOrViewPatch_{i}.cpp" for i in range(3)]
+
+
+def p_gen_deps(run_cli, tmp_path, **_):
+    run_cli("gen", "--out", tmp_path / "g", "--output-dependencies", tmp_path / "d.cmake")
+    assert "set(TORCHGEN_PATCH_SOURCES" in (tmp_path / "d.cmake").read_text()
+
+
+def p_gen_dry_run(run_cli, tmp_path, **_):
+    rc, _, _ = run_cli("gen", "--out", tmp_path / "g", "--output-dependencies", tmp_path / "d.cmake", "--dry-run")
+    assert rc == 0 and (tmp_path / "d.cmake").exists() and not (tmp_path / "g").exists()
+
+
+def p_gen_strict(run_cli, tmp_path, **_):
+    assert run_cli("gen", "--out", tmp_path / "a", "--no-overlay")[0] == 0
+    rc, _, err = run_cli("gen", "--out", tmp_path / "b", "--no-overlay", "--strict")
+    assert rc == 2 and "cannot generate a kernel" in err
+
+
+def p_gen_quiet(run_cli, tmp_path, **_):
+    assert run_cli("gen", "--out", tmp_path / "g", "--quiet")[2] == ""
+    assert run_cli("gen", "--out", tmp_path / "g")[2] != ""
+
+
+def p_build_shards(run_cli, stub_build, **_):
+    run_cli("build", "--shards", "3")
+    run_cli("build")
+    assert [c["shards"] for c in stub_build] == [3, 2]
+    assert "ADInplaceOrViewPatch_2.cpp" in stub_build[0]["files"]
+
+
+def p_build_verbose(run_cli, stub_build, **_):
+    run_cli("build", "--verbose")
+    run_cli("build")
+    assert [c["verbose"] for c in stub_build] == [True, False]
+
+
+def _stub_install(monkeypatch):
+    from torchgen_patch.runtime import install as inst
+
+    calls = []
+
+    def fake(ops=None, backend="cpp", **kw):
+        calls.append((ops, backend))
+        return inst.InstallReport(backend, registered=list(ops or []))
+
+    monkeypatch.setattr(inst, "install", fake)
+    return calls
+
+
+def p_backend(cmd):
+    def probe(run_cli, monkeypatch, **_):
+        calls = _stub_install(monkeypatch)
+        extra = ["--op", "aten::_cummax_helper"] if cmd == "verify" else []
+        run_cli(cmd, *extra, "--backend", "python")
+        run_cli(cmd, *extra)
+        assert [b for _, b in calls] == ["python", "cpp"]
+    return probe
+
+
+def p_op(cmd):
+    def probe(run_cli, monkeypatch, **_):
+        calls = _stub_install(monkeypatch)
+        run_cli(cmd, "--op", "aten::_cummax_helper", "--op", "aten::_cummin_helper")
+        run_cli(cmd)
+        assert calls[0][0] == ["aten::_cummax_helper", "aten::_cummin_helper"]
+        assert calls[1][0] is None or len(calls[1][0]) == 177  # install: the plan; verify: every op
+    return probe
+
+
+V = ["verify", "--backend", "python", "--op", "aten::_cummax_helper"]
+
+
+def p_verify_device(run_cli, **_):
+    import torch
+
+    rc, _, err = run_cli(*V, "--device", "cuda")
+    if torch.cuda.is_available():
+        assert rc == 0, err
+    else:
+        assert rc == 3 and "no CUDA device" in err
+    assert run_cli(*V, "--device", "cpu")[0] == 0
+
+
+def p_verify_without(run_cli, **_):
+    out = run_cli(*V, "--without-patch")[1]
+    assert "== without patch" in out and "with patch (python)" not in out
+
+
+def p_verify_both(run_cli, **_):
+    out = run_cli(*V, "--both")[1]
+    assert "== without patch" in out and "== with patch (python)" in out
+
+
+def p_verify_format(run_cli, **_):
+    assert json.loads(run_cli(*V, "--format", "json")[1])
+    assert run_cli(*V, "--format", "markdown")[1].startswith("#")
+
+
+def p_verify_output(run_cli, tmp_path, **_):
+    rc, out, _ = run_cli(*V, "-o", tmp_path / "v.txt")
+    assert rc == 0 and out == "" and "aten::_cummax_helper" in (tmp_path / "v.txt").read_text()
+
+
+def p_diff_root(run_cli, tree, **_):
+    assert run_cli("diff", "--pytorch-root", tree)[1].startswith("--- a/tools/autograd/")
+
+
+def p_diff_mode(run_cli, tree, **_):
+    fix = run_cli("diff", "--pytorch-root", tree)[1]
+    err = run_cli("diff", "--pytorch-root", tree, "--mode", "error")[1]
+    assert "torchgen-patch (fix)" in fix and "torchgen-patch (error)" in err
+
+
+def p_diff_output(run_cli, tree, tmp_path, **_):
+    rc, out, _ = run_cli("diff", "--pytorch-root", tree, "-o", tmp_path / "x.diff")
+    assert rc == 0 and out == "" and (tmp_path / "x.diff").read_text().startswith("--- a/")
+
+
+def p_diff_check(run_cli, tree, **_):
+    assert run_cli("diff", "--pytorch-root", tree, "--check")[:2] == (
+        1, "tools/autograd/gen_inplace_or_view_type.py: not patched\n")
+
+
+PROBES = {
+    ("scan", "--format"): p_scan_format, ("scan", "--verdict"): p_scan_verdict,
+    ("scan", "--against-runtime"): p_against_runtime("scan"),
+    ("lint", "paths"): p_lint_paths, ("lint", "--format"): p_lint_format,
+    ("lint", "--against-runtime"): p_against_runtime("lint"),
+    ("lint", "--baseline"): p_lint_baseline, ("lint", "--write-baseline"): p_lint_baseline,
+    ("lint", "--generated"): p_lint_generated, ("lint", "--runtime"): p_lint_runtime,
+    ("lint", "--import"): p_lint_import, ("lint", "--namespace"): p_lint_namespace,
+    ("gen", "--out"): p_gen_out, ("gen", "--shards"): p_gen_shards, ("gen", "--output-dependencies"): p_gen_deps,
+    ("gen", "--dry-run"): p_gen_dry_run, ("gen", "--strict"): p_gen_strict, ("gen", "--quiet"): p_gen_quiet,
+    ("build", "--shards"): p_build_shards, ("build", "--verbose"): p_build_verbose,
+    ("install", "--backend"): p_backend("install"), ("install", "--op"): p_op("install"),
+    ("verify", "--backend"): p_backend("verify"), ("verify", "--op"): p_op("verify"),
+    ("verify", "--device"): p_verify_device, ("verify", "--without-patch"): p_verify_without,
+    ("verify", "--both"): p_verify_both, ("verify", "--format"): p_verify_format,
+    ("verify", "--output"): p_verify_output,
+    ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
+    ("diff", "--check"): p_diff_check,
+}
+
+
+def test_every_flag_has_a_probe():
+    shown = {f for f in _flags() if f[1] not in SOURCE_ARGS or f[0] == "diff"}
+    assert shown == set(PROBES)
+
+
+@pytest.mark.parametrize("cmd,flag", sorted(PROBES))
+def test_flag_is_honoured(cmd, flag, run_cli, monkeypatch, subset, tree, tmp_path):
+    import torchgen_patch
+
+    try:
+        PROBES[(cmd, flag)](run_cli=run_cli, monkeypatch=monkeypatch, subset=subset, tree=tree, tmp_path=tmp_path,
+                            stub_build=_stub_build(monkeypatch) if cmd == "build" else None)
+    finally:
+        torchgen_patch.uninstall()
+
+
+def _stub_build(monkeypatch):
+    from torchgen_patch.runtime import build as b
+
+    calls = []
+
+    def fake(files, ops, shards, verbose=False, **kw):
+        calls.append({"files": sorted(files), "ops": list(ops), "shards": shards, "verbose": verbose})
+        return b.Library("/x.so", "/", "k", "t", tuple(ops), False)
+
+    monkeypatch.setattr(b, "build", fake)
+    return calls

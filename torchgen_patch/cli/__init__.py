@@ -1,0 +1,34 @@
+"""Command line: the only place that parses arguments, prints, and decides exit codes.
+
+Exit codes: 0 success/clean, 1 findings (lint) or failures (verify), 2 bad
+input, 3 the machine lacks something the command needs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import InputError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .parser import parser
+
+    args = parser().parse_args(argv)
+    try:
+        from .commands import COMMANDS
+
+        return COMMANDS[args.cmd](args)
+    except InputError as e:
+        if getattr(args, "format", None) == "lintrunner":  # lintrunner's protocol: a message, exit 0
+            from ..diagnostics.render import lintrunner_failure
+
+            sys.stdout.write(lintrunner_failure(e))
+            return 0
+        print(e.render(), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("torchgen-patch: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

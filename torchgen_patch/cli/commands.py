@@ -1,0 +1,237 @@
+"""The subcommands: each turns its flags into pipeline calls, prints, and
+returns an exit code. Nothing below the CLI sees an argparse namespace."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from ..errors import InputError
+from ..files import check_output_file, write_output
+from ..sources import Options
+from .parser import options
+
+
+def _drifts(scan) -> int:
+    from ..checks.crosscheck import cross_check
+    from ..runtime.install import installed_ops
+
+    drifts = cross_check(scan, set(installed_ops()))
+    for d in drifts:
+        print(f"drift: {d.op}: {d.kind}: {d.detail}", file=sys.stderr)
+    print(f"against runtime: {len(drifts)} drift(s) over {scan.total()} functions", file=sys.stderr)
+    return 1 if drifts else 0
+
+
+def _needs_torch(what: str) -> None:
+    from ..errors import require_torch
+
+    require_torch(what)
+
+
+def scan(args) -> int:
+    from .. import pipeline
+    from ..scan.report import scan_json, scan_text
+
+    if args.against_runtime:
+        _needs_torch("--against-runtime")
+    i = pipeline.inputs(dataclasses.replace(options(args), no_overlay=True))
+    verdicts = set(args.verdict) if args.verdict else None
+    sys.stdout.write(scan_json(i.scan, verdicts) if args.format == "json" else scan_text(i.scan, verdicts))
+    return _drifts(i.scan) if args.against_runtime else 0
+
+
+def lint(args) -> int:
+    from .. import pipeline
+    from ..diagnostics import Finding, baseline
+    from ..diagnostics.render import RENDERERS, Summary
+    from ..scan.model import VERDICTS
+
+    opts = options(args)
+    if args.paths and (args.native_functions or args.pytorch_root):
+        raise InputError(None, None, "give yaml paths or --native-functions/--pytorch-root, not both")
+    if (args.imports or args.namespace) and not args.runtime:
+        raise InputError(None, None, "--import and --namespace go with --runtime")
+    if args.write_baseline:
+        check_output_file(args.write_baseline, "baseline")
+    runs = []
+    if args.runtime:
+        if args.paths or args.native_functions or args.pytorch_root or args.generated or args.against_runtime:
+            raise InputError(None, None, "--runtime lints the live operator registry: no yaml inputs, "
+                                         "--generated or --against-runtime")
+        if args.overlay or args.no_overlay or args.no_cache:
+            raise InputError(None, None, "--runtime reads no yaml: --overlay, --no-overlay and --no-cache do "
+                                         "not apply")
+        _needs_torch("lint --runtime")
+        from ..diagnostics import rules
+        from ..runtime import registry
+
+        registry.import_modules(args.imports)
+        fs = [rules.missing_at_runtime(o) for o in registry.uncovered(args.namespace)]
+        summary = Summary(source="runtime")
+    else:
+        if args.against_runtime:
+            _needs_torch("--against-runtime")
+        from ..diagnostics.lint import findings
+
+        for path in args.paths or [None]:
+            o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=None)
+            runs.append(pipeline.inputs(o))
+        fs = [f for i in runs for f in findings(i.scan, i.overlay)]
+        counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
+        summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
+    if args.generated:
+        if len(runs) != 1:
+            raise InputError(None, None, "--generated checks one yaml at a time")
+        from ..checks.generated import check
+        from ..diagnostics.rules import MISSING
+        from ..plan import make_plan
+
+        # with generated kernels, a missing op is covered when its kernel is there and current
+        plan = make_plan(runs[0].scan, runs[0].overlay)
+        planned = set(plan.ops())
+        fs = [f for f in fs if not (f.rule == MISSING.id and f.op in planned)] + check(plan, args.generated)
+    if args.write_baseline:
+        write_output(args.write_baseline, baseline.render(fs).encode(), "baseline")
+        print(f"wrote {len(fs)} finding(s) to {args.write_baseline}", file=sys.stderr)
+        return 0
+    if args.baseline:
+        fs = baseline.apply(fs, args.baseline)
+    fs = sorted(fs, key=Finding.sort_key)
+    sys.stdout.write(RENDERERS[args.format](fs, summary))
+    if args.format == "lintrunner":
+        return 0
+    rc = 1 if fs else 0
+    if args.against_runtime:
+        for i in runs:
+            rc = max(rc, _drifts(i.scan))
+    return rc
+
+
+def gen(args) -> int:
+    from .. import pipeline
+    from ..codegen import cmake_fragment, compiled_sources, output_names, write_all
+    from ..files import write_if_changed
+
+    if args.dry_run and not args.output_dependencies:
+        raise InputError(None, None, "--dry-run writes only the --output-dependencies file: give one")
+    pipeline.check_shards(args.shards)
+    _, plan, files = pipeline.generate(options(args), args.shards, args.strict)
+    if args.output_dependencies:
+        out = args.out.rstrip("/") or "/"
+        text = cmake_fragment("TORCHGEN_PATCH_SOURCES", out, compiled_sources(args.shards))
+        text += cmake_fragment("TORCHGEN_PATCH_OUTPUTS", out, output_names(args.shards))
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output_dependencies)), exist_ok=True)
+            write_if_changed(args.output_dependencies, text.encode())
+        except OSError as e:
+            raise InputError(args.output_dependencies, None, f"cannot write: {e.strerror}") from None
+    written = [] if args.dry_run else write_all(args.out, files)
+    if not args.quiet:
+        for lo in plan.left_out:
+            print(f"left out: {lo.op}: {lo.why}", file=sys.stderr)
+        print(f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
+              f"{len(written)} of {len(files)} files written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def build(args) -> int:
+    from .. import pipeline
+    from ..runtime.build import build as build_library
+
+    _needs_torch("build")
+    pipeline.check_shards(args.shards)
+    _, plan, files = pipeline.generate(options(args), args.shards)
+    lib = build_library(files, plan.ops(), args.shards, verbose=args.verbose)
+    print(lib.path)
+    print(f"torchgen-patch: {len(plan.kernels)} kernels; "
+          f"{'built' if lib.built else 'up to date (cache hit)'}", file=sys.stderr)
+    return 0
+
+
+def install(args) -> int:
+    from ..runtime.install import install as install_kernels
+
+    _needs_torch("install")
+    rep = install_kernels(args.op, backend=args.backend, options=options(args))
+    print(rep.summary())
+    return 0
+
+
+def verify(args) -> int:
+    import platform
+
+    from .. import pipeline
+    from ..checks import verify as v
+    from ..errors import EnvironmentProblem, require_torch
+    from ..runtime.install import install as install_kernels
+
+    torch = require_torch("verify")
+    if args.output:
+        check_output_file(args.output, "report")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise EnvironmentProblem("--device cuda: no CUDA device is available")
+    opts = options(args)
+    _, plan = pipeline.plan(opts)
+    ops = plan.ops()
+    if args.op:
+        unknown = sorted(set(args.op) - set(ops))
+        if unknown:
+            raise InputError(None, None, f"not in the plan: {', '.join(unknown)}")
+        ops = sorted(args.op)
+    xfails = {k.op: k.xfail_devices for k in plan.kernels if k.xfail_devices is not None}
+    runs: dict[str, list] = {}
+    if args.without_patch or args.both:
+        runs["without patch"] = v.run(ops, args.device, False, xfails)
+    refused = {}
+    if not args.without_patch:
+        rep = install_kernels(ops, backend=args.backend, plan=plan)
+        refused = rep.refused
+        runs[f"with patch ({args.backend})"] = v.run(ops, args.device, True, xfails)
+    meta = {"torch": torch.__version__, "device": args.device if args.device == "cpu"
+            else f"cuda: {torch.cuda.get_device_name()}", "python": platform.python_version(),
+            "ops": len(ops), "command": "torchgen-patch verify " + " ".join(sys.argv[2:])}
+    if refused:
+        meta["refused"] = "; ".join(f"{k}: {r}" for k, r in sorted(refused.items()))
+    if args.format == "json":
+        text = v.to_json(runs, meta)
+    elif args.format == "markdown":
+        text = v.markdown(runs, meta)
+    else:
+        text = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items())
+    if args.output:
+        write_output(args.output, text.encode(), "report")
+    else:
+        sys.stdout.write(text)
+    bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict in v.FAILING]
+    for r in bad:
+        print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def diff(args) -> int:
+    from ..files import read_text
+    from ..upstream import patch as up
+
+    if not os.path.isdir(args.pytorch_root):
+        raise InputError(args.pytorch_root, None, "--pytorch-root is not a directory")
+    if args.output:
+        check_output_file(args.output, "diff")
+    source = read_text(os.path.join(args.pytorch_root, up.TARGET), "the autograd codegen")
+    applied = up.state(source)
+    if args.check:
+        print(f"{up.TARGET}: " + (f"patched (mode {applied})" if applied else "not patched"))
+        return 0 if applied else 1
+    text = up.unified_diff(source, up.patched(source, args.mode, os.path.join(args.pytorch_root, up.TARGET)))
+    if args.output:
+        write_output(args.output, text.encode(), "diff")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
+            "diff": diff}
+
+__all__ = ["COMMANDS", "Options"]

@@ -1,0 +1,116 @@
+"""The argument parser: every subcommand and flag, and the translation of a
+parsed namespace into the pipeline's ``Options``. argparse lives here only."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..scan.model import VERDICTS
+from ..sources import Options
+
+DESCRIPTION = """Find and generate the ADInplaceOrView (version-counter) kernels PyTorch's codegen leaves out.
+
+Exit codes: 0 success/clean, 1 findings (lint) or failures (verify), 2 bad input,
+3 the machine lacks something the command needs (torch, a C++ compiler, CUDA)."""
+
+
+def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) -> None:
+    """The input flags. ``checkout``: the command also runs in a PyTorch checkout (no torch needed)."""
+    title = ("inputs (default: the installed torch's torchgen and its packaged native_functions.yaml; "
+             "--pytorch-root: a checkout's own torchgen, tools/autograd and yaml)") if checkout else \
+        "inputs (the running torch: its torchgen's packaged native_functions.yaml, or --native-functions)"
+    g = p.add_argument_group(title)
+    g.add_argument("--native-functions", metavar="PATH", help="native_functions.yaml to read")
+    g.add_argument("--tags", metavar="PATH", help="tags.yaml (default: next to --native-functions)")
+    if checkout:
+        g.add_argument("--pytorch-root", metavar="DIR",
+                       help="a PyTorch source checkout: its own torchgen/, tools/autograd/ and yaml; no torch needed")
+    if overlay:
+        g.add_argument("--overlay", metavar="PATH", help="overlay of per-op decisions (default: the shipped one)")
+        g.add_argument("--no-overlay", action="store_true", help="use no overlay at all")
+    g.add_argument("--no-cache", action="store_true", help="do not read or write the scan cache")
+
+
+def options(args: argparse.Namespace) -> Options:
+    return Options(native_functions=getattr(args, "native_functions", None), tags=getattr(args, "tags", None),
+                   pytorch_root=getattr(args, "pytorch_root", None), overlay=getattr(args, "overlay", None),
+                   no_overlay=getattr(args, "no_overlay", False), no_cache=getattr(args, "no_cache", False))
+
+
+def parser() -> argparse.ArgumentParser:
+    from ..version import __version__
+
+    p = argparse.ArgumentParser(prog="torchgen-patch", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
+    p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("scan", help="classify every function of native_functions.yaml")
+    _inputs(s, checkout=True, overlay=False)
+    s.add_argument("--format", choices=("text", "json"), default="text")
+    s.add_argument("--verdict", action="append", choices=VERDICTS, help="show only these verdicts (repeatable)")
+    s.add_argument("--against-runtime", action="store_true",
+                   help="cross-check with the running torch's dispatcher (needs torch)")
+
+    lint = sub.add_parser("lint", help="report mutating ops with no ADInplaceOrView kernel",
+                          fromfile_prefix_chars="@",
+                          description="Exit codes: 0 clean, 1 findings, 2 bad input; --format lintrunner always "
+                                      "exits 0 (failures are messages). Paths may come from @FILE.")
+    _inputs(lint, checkout=True)
+    lint.add_argument("paths", nargs="*", metavar="NATIVE_FUNCTIONS_YAML",
+                      help="yaml files to lint (each with the tags.yaml beside it); pre-commit and lintrunner "
+                           "pass them here")
+    lint.add_argument("--format", choices=("text", "json", "lintrunner", "sarif", "github"), default="text")
+    lint.add_argument("--against-runtime", action="store_true",
+                      help="cross-check with the running torch's dispatcher (needs torch)")
+    b = lint.add_mutually_exclusive_group()
+    b.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
+    b.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
+    lint.add_argument("--generated", metavar="DIR", help="also check the kernels generated in DIR against the plan")
+    lint.add_argument("--runtime", action="store_true",
+                      help="lint the live operator registry (any namespace) instead of a yaml (needs torch)")
+    lint.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
+                      help="with --runtime: import MOD first (repeatable), e.g. torch.distributed.fsdp")
+    lint.add_argument("--namespace", action="append", metavar="NS", help="with --runtime: only these namespaces")
+
+    g = sub.add_parser("gen", help="generate ADInplaceOrView kernels for the missing ops")
+    _inputs(g, checkout=True)
+    g.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    g.add_argument("--shards", type=int, default=2, metavar="N", help="number of kernel files (default 2)")
+    g.add_argument("--output-dependencies", metavar="FILE",
+                   help="write a CMake fragment listing every output (set(TORCHGEN_PATCH_SOURCES ...))")
+    g.add_argument("--dry-run", action="store_true",
+                   help="write nothing but the --output-dependencies file (which it requires)")
+    g.add_argument("--strict", action="store_true", help="an op that cannot be generated is an error")
+    g.add_argument("--quiet", action="store_true", help="print nothing on success")
+
+    b = sub.add_parser("build", help="compile the kernels into a shared library against the running torch (cached)")
+    _inputs(b, checkout=False)
+    b.add_argument("--shards", type=int, default=2, metavar="N", help="number of kernel files (default 2)")
+    b.add_argument("--verbose", action="store_true", help="show ninja's progress and commands")
+
+    i = sub.add_parser("install", help="build (if needed) and register the kernels in this process; "
+                                       "prints what registered and what was refused")
+    _inputs(i, checkout=False)
+    i.add_argument("--backend", choices=("cpp", "python"), default="cpp")
+    i.add_argument("--op", action="append", help="install only these ops (repeatable)")
+
+    v = sub.add_parser("verify", help="run every op of the plan and check its version bumps")
+    _inputs(v, checkout=False)
+    v.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    m = v.add_mutually_exclusive_group()
+    m.add_argument("--without-patch", action="store_true", help="run without installing the kernels")
+    m.add_argument("--both", action="store_true", help="run without, then with the patch, in one report")
+    v.add_argument("--backend", choices=("cpp", "python"), default="cpp")
+    v.add_argument("--op", action="append", help="only these ops (repeatable)")
+    v.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    v.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+
+    d = sub.add_parser("diff", help="write a unified diff that fixes (or guards) PyTorch's own codegen")
+    d.add_argument("--pytorch-root", required=True, metavar="DIR", help="a PyTorch source checkout")
+    d.add_argument("--mode", choices=("fix", "error"), default="fix")
+    c = d.add_mutually_exclusive_group()
+    c.add_argument("-o", "--output", metavar="FILE", help="write the diff here (default: stdout)")
+    c.add_argument("--check", action="store_true", help="report whether the tree is already patched "
+                                                        "(exit 0 patched, 1 not)")
+    return p

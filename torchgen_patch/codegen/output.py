@@ -1,0 +1,41 @@
+"""Output: the generated directory (atomic, write-only-if-changed files, as
+torchgen's FileManager writes them) and the CMake output-dependency fragment."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import InputError
+from ..files import write_if_changed
+
+
+def write_all(out_dir: str, files: dict[str, bytes]) -> list[str]:
+    """Write every file of ``files`` (relative names) under ``out_dir``.
+
+    Checks that the directory is writable before touching anything, so a bad
+    output directory leaves it exactly as it was. Returns the names written.
+    """
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(out_dir, None, "output path exists and is not a directory")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise InputError(out_dir, None, f"cannot create output directory: {e.strerror}") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise InputError(out_dir, None, "output directory is not writable")
+    written = []
+    for name in sorted(files):
+        try:
+            if write_if_changed(os.path.join(out_dir, name), files[name]):
+                written.append(name)
+        except OSError as e:
+            raise InputError(os.path.join(out_dir, name), None, f"cannot write: {e.strerror}") from None
+    return written
+
+
+def cmake_fragment(var: str, out_dir: str, names: list[str]) -> str:
+    lines = [f"set({var}"]
+    for n in sorted(names):
+        lines.append(f'    "{out_dir.rstrip("/")}/{n}"')
+    lines.append(")")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,139 @@
+"""One renderer per output format of lint findings: text, JSON, lintrunner,
+SARIF 2.1.0, GitHub workflow annotations. Each takes the findings and a
+``Summary`` and returns text; the CLI decides printing and exit codes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from dataclasses import dataclass, field
+
+from ..version import __version__
+from ..errors import InputError, display_path
+from . import CODE, Finding
+from .rules import RULES
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+# Bump when the JSON layout changes incompatibly.
+JSON_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a report says beyond its findings."""
+
+    source: str = "yaml"  # yaml | runtime (the live operator registry)
+    counts: dict[str, int] = field(default_factory=dict)  # verdict -> functions, over every yaml linted
+    torch: str | None = None
+    inputs: tuple[str, ...] = ()  # the native_functions.yaml files linted
+
+
+def _line(f: Finding) -> str:
+    return f"{display_path(f.path)}:{f.line}: {f.severity}: [{f.code}] {f.message}"
+
+
+def text(fs: list[Finding], s: Summary) -> str:
+    lines = [_line(f) for f in fs]
+    if s.source == "runtime":
+        return "\n".join(lines + [f"{len(fs)} finding(s) in the live operator registry"]) + "\n"
+    lines.append(f"{len(fs)} finding(s); " + ", ".join(f"{v} {n}" for v, n in s.counts.items())
+                 + f" (of {sum(s.counts.values())} functions)")
+    return "\n".join(lines) + "\n"
+
+
+def json_(fs: list[Finding], s: Summary) -> str:
+    doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "torchgen-patch",
+           "findings": [f.to_json() for f in fs]}
+    if s.source == "runtime":
+        doc["source"] = "runtime"
+    else:
+        doc.update(torch=s.torch, native_functions=[display_path(p) for p in s.inputs], counts=s.counts,
+                   total=sum(s.counts.values()))
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+# lintrunner: one LintMessage JSON object per line; the adapter always exits 0.
+def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
+    return "".join(json.dumps({
+        "path": display_path(f.path), "line": f.line, "char": None, "code": f.code, "severity": f.severity,
+        "name": f.rule, "original": None, "replacement": None, "description": f.message,
+    }, sort_keys=True) + "\n" for f in fs)
+
+
+def lintrunner_failure(err: InputError) -> str:
+    """Bad input as a LintMessage: at its file and line when known, else a general failure (path null)."""
+    return json.dumps({
+        "path": display_path(err.path) if err.path and os.path.isfile(err.path) else None, "line": err.line, "char": None,
+        "code": CODE, "severity": "error", "name": "bad-input", "original": None, "replacement": None,
+        "description": err.render(),
+    }, sort_keys=True) + "\n"
+
+
+# SARIF 2.1.0 for GitHub code scanning: stable rule ids, relative URIs,
+# 1-based lines, partial fingerprints that do not move with line numbers.
+def sarif(fs: list[Finding], s: Summary | None = None) -> str:
+    rule_ids = sorted(RULES)
+    results = []
+    for f in fs:
+        uri, base = _uri(f.path)
+        loc = {"artifactLocation": {"uri": uri}, "region": {"startLine": max(1, f.line)}}
+        if base:
+            loc["artifactLocation"]["uriBaseId"] = base
+        results.append({
+            "ruleId": f"{f.code}/{f.rule}",
+            "ruleIndex": rule_ids.index(f.rule),
+            "level": "error" if f.severity == "error" else "warning",
+            "message": {"text": f.message},
+            "locations": [{"physicalLocation": loc}],
+            "partialFingerprints": {
+                "torchgenPatch/v1": hashlib.sha256(f"{f.rule}\0{f.op}".encode()).hexdigest()[:32]},
+        })
+    doc = {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "torchgen-patch",
+                "version": __version__,
+                "rules": [{
+                    "id": f"{CODE}/{r}",
+                    "name": RULES[r].name,
+                    "shortDescription": {"text": RULES[r].short},
+                    "fullDescription": {"text": RULES[r].full},
+                    "defaultConfiguration": {"level": RULES[r].severity},
+                } for r in rule_ids],
+            }},
+            "results": results,
+        }],
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def _uri(path: str) -> tuple[str, str | None]:
+    rel = display_path(path)
+    if os.path.isabs(rel):
+        return "file://" + rel, None
+    return rel.replace(os.sep, "/"), "%SRCROOT%"
+
+
+# GitHub Actions workflow commands.
+def _escape_data(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(s: str) -> str:
+    return _escape_data(s).replace(":", "%3A").replace(",", "%2C")
+
+
+def github(fs: list[Finding], s: Summary | None = None) -> str:
+    out = []
+    for f in fs:
+        kind = "error" if f.severity == "error" else "warning"
+        props = f"file={_escape_property(display_path(f.path))},line={f.line},title={_escape_property(f'{f.code} {f.rule}')}"
+        out.append(f"::{kind} {props}::{_escape_data(f.message)}\n")
+    return "".join(out)
+
+
+RENDERERS = {"text": text, "json": json_, "lintrunner": lintrunner, "sarif": sarif, "github": github}

@@ -1,0 +1,72 @@
+"""Every rule of the lint, each in one place: its id, name, descriptions, and
+the one function that makes its findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Location
+from . import Finding
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    short: str
+    full: str  # what it finds and why it matters
+    severity: str = "error"
+
+
+MISSING = Rule(
+    "missing-inplace-or-view-kernel", "MissingInplaceOrViewKernel", "Mutating op with no ADInplaceOrView kernel",
+    "The op writes arguments and returns nothing, so PyTorch's autograd codegen emits no ADInplaceOrView kernel "
+    "for it (or, for a custom op, none was registered); whether it bumps version counters depends on its backend "
+    "kernel, and autograd can silently compute gradients from overwritten tensors.")
+UNSUPPORTED = Rule(
+    "unsupported-mutating-op", "UnsupportedMutatingOp", "Mutating op a generated kernel cannot serve",
+    "The op writes arguments and returns nothing but is not in-place, out= or mutable by torchgen's rules (or "
+    "writes a form no kernel handles); decide in the overlay.")
+STALE_BASELINE = Rule(
+    "stale-baseline-entry", "StaleBaselineEntry", "Baseline entry that no longer matches a finding",
+    "The baseline accepts a finding that is gone; remove the entry so it cannot hide a new one.", "warning")
+KERNEL_MISSING = Rule(
+    "generated-kernel-missing", "GeneratedKernelMissing", "Op of the plan without a generated kernel",
+    "The generated directory has no kernel for this op; run torchgen-patch gen.")
+KERNEL_STALE = Rule(
+    "generated-kernel-out-of-date", "GeneratedKernelOutOfDate", "Generated kernel differs from what gen makes now",
+    "The kernel in the generated directory is out of date; run torchgen-patch gen.")
+
+RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE)}
+
+
+def _make(rule: Rule, loc: Location, op: str, message: str) -> Finding:
+    return Finding(loc, op, rule.id, message, rule.severity)
+
+
+def missing(record) -> Finding:
+    """A missing op of a yaml scan (scan.model.OpRecord with verdict missing)."""
+    return _make(MISSING, record.loc, record.name, f"{record.name}: {record.reason}")
+
+
+def unsupported(record) -> Finding:
+    return _make(UNSUPPORTED, record.loc, record.name, f"{record.name}: {record.reason}")
+
+
+def missing_at_runtime(op) -> Finding:
+    """A mutating op of the live registry (runtime.registry.RuntimeOp) with no kernel."""
+    return _make(MISSING, op.loc, op.name, f"{op.name}: writes {', '.join(op.written)} and has no ADInplaceOrView "
+                                           "kernel: nothing bumps the version counters of what it writes")
+
+
+def stale_baseline(path: str, line: int, op: str, rule: str) -> Finding:
+    return _make(STALE_BASELINE, Location(path, line), op,
+                 f"{op}: the baseline accepts a '{rule}' finding that is gone; remove the entry")
+
+
+def kernel_missing(loc: Location, op: str, directory: str) -> Finding:
+    return _make(KERNEL_MISSING, loc, op, f"{op}: no kernel in {directory}; run torchgen-patch gen")
+
+
+def kernel_stale(loc: Location, op: str, directory: str) -> Finding:
+    return _make(KERNEL_STALE, loc, op, f"{op}: the kernel in {directory} is out of date; run torchgen-patch gen")

@@ -1,0 +1,108 @@
+"""Reading inputs and writing outputs, with errors as ``InputError``.
+
+Writes are atomic (a temporary file in the same directory, then a rename: a
+reader sees the old file or the new one, never a part) and, for generated
+files, only when the content changed (torchgen's FileManager convention).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from .errors import InputError, one_line
+
+
+def read_bytes(path: str, what: str) -> bytes:
+    if not os.path.exists(path):
+        raise InputError(path, None, f"{what} not found")
+    if os.path.isdir(path):
+        raise InputError(path, None, f"{what} is a directory, expected a file")
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as e:
+        raise InputError(path, None, f"cannot read {what}: {e.strerror}") from None
+
+
+def decode(path: str, data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise InputError(path, line, f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x})") from None
+
+
+def read_text(path: str, what: str) -> str:
+    return decode(path, read_bytes(path, what), what)
+
+
+def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
+    """``durable=False`` skips the fsync (caches: losing one costs only time)."""
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_if_changed(path: str, data: bytes) -> bool:
+    """Write only when the content differs; return whether it was written."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read() == data:
+                return False
+    except OSError:
+        pass
+    atomic_write(path, data)
+    return True
+
+
+def check_output_file(path: str, what: str = "output") -> None:
+    """Refuse, before any work is done, an output file that cannot be written."""
+    if os.path.isdir(path):
+        raise InputError(path, None, f"{what} is a directory, expected a file name")
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise InputError(path, None, f"cannot write {what}: directory {display(d)} does not exist")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise InputError(path, None, f"cannot write {what}: directory {display(d)} is not writable")
+
+
+def write_output(path: str, data: bytes, what: str = "output") -> None:
+    """A user-named output file (a report, a diff, a baseline), atomically."""
+    check_output_file(path, what)
+    try:
+        atomic_write(path, data)
+    except OSError as e:
+        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+
+
+def display(path: str) -> str:
+    from .errors import display_path
+
+    return display_path(path)
+
+
+def yaml_error(path: str, text: str, e) -> InputError:
+    """A PyYAML error as an InputError at its line (MarkedYAMLError or ReaderError)."""
+    import yaml
+
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        return InputError(path, mark.line + 1 if mark else None, f"malformed YAML: {e.problem or e.context}")
+    if isinstance(e, yaml.reader.ReaderError):
+        line = text.count("\n", 0, e.position) + 1 if isinstance(e.position, int) else None
+        return InputError(path, line, f"malformed YAML: {e.reason} (character {e.character!r})")
+    return InputError(path, None, f"malformed YAML: {one_line(e)}")

@@ -1,0 +1,116 @@
+"""Plan: which kernels to emit, with which template, in which shard.
+
+The plan is the one source of truth shared by gen, build, install, verify,
+lint and diff. Every decision is made here; templates only arrange text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+from ..errors import InputError, Location
+from ..scan.model import MISSING, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
+from .overlay import Overlay
+
+DEFAULT_TEMPLATE = "kernel.cpp.j2"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    op: str  # aten::split_with_sizes_copy.out
+    name: str  # split_with_sizes_copy.out (as registered in the aten namespace)
+    fn: str  # C++ function name
+    schema: str
+    loc: Location  # in the yaml (generated files name only its basename)
+    template: str
+    formals: tuple[tuple[str, str], ...]
+    call_args: tuple[str, ...]
+    unambiguous_name: str
+    root_name: str
+    written: tuple[WrittenArg, ...]
+    xfail_devices: tuple[str, ...] | None = None  # None: expected to pass; () everywhere
+    xfail_reason: str | None = None
+
+    @property
+    def yaml_name(self) -> str:
+        return os.path.basename(self.loc.path)
+
+    @property
+    def line(self) -> int:
+        return self.loc.line
+
+    def shard(self, n: int) -> int:
+        return stable_hash(self.op) % n
+
+    @property
+    def declaration(self) -> str:
+        """The kernel's C++ declarator: the dispatcher signature, keyset first."""
+        args = ", ".join(["c10::DispatchKeySet ks"] + [f"{t} {n}" for t, n in self.formals])
+        return f"void {self.fn}({args})"
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    op: str
+    loc: Location
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    kernels: tuple[Kernel, ...]  # sorted by op
+    left_out: tuple[LeftOut, ...]  # sorted by op
+    torch_version: str
+
+    def ops(self) -> list[str]:
+        return [k.op for k in self.kernels]
+
+    def kernel(self, op: str) -> Kernel | None:
+        return next((k for k in self.kernels if k.op == op), None)
+
+
+def stable_hash(key: str) -> int:
+    """A hash that is the same in every process (never Python's hash())."""
+    return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "little")
+
+
+def make_plan(scan: Scan, overlay: Overlay, strict: bool = False) -> Plan:
+    kernels, left_out = [], []
+    for r in sorted(scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED), key=lambda r: r.name):
+        entry = overlay.get(r.name)
+        if entry is not None and entry.action == "skip":
+            left_out.append(LeftOut(r.name, r.loc, f"skipped by the overlay: {entry.reason}"))
+            continue
+        if r.verdict == UNSUPPORTED:
+            if strict:
+                raise InputError(r.loc.path, r.loc.line, f"{r.name}: cannot generate a kernel: {r.reason}",
+                                 "add a 'skip' entry with a reason to the overlay")
+            left_out.append(LeftOut(r.name, r.loc, r.reason))
+            continue
+        kernels.append(_kernel(r, entry, scan.cpp[r.name]))
+    return Plan(tuple(sorted(kernels, key=lambda k: k.op)), tuple(sorted(left_out, key=lambda lo: lo.op)),
+                scan.torch_version)
+
+
+def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
+    xfail_devices = None
+    xfail_reason = None
+    if entry is not None and entry.action == "xfail":
+        xfail_devices, xfail_reason = tuple(entry.devices), entry.reason
+    return Kernel(
+        op=r.name,
+        name=r.name.split("::", 1)[1],
+        fn=sig.unambiguous_name,
+        schema=r.schema,
+        loc=r.loc,
+        template=(entry.template if entry is not None and entry.template else DEFAULT_TEMPLATE),
+        formals=sig.formals,
+        call_args=sig.call_args,
+        unambiguous_name=sig.unambiguous_name,
+        root_name=sig.root_name,
+        written=r.written,
+        xfail_devices=xfail_devices,
+        xfail_reason=xfail_reason,
+    )

@@ -1,0 +1,169 @@
+"""native_functions_overlay.yaml: per-op decisions, validated strictly.
+
+Format (a mapping keyed by operator name with overload)::
+
+    aten::split_with_sizes_copy.out:
+      action: generate            # generate (default) | skip | xfail
+      template: kernel.cpp.j2     # optional: another template from templates/
+    aten::some_op.out:
+      action: skip
+      reason: why this op gets no kernel     # mandatory for skip and xfail
+    aten::other_op_:
+      action: xfail
+      reason: why verify is expected to fail
+      devices: [cuda]             # xfail only: where (default: everywhere)
+
+Every problem is an InputError at the overlay's file:line.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..files import read_text
+from ..scan import cache
+from ..scan.model import MISSING, UNSUPPORTED, Scan
+from ..sources import Sources
+
+ACTIONS = ("generate", "skip", "xfail")
+KEYS = {"action", "reason", "template", "devices"}
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Entry:
+    op: str
+    line: int
+    action: str = "generate"
+    reason: str | None = None
+    template: str | None = None
+    devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Overlay:
+    path: str | None
+    entries: dict[str, Entry]
+
+    def get(self, op: str) -> Entry | None:
+        return self.entries.get(op)
+
+    def skipped(self, op: str) -> bool:
+        e = self.entries.get(op)
+        return e is not None and e.action == "skip"
+
+
+def empty() -> Overlay:
+    return Overlay(None, {})
+
+
+def load(sources: Sources, scan: Scan, templates: set[str]) -> Overlay:
+    """The sources' overlay, parsed and validated against ``scan`` (cached by content).
+
+    The shipped overlay is written for the installed torch's yaml: applied to
+    another yaml, its entries for ops that yaml does not have (or does not
+    miss) are dropped instead of being errors; every other check stays strict.
+    """
+    if sources.overlay is None:
+        return empty()
+    import hashlib
+
+    path, shipped = sources.overlay, sources.overlay_shipped
+    text = read_text(path, "overlay")
+    h = hashlib.sha256((scan.key + "\0" + ",".join(sorted(templates)) + "\0" + text).encode())
+    name = f"overlay-{'shipped-' if shipped else ''}{h.hexdigest()[:32]}.json"
+    cached = cache.read(name)
+    if cached is not None:
+        return Overlay(path, {e["op"]: Entry(**dict(e, devices=tuple(e["devices"]))) for e in cached})
+    result = _parse(path, text, scan, templates, shipped)
+    from dataclasses import asdict
+
+    cache.write(name, [asdict(e) for e in result.entries.values()])
+    return result
+
+
+def _parse(path: str, text: str, scan: Scan, templates: set[str], shipped: bool = False) -> Overlay:
+    import yaml
+
+    from ..files import yaml_error
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        raise yaml_error(path, text, e) from None
+    if root is None:
+        return Overlay(path, {})
+    if not isinstance(root, yaml.MappingNode):
+        raise InputError(path, root.start_mark.line + 1, "overlay must be a mapping keyed by operator name")
+    entries: dict[str, Entry] = {}
+    for knode, vnode in root.value:
+        line = knode.start_mark.line + 1
+        if not isinstance(knode, yaml.ScalarNode):
+            raise InputError(path, line, "operator name must be a string")
+        op = knode.value
+        if op in entries:
+            raise InputError(path, line, f"duplicate entry for '{op}'", f"first at line {entries[op].line}")
+        if shipped and scan.verdict_of(op) not in (MISSING, UNSUPPORTED):
+            continue
+        entries[op] = _entry(path, op, line, vnode, scan, templates)
+    return Overlay(path, entries)
+
+
+def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
+    import yaml
+
+    verdict = scan.verdict_of(op)
+    if verdict is None:
+        hint = None
+        if "::" not in op:
+            hint = f"operator names carry their namespace: 'aten::{op}'"
+        else:
+            close = difflib.get_close_matches(op, scan.names(), n=3, cutoff=0.6)
+            if close:
+                hint = "did you mean " + ", ".join(f"'{c}'" for c in close) + "?"
+        raise InputError(path, line, f"unknown operator '{op}'", hint)
+    if verdict not in (MISSING, UNSUPPORTED):
+        rec = scan.get(op)
+        raise InputError(path, line, f"'{op}' is {verdict} ({rec.reason}), not missing: nothing to decide")
+    if not isinstance(node, yaml.MappingNode):
+        raise InputError(path, node.start_mark.line + 1, f"entry for '{op}' must be a mapping")
+    fields: dict[str, object] = {}
+    lines: dict[str, int] = {}
+    for k, v in node.value:
+        kl = k.start_mark.line + 1
+        key = k.value if isinstance(k, yaml.ScalarNode) else None
+        if key not in KEYS:
+            close = difflib.get_close_matches(str(key), sorted(KEYS), n=1)
+            raise InputError(path, kl, f"unknown key '{key}' in entry for '{op}'",
+                             f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(KEYS))}")
+        if key in fields:
+            raise InputError(path, kl, f"duplicate key '{key}'")
+        lines[key] = kl
+        if key == "devices":
+            if not isinstance(v, yaml.SequenceNode) or not all(isinstance(x, yaml.ScalarNode) for x in v.value):
+                raise InputError(path, kl, "'devices' must be a list of strings")
+            fields[key] = tuple(x.value for x in v.value)
+        else:
+            if not isinstance(v, yaml.ScalarNode) or v.tag != "tag:yaml.org,2002:str":
+                raise InputError(path, kl, f"'{key}' must be a string")
+            fields[key] = v.value
+    action = fields.get("action", "generate")
+    if action not in ACTIONS:
+        raise InputError(path, lines["action"], f"action must be one of {', '.join(ACTIONS)}, not '{action}'")
+    reason = fields.get("reason")
+    if action in ("skip", "xfail") and not (isinstance(reason, str) and reason.strip()):
+        raise InputError(path, line, f"'{op}': action '{action}' needs a non-empty 'reason'")
+    template = fields.get("template")
+    if template is not None and template not in templates:
+        close = difflib.get_close_matches(template, sorted(templates), n=1)
+        raise InputError(path, lines["template"], f"no template '{template}' in templates/",
+                         f"did you mean '{close[0]}'?" if close else None)
+    devices = fields.get("devices", ())
+    if devices and action != "xfail":
+        raise InputError(path, lines["devices"], "'devices' applies to action 'xfail' only")
+    for d in devices:
+        if d not in DEVICES:
+            raise InputError(path, lines["devices"], f"unknown device '{d}'", f"allowed: {', '.join(DEVICES)}")
+    return Entry(op, line, action, reason, template, tuple(devices))

@@ -1,0 +1,192 @@
+"""Build: compile generated kernels into one shared library against the
+imported torch, with torch.utils.cpp_extension and ninja.
+
+The library lands in ``<cache>/build-<key>/`` where the key hashes the
+generated sources, the flags, the compiler and the torch build. A build runs
+in a private temporary directory renamed into place only when it succeeded,
+so a crash, a compiler error or a concurrent build never leaves a
+half-written library where a later load would pick it up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from ..codegen import compiled_sources
+from ..errors import EnvironmentProblem, InputError, require_torch
+from ..scan.cache import directory as cache_dir
+
+CFLAGS = ("-O2", "-Wall", "-Werror", "-Wno-unused-function")
+LIB_PREFIX = "torchgen_patch_kernels"
+
+
+@dataclass(frozen=True)
+class Library:
+    path: str  # the shared library
+    directory: str
+    key: str
+    torch_version: str
+    ops: tuple[str, ...]
+    built: bool  # False when the cache already had it
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX", "c++")
+    path = shutil.which(cxx)
+    if path is None:
+        raise EnvironmentProblem(f"no C++ compiler: '{cxx}' is not on PATH",
+                         "install g++ (or set CXX), or use install(backend='python')")
+    return path
+
+
+def _key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
+    torch = require_torch("building the kernels")
+
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name] + b"\0")
+    h.update(" ".join(flags).encode())
+    h.update(compiler.encode())
+    h.update(torch.__version__.encode() + torch.__file__.encode())
+    return h.hexdigest()
+
+
+def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] = CFLAGS,
+          root: str | None = None, verbose: bool = False, log=sys.stderr, sources: list[str] | None = None,
+          prefix: str = LIB_PREFIX) -> Library:
+    """Compile ``files`` (as rendered by render.render) unless the cache has them.
+    ``sources``: the files to compile (default: the plan's shards and registration)."""
+    torch = require_torch("building the kernels")
+
+    compiler = _compiler()
+    key = _key(files, flags, compiler)
+    root = root or os.path.join(cache_dir(), "builds")
+    final = os.path.join(root, f"build-{key[:24]}")
+    name = f"{prefix}_{key[:12]}"
+    lib = Library(os.path.join(final, f"{name}.so"), final, key, torch.__version__, tuple(ops), False)
+    if _complete(final, key):
+        return lib
+    try:
+        os.makedirs(root, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe-")
+        probe.close()
+    except OSError as e:
+        raise InputError(root, None, f"build directory is not writable: {e.strerror}",
+                         "set TORCHGEN_PATCH_CACHE to a writable directory") from None
+    with open(os.path.join(root, f"build-{key[:24]}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent build of the same key waits here
+        try:
+            if _complete(final, key):
+                return lib
+            _compile(files, sources or compiled_sources(shards), flags, name, key, final, root, verbose, log)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return Library(lib.path, final, key, torch.__version__, tuple(ops), True)
+
+
+def _complete(final: str, key: str) -> bool:
+    try:
+        with open(os.path.join(final, "build-info.json")) as fh:
+            return json.load(fh).get("key") == key
+    except (OSError, ValueError):
+        return False
+
+
+def _compile(files, source_names, flags, name, key, final, root, verbose, log) -> None:
+    torch = require_torch("building the kernels")
+    from torch.utils import cpp_extension
+
+    tmp = tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=root)
+    try:
+        src = os.path.join(tmp, "src")
+        os.makedirs(src)
+        for fname, data in files.items():
+            with open(os.path.join(src, fname), "wb") as fh:
+                fh.write(data)
+        sources = [os.path.join(src, s) for s in source_names]
+        print(f"torchgen-patch: compiling {len(sources)} translation units with ninja "
+              f"(torch {torch.__version__}) ...", file=log, flush=True)
+        t0 = time.monotonic()
+        saved_path = os.environ.get("PATH", "")
+        here = os.path.dirname(sys.executable)
+        if shutil.which("ninja") is None:
+            if not shutil.which("ninja", path=here):
+                raise EnvironmentProblem("ninja is not installed (torch.utils.cpp_extension builds with it)",
+                                 "pip install ninja")
+            os.environ["PATH"] = here + os.pathsep + saved_path  # the ninja pip put beside this Python
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=sources,
+                extra_cflags=list(flags),
+                extra_include_paths=[src],
+                build_directory=tmp,
+                verbose=verbose,
+                is_python_module=False,
+            )
+        except (RuntimeError, OSError, ImportError) as e:
+            raise InputError(None, None, "the generated kernels do not compile:\n" + explain(str(e), src)) from None
+        finally:
+            os.environ["PATH"] = saved_path
+        with open(os.path.join(tmp, "build-info.json"), "w") as fh:
+            json.dump({"key": key, "torch": torch.__version__, "library": f"{name}.so",
+                       "flags": list(flags)}, fh, indent=2, sort_keys=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not _complete(final, key):  # someone else's finished build is equally good
+                raise
+        print(f"torchgen-patch: built {final} in {time.monotonic() - t0:.1f}s", file=log, flush=True)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+_DIAG = re.compile(r"(?P<file>[^\s:]+\.(?:cpp|h)):(?P<line>\d+):(?:\d+:)? (?:fatal )?error: (?P<msg>.*)")
+_KERNEL = re.compile(r"^// (?P<op>\S+)  \((?P<yaml>[^)]+)\)$")
+
+
+def explain(output: str, src_dir: str) -> str:
+    """Map compiler errors back to the kernel (op and yaml line) they are in."""
+    lines = []
+    for m in _DIAG.finditer(output):
+        path = m.group("file")
+        if not os.path.isabs(path):
+            path = os.path.join(src_dir, os.path.basename(path))
+        op = _kernel_at(path, int(m.group("line")))
+        where = f"{os.path.basename(path)}:{m.group('line')}"
+        lines.append(f"  {where}: error: {m.group('msg')}" + (f"  [in the kernel of {op}]" if op else ""))
+    if not lines:
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        return "  " + tail.replace("\n", "\n  ")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _kernel_at(path: str, line: int) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read().splitlines()[:line]
+    except OSError:
+        return None
+    for row in reversed(text):
+        m = _KERNEL.match(row)
+        if m:
+            return f"{m.group('op')} ({m.group('yaml')})"
+    return None
+
+
+def build_boxed(root: str | None = None, verbose: bool = False) -> Library:
+    """The boxed kernel library (for operators outside native_functions.yaml)."""
+    from ..codegen import render_boxed
+
+    return build(render_boxed(), [], 0, root=root, verbose=verbose, sources=["BoxedADInplaceOrView.cpp"],
+                 prefix="torchgen_patch_boxed")

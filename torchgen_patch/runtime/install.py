@@ -1,0 +1,262 @@
+"""Install: register the kernels of the plan into the running torch.
+
+Two backends share the plan, the refusals and the exactly-one-bump rule:
+``cpp`` (the compiled library, the default) and ``python`` (torch.library
+kernels, for machines without a compiler). Before registering an op it is
+refused, with a reason, when this torch lacks it, when its schema differs
+from the yaml the code came from, or when it already has an ADInplaceOrView
+kernel — so PyTorch never warns about overriding a kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import InputError, require_torch
+from ..sources import Options
+
+_LOCK = threading.Lock()
+_INSTALLED: dict[str, str] = {}  # op -> backend
+_HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
+_CDLLS: dict[str, ctypes.CDLL] = {}
+
+
+@dataclass
+class InstallReport:
+    backend: str
+    library: str | None = None
+    registered: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)  # installed earlier by torchgen-patch
+    refused: dict[str, str] = field(default_factory=dict)  # op -> why
+
+    def summary(self) -> str:
+        lines = [f"torchgen-patch install ({self.backend}): {len(self.registered)} registered, "
+                 f"{len(self.already)} already active, {len(self.refused)} refused"]
+        for op, why in sorted(self.refused.items()):
+            lines.append(f"  refused {op}: {why}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    op: str
+    schema: str
+    written: tuple = ()
+
+
+def check(candidates: list[Candidate]) -> tuple[list[Candidate], list[str], dict[str, str]]:
+    """Split candidates into (to register, already ours, refused with reason)."""
+    from .dispatcher import dispatcher_state, same_schema
+
+    ok, already, refused = [], [], {}
+    for c in candidates:
+        if c.op in _INSTALLED:
+            already.append(c.op)
+            continue
+        schema, has_kernel = dispatcher_state(c.op)
+        if schema is None:
+            refused[c.op] = "this torch has no such operator"
+        elif not same_schema(c.schema, schema):
+            refused[c.op] = f"schema differs: the kernel was made for '{c.schema}', this torch has '{schema}'"
+        elif has_kernel:
+            refused[c.op] = "already has an ADInplaceOrView kernel in this torch"
+        else:
+            ok.append(c)
+    return ok, already, refused
+
+
+def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str | None = None,
+            native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
+            no_overlay: bool = False, no_cache: bool = False, runtime_ops: list[str] | None = None,
+            verbose: bool = False, options: Options | None = None, plan=None) -> InstallReport:
+    """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
+
+    ``runtime_ops``: operators of any namespace found in the live registry
+    (``torchgen-patch lint --runtime``), served by one boxed kernel that reads
+    their schemas at call time; given alone, only those are installed.
+    Loading twice is a no-op: ops already installed are reported as such.
+    ``options`` (sources.Options) replaces the input keywords when given;
+    ``plan`` (plan.Plan), when given, is used instead of making one.
+    """
+    opts = options or Options(native_functions, tags, None, overlay, no_overlay, no_cache)
+    if backend not in ("cpp", "python"):
+        raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
+    if runtime_ops is not None and ops is None and library is None:
+        with _LOCK:
+            return _install_runtime(runtime_ops, backend, verbose)
+    with _LOCK:
+        if backend == "python":
+            if plan is None:
+                from ..pipeline import plan as make
+
+                _, plan = make(opts)
+            cands = [Candidate(k.op, k.schema, k.written) for k in plan.kernels]
+            return _install_python(_select(cands, ops))
+        lib_path, cands = _library(library, opts, plan, verbose)
+        return _install_cpp(lib_path, _select(cands, ops))
+
+
+def _select(cands: list[Candidate], ops: list[str] | None) -> list[Candidate]:
+    if ops is None:
+        return cands
+    by = {c.op: c for c in cands}
+    unknown = [o for o in ops if o not in by]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(by), n=3)
+        raise InputError(None, None, f"not in the plan: {', '.join(unknown)}",
+                         ("did you mean " + ", ".join(close) + "?") if close else None)
+    return [by[o] for o in ops]
+
+
+def _library(library, opts: Options, plan, verbose) -> tuple[str, list[Candidate]]:
+    torch = require_torch("installing the kernels")
+    if library is None:
+        from ..codegen import render
+        from .build import build
+
+        if plan is None:
+            from ..pipeline import plan as make
+
+            _, plan = make(opts)
+        lib = build(render(plan, 2), plan.ops(), 2, verbose=verbose)
+        library = lib.path
+    d = os.path.dirname(os.path.abspath(library))
+    try:
+        with open(os.path.join(d, "build-info.json")) as fh:
+            info = json.load(fh)
+        with open(os.path.join(d, "src", "torchgen_patch_manifest.json")) as fh:
+            manifest = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
+    if info.get("torch") != torch.__version__:
+        raise InputError(library, None, f"built for torch {info.get('torch')}, this is torch {torch.__version__}",
+                         "rebuild with `torchgen-patch build`")
+    return library, [Candidate(k["op"], k["schema"]) for k in manifest["kernels"]]
+
+
+def _dll(path: str) -> ctypes.CDLL:
+    """The library at ``path``, loaded once (loading registers nothing by itself)."""
+    dll = _CDLLS.get(path)
+    if dll is None:
+        dll = ctypes.CDLL(path)
+        _CDLLS[path] = dll
+    return dll
+
+
+def _c_names(names: list[str]):
+    return (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
+
+
+def _python_kernel(op: str, written) -> object:
+    """Register the Python fallback kernel for ``op`` (ns::name.overload); returns the Library."""
+    torch = require_torch("installing the kernels")
+    from .pykernel import make_kernel
+
+    ns, rest = op.split("::", 1)
+    base, _, overload = rest.partition(".")
+    opov = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+    lib = torch.library.Library(ns, "IMPL")
+    lib.impl(rest, make_kernel(opov, written), "ADInplaceOrView", with_keyset=True)
+    return lib
+
+
+def _install_cpp(path: str, cands: list[Candidate]) -> InstallReport:
+    rep = InstallReport("cpp", library=path)
+    ok, rep.already, rep.refused = check(cands)
+    if not ok:
+        return rep
+    dll = _dll(path)
+    dll.torchgen_patch_register.restype = ctypes.c_int64
+    dll.torchgen_patch_register.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
+    n = dll.torchgen_patch_register(_c_names([c.op.split("::", 1)[1] for c in ok]), len(ok))
+    if n < 0:
+        raise InputError(path, None, f"the library has no kernel for {ok[-n - 1].op}: rebuild it")
+    for c in ok:
+        _INSTALLED[c.op] = "cpp"
+        rep.registered.append(c.op)
+    return rep
+
+
+def _install_python(cands: list[Candidate]) -> InstallReport:
+    rep = InstallReport("python")
+    ok, rep.already, rep.refused = check(cands)
+    for c in ok:
+        _HANDLES.append(_python_kernel(c.op, [w.name for w in c.written]))
+        _INSTALLED[c.op] = "python"
+        rep.registered.append(c.op)
+    return rep
+
+
+def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallReport:
+    from . import dispatcher as d
+
+    rep = InstallReport(backend)
+    todo = []
+    for name in names:
+        if "::" not in name:
+            raise InputError(None, None, f"runtime op '{name}' needs its namespace ('ns::op.overload')")
+        if name in _INSTALLED:
+            rep.already.append(name)
+            continue
+        schema = d.schema_of(name)
+        if schema is None:
+            rep.refused[name] = "this process has no such operator (import the module that defines it first)"
+        elif not d.written_args(schema):
+            rep.refused[name] = "its schema writes no argument"
+        elif d.is_view(schema):
+            rep.refused[name] = "a view: its kernel must set up the view, which this one does not"
+        elif d.has_kernel(name, "ADInplaceOrView"):
+            rep.refused[name] = "already has an ADInplaceOrView kernel"
+        else:
+            todo.append((name, schema))
+    if not todo:
+        return rep
+    if backend == "python":
+        for name, schema in todo:
+            _HANDLES.append(_python_kernel(name, list(d.written_args(schema))))
+            _INSTALLED[name] = "python"
+            rep.registered.append(name)
+        return rep
+    from .build import build_boxed
+
+    lib = build_boxed(verbose=verbose)
+    rep.library = lib.path
+    dll = _dll(lib.path)
+    dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
+    dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
+    by_ns: dict[str, list[str]] = {}
+    for name, _ in todo:
+        ns, rest = name.split("::", 1)
+        by_ns.setdefault(ns, []).append(rest)
+    for ns, rests in sorted(by_ns.items()):
+        dll.torchgen_patch_boxed_register(ns.encode(), _c_names(rests), len(rests))
+        for r in rests:
+            _INSTALLED[f"{ns}::{r}"] = "boxed"
+            rep.registered.append(f"{ns}::{r}")
+    return rep
+
+
+def installed_ops() -> list[str]:
+    return sorted(_INSTALLED)
+
+
+def uninstall() -> list[str]:
+    """Remove every kernel torchgen-patch registered in this process."""
+    with _LOCK:
+        gone = sorted(_INSTALLED)
+        for dll in _CDLLS.values():
+            for fn in ("torchgen_patch_unregister_all", "torchgen_patch_boxed_unregister_all"):
+                if hasattr(dll, fn):
+                    getattr(dll, fn).restype = None
+                    getattr(dll, fn)()
+        for lib in _HANDLES:
+            lib._destroy()
+        _HANDLES.clear()
+        _INSTALLED.clear()
+        return gone

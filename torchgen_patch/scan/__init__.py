@@ -1,0 +1,41 @@
+"""Scan: every function of the sources' yaml, classified (one verdict each).
+
+``scan(sources)`` parses the yaml once, with the sources' own torchgen, and
+keeps what later stages need (records, and the C++ signatures of the ops a
+kernel can be generated for), so nothing downstream parses again.
+"""
+
+from __future__ import annotations
+
+from ..files import decode, read_bytes
+from ..sources import Sources
+from . import cache
+from .classify import record
+from .model import CppSig, OpRecord, Scan
+
+__all__ = ["scan", "Scan"]
+
+
+def scan(sources: Sources, use_cache: bool = True) -> Scan:
+    native_b = read_bytes(sources.native, "native_functions.yaml")
+    tags_b = read_bytes(sources.tags, "tags.yaml")
+    k = cache.key(native_b, tags_b, sources.world, sources.toolchain.identity(), cache.tool_fingerprint())
+    name = f"scan-{k[:32]}.json"
+    if use_cache:
+        data = cache.read(name)
+        if data is not None:
+            return Scan(sources, tuple(OpRecord.from_json(r, sources.native) for r in data["records"]),
+                        {op: CppSig.from_json(c) for op, c in data["cpp"].items()}, k)
+    from ..sources import torchgen
+
+    native = decode(sources.native, native_b, "native_functions.yaml")
+    tags = decode(sources.tags, tags_b, "tags.yaml")
+    facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags)
+    records = tuple(sorted((record(f) for f in facts), key=lambda r: r.name))
+    cpp = {f.name: f.cpp for f in facts if f.cpp is not None}
+    result = Scan(sources, records, dict(sorted(cpp.items())), k)
+    if use_cache:
+        # the cache is keyed by content, not by path: the caller's path is attached on reading
+        cache.write(name, {"records": [r.to_json(path="") for r in records],
+                           "cpp": {op: c.to_json() for op, c in result.cpp.items()}})
+    return result

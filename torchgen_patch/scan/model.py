@@ -1,0 +1,91 @@
+"""Plain frozen data that flows from the scan on: facts, records, the scan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import Location
+from ..sources import Sources
+from ..sources.facts import CppSig, Facts, WrittenArg  # noqa: F401  (re-exported)
+
+# Verdicts, in the order they are reported.
+COVERED = "covered"  # the upstream autograd codegen emits an ADInplaceOrView kernel
+MISSING = "missing"  # mutates, returns nothing, not a view: no kernel, no bump guarantee
+UNSUPPORTED = "unsupported"  # mutates and returns nothing, but a generated kernel cannot serve it
+COMPOSITE = "composite"  # mutates and returns, no kernel of its own: decomposes into ops that bump
+NOT_MUTATING = "not_mutating"
+VERDICTS = (COVERED, MISSING, UNSUPPORTED, COMPOSITE, NOT_MUTATING)
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    name: str  # aten::split_with_sizes_copy.out
+    schema: str  # aten::split_with_sizes_copy.out(Tensor self, ...) -> ()
+    loc: Location
+    kind: str
+    written: tuple[WrittenArg, ...]
+    returns: int
+    verdict: str
+    reason: str
+    composite_implicit: bool = False
+    manual: bool = False
+
+    def to_json(self, path: str | None = None) -> dict:
+        # by hand: dataclasses.asdict deep-copies and is the slowest part of a cold scan
+        return {
+            "name": self.name, "schema": self.schema, "file": self.loc.path if path is None else path,
+            "line": self.loc.line, "kind": self.kind,
+            "written": [{"name": w.name, "form": w.form} for w in self.written],
+            "returns": self.returns, "verdict": self.verdict, "reason": self.reason,
+            "composite_implicit": self.composite_implicit, "manual": self.manual,
+        }
+
+    @staticmethod
+    def from_json(d: dict, path: str) -> OpRecord:
+        return OpRecord(d["name"], d["schema"], Location(path, d["line"]), d["kind"],
+                        tuple(WrittenArg(**w) for w in d["written"]), d["returns"], d["verdict"], d["reason"],
+                        d["composite_implicit"], d["manual"])
+
+
+@dataclass(frozen=True)
+class Scan:
+    """The classification of every function of one native_functions.yaml."""
+
+    sources: Sources
+    records: tuple[OpRecord, ...]  # sorted by name
+    cpp: dict[str, CppSig]  # C++ signatures of the ops a kernel can be generated for
+    key: str  # content key of everything that decided this scan
+    _index: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index.update((r.name, r) for r in self.records)
+
+    @property
+    def native_path(self) -> str:
+        return self.sources.native
+
+    @property
+    def torch_version(self) -> str:
+        return self.sources.torch_version
+
+    def by_verdict(self, verdict: str) -> list[OpRecord]:
+        return [r for r in self.records if r.verdict == verdict]
+
+    def counts(self) -> dict[str, int]:
+        c = {v: 0 for v in VERDICTS}
+        for r in self.records:
+            c[r.verdict] += 1
+        return c
+
+    def total(self) -> int:
+        return len(self.records)
+
+    def get(self, name: str) -> OpRecord | None:
+        return self._index.get(name)
+
+    def verdict_of(self, name: str) -> str | None:
+        r = self._index.get(name)
+        return None if r is None else r.verdict
+
+    def names(self) -> list[str]:
+        return [r.name for r in self.records]

@@ -1,0 +1,125 @@
+"""Sources: every input of a run, resolved once and said explicitly.
+
+Two worlds:
+- *installed* (default): the imported torch's torchgen, its packaged
+  native_functions.yaml / tags.yaml and ``torchgen.packaged.autograd``;
+- *checkout* (``pytorch_root``): a PyTorch source checkout's own ``torchgen/``,
+  ``tools/autograd/`` and ``aten/src/ATen/native/*.yaml``, imported in
+  isolation (see ``sources.torchgen``); no torch needed.
+``native_functions``/``tags`` override the yaml in the installed world.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+
+from ..errors import InputError
+from . import torchgen as tg
+from .torchgen import CHECKOUT, INSTALLED, Toolchain
+
+YAML_DIR = os.path.join("aten", "src", "ATen", "native")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for (the CLI's flags, the Python API's arguments)."""
+
+    native_functions: str | None = None
+    tags: str | None = None
+    pytorch_root: str | None = None
+    overlay: str | None = None
+    no_overlay: bool = False
+    no_cache: bool = False
+
+
+@dataclass(frozen=True)
+class Sources:
+    world: str  # installed | checkout
+    root: str | None  # the checkout (checkout world)
+    native: str
+    tags: str
+    overlay: str | None  # None: no overlay
+    overlay_shipped: bool  # the overlay that comes with the tool (entries for other yamls are dropped)
+    toolchain: Toolchain
+    torch_version: str  # the installed torch's, or the checkout's version.txt
+
+    def describe(self) -> dict[str, str | None]:
+        """Where each input comes from (for reports and --debug output)."""
+        return {"world": self.world, "root": self.root, "native_functions": self.native, "tags": self.tags,
+                "overlay": self.overlay, "torchgen": self.toolchain.torchgen_dir,
+                "autograd_codegen": self.toolchain.autograd_dir, "torch_version": self.torch_version}
+
+
+def resolve(opts: Options) -> Sources:
+    if opts.overlay is not None and opts.no_overlay:
+        raise InputError(None, None, "--overlay and --no-overlay exclude each other")
+    overlay = None if opts.no_overlay else (opts.overlay or shipped_overlay())
+    shipped = not opts.no_overlay and opts.overlay is None and overlay is not None
+    if opts.pytorch_root is not None:
+        if opts.native_functions or opts.tags:
+            raise InputError(None, None, "--pytorch-root excludes --native-functions/--tags",
+                             "the checkout's own aten/src/ATen/native/*.yaml are read")
+        root = os.path.abspath(opts.pytorch_root)
+        if not os.path.isdir(root):
+            raise InputError(opts.pytorch_root, None, "--pytorch-root is not a directory")
+        d = os.path.join(root, YAML_DIR)
+        native, tags = os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml")
+        for p in (native, tags):
+            if not os.path.isfile(p):
+                raise InputError(opts.pytorch_root, None,
+                                 f"not a PyTorch checkout: {os.path.relpath(p, root)} is missing",
+                                 "is the checkout complete?")
+        tc = tg.checkout(root)
+        return Sources(CHECKOUT, root, native, tags, overlay, shipped, tc, _checkout_version(root))
+    if opts.native_functions is None and opts.tags is not None:
+        raise InputError(None, None, "--tags needs --native-functions")
+    tc = tg.installed()
+    if opts.native_functions is None:
+        d = os.path.join(tc.torchgen_dir, "packaged", "ATen", "native")
+        native, tags = os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml")
+    else:
+        native = opts.native_functions
+        tags = opts.tags or os.path.join(os.path.dirname(native), "tags.yaml")
+    return Sources(INSTALLED, None, native, tags, overlay, shipped, tc, installed_torch_version())
+
+
+def installed_torch_version() -> str:
+    """The installed torch's version, without importing torch (torch/version.py;
+    importlib.metadata as a fallback); "none" when no torch is installed."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        try:
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py"), encoding="utf-8") as fh:
+                m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", fh.read(), re.M)
+            if m:
+                return m.group(1)
+        except OSError:
+            pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "none"
+
+
+def _checkout_version(root: str) -> str:
+    try:
+        with open(os.path.join(root, "version.txt"), encoding="utf-8") as fh:
+            return fh.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def shipped_overlay() -> str | None:
+    """The overlay shipped with the tool: at the top of a source tree (or
+    editable install), else the copy a wheel installs inside the package."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for d in (os.path.dirname(pkg), os.path.join(pkg, "shipped")):
+        p = os.path.join(d, "native_functions_overlay.yaml")
+        if os.path.isfile(p):
+            return p
+    return None

@@ -1,0 +1,49 @@
+"""What the sources say about each function: plain frozen data, made by
+sources.torchgen from torchgen's objects (which never leave that module)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WrittenArg:
+    name: str
+    form: str  # tensor | tensor_list | optional_tensor | optional_tensor_list
+
+
+@dataclass(frozen=True)
+class CppSig:
+    """A dispatcher signature in C++ terms, as torchgen's C++ API spells it."""
+
+    formals: tuple[tuple[str, str], ...]  # (type, name), schema order, keyset excluded
+    call_args: tuple[str, ...]
+    unambiguous_name: str  # at::_ops::<this>
+    root_name: str  # ATen/ops/<this>_ops.h
+
+    def to_json(self) -> dict:
+        return {"formals": [list(x) for x in self.formals], "call_args": list(self.call_args),
+                "unambiguous_name": self.unambiguous_name, "root_name": self.root_name}
+
+    @staticmethod
+    def from_json(d: dict) -> CppSig:
+        return CppSig(tuple(tuple(x) for x in d["formals"]), tuple(d["call_args"]), d["unambiguous_name"],
+                      d["root_name"])
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What torchgen and the autograd codegen say about one function (see sources.torchgen)."""
+
+    name: str
+    schema: str
+    file: str
+    line: int
+    kind: str  # functional | inplace | out | mutable | scratch (torchgen's SchemaKind)
+    written: tuple[WrittenArg, ...]
+    returns: int
+    view: bool  # the codegen's get_view_info
+    generates: bool  # the codegen registers an ADInplaceOrView kernel (and uses the derived type)
+    composite_implicit: bool
+    manual: bool  # in MANUAL_AUTOGRAD: kernels written by hand in VariableTypeManual.cpp
+    cpp: CppSig | None  # for candidates of a generated kernel

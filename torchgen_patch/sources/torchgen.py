@@ -1,0 +1,383 @@
+"""The one module that talks to torchgen and to the autograd codegen beside it.
+
+A ``Toolchain`` names one torchgen package and one autograd codegen:
+- *installed*: the torchgen that ships with the installed torch, and its
+  ``torchgen.packaged.autograd``;
+- *checkout*: a PyTorch source checkout's own ``torchgen/`` and
+  ``tools/autograd/``.
+Every call into torchgen runs inside ``imported(toolchain)``, a private import
+context: the modules named ``torchgen*`` and ``tools*`` of that toolchain are
+swapped into ``sys.modules`` for the duration and swapped out after, so two
+toolchains never mix in one process and the caller's own imports are left as
+they were. What leaves this module is plain data (``Facts``), never a torchgen
+object. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+
+from ..errors import EnvironmentProblem, InputError, one_line
+from ..files import yaml_error
+from .facts import CppSig, Facts, WrittenArg
+
+INSTALLED, CHECKOUT = "installed", "checkout"
+_OWNED = ("torchgen", "tools")
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    world: str  # installed | checkout
+    path_entry: str  # the sys.path entry that holds the torchgen package (and, in a checkout, tools/)
+    autograd: str  # the autograd codegen's package: torchgen.packaged.autograd | tools.autograd
+
+    @property
+    def torchgen_dir(self) -> str:
+        return os.path.join(self.path_entry, "torchgen")
+
+    @property
+    def autograd_dir(self) -> str:
+        return os.path.join(self.path_entry, *self.autograd.split("."))
+
+    def identity(self) -> str:
+        """Content identity of the torchgen package and the autograd codegen (sha256)."""
+        return _identity(self.torchgen_dir, self.autograd_dir)
+
+
+def installed() -> Toolchain:
+    """The installed torch's torchgen, found without importing it (or torch)."""
+    spec = importlib.util.find_spec("torchgen")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise EnvironmentProblem("no installed torchgen: this Python has no torch",
+                                 "install torch, or give --pytorch-root DIR to use a PyTorch checkout's own "
+                                 "torchgen")
+    tc = Toolchain(INSTALLED, os.path.dirname(os.path.abspath(locations[0])), "torchgen.packaged.autograd")
+    if not os.path.isfile(os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")):
+        raise InputError(tc.autograd_dir, None, "the installed torchgen ships no autograd codegen "
+                         "(torchgen/packaged/autograd)", "use --pytorch-root with a PyTorch checkout")
+    return tc
+
+
+def checkout(root: str) -> Toolchain:
+    """A PyTorch checkout's own torchgen and tools/autograd (checked, not imported yet)."""
+    root = os.path.abspath(root)
+    for rel, what in (("torchgen/__init__.py", "torchgen/"), ("tools/autograd/gen_inplace_or_view_type.py",
+                                                             "tools/autograd/")):
+        if not os.path.isfile(os.path.join(root, rel)):
+            raise InputError(root, None, f"not a PyTorch checkout: {rel} is missing",
+                             f"--pytorch-root needs the checkout's own {what}; is the checkout complete?")
+    return Toolchain(CHECKOUT, root, "tools.autograd")
+
+
+def _identity(*dirs: str) -> str:
+    """Read every time (about 6 ms): a checkout edited between two calls is another toolchain."""
+    h = hashlib.sha256()
+    for d in dirs:
+        for base, subdirs, names in os.walk(d):
+            subdirs[:] = sorted(s for s in subdirs if s not in ("__pycache__", "packaged"))
+            for name in sorted(names):
+                if name.endswith((".py", ".yaml")):
+                    p = os.path.join(base, name)
+                    with open(p, "rb") as fh:
+                        h.update(os.path.relpath(p, d).encode() + b"\0" + fh.read() + b"\0")
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# The import context
+
+
+_LOCK = threading.RLock()
+_MODULES: dict[tuple[Toolchain, str], dict] = {}  # each toolchain's modules (by identity), kept between contexts
+_ACTIVE: list[Toolchain] = []
+
+
+def _owned(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in _OWNED)
+
+
+def _from(module, directory: str) -> bool:
+    f = getattr(module, "__file__", None)
+    return bool(f) and os.path.abspath(f).startswith(directory + os.sep)
+
+
+@contextlib.contextmanager
+def imported(tc: Toolchain):
+    """Run the body with ``tc``'s torchgen (and autograd codegen) as the importable ones."""
+    with _LOCK:
+        if _ACTIVE and _ACTIVE[-1] == tc:  # nested use of the same toolchain
+            yield
+            return
+        saved = {n: m for n, m in sys.modules.items() if _owned(n)}
+        key = (tc, tc.identity())
+        if key not in _MODULES:
+            # the process may have imported this very torchgen already (torch does): reuse it
+            _MODULES[key] = {n: m for n, m in saved.items()
+                             if n.startswith("torchgen") and _from(m, tc.torchgen_dir)}
+        for n in saved:
+            del sys.modules[n]
+        sys.modules.update(_MODULES[key])
+        path = list(sys.path)
+        sys.path.insert(0, tc.path_entry)
+        importlib.invalidate_caches()
+        _ACTIVE.append(tc)
+        try:
+            yield
+        finally:
+            _ACTIVE.pop()
+            mine = {n: m for n, m in sys.modules.items() if _owned(n)}
+            _MODULES[key] = mine
+            for n in mine:
+                del sys.modules[n]
+            sys.modules.update(saved)
+            sys.path[:] = path
+
+
+def _import(tc: Toolchain, name: str):
+    """Import ``name`` from ``tc`` (inside ``imported(tc)``), failing as bad input, by file and line."""
+    try:
+        module = importlib.import_module(name)
+    except SyntaxError as e:
+        raise InputError(e.filename or tc.path_entry, e.lineno, f"cannot import {name}: {e.msg}",
+                         _import_hint(tc)) from None
+    except ImportError as e:
+        raise InputError(*_where(tc, name, e), f"cannot import {name}: {one_line(e)}", _import_hint(tc)) from None
+    except Exception as e:  # the module itself raised while importing
+        raise InputError(*_where(tc, name, e), f"cannot import {name}: {type(e).__name__}: {one_line(e)}",
+                         _import_hint(tc)) from None
+    if not _from(module, tc.path_entry):
+        raise InputError(getattr(module, "__file__", None) or tc.path_entry, None,
+                         f"{name} was imported from outside the {tc.world} toolchain at {tc.path_entry}",
+                         "a torchgen from elsewhere is mixed in; run with a clean PYTHONPATH")
+    return module
+
+
+def _where(tc: Toolchain, name: str, exc: BaseException) -> tuple[str, int | None]:
+    """The toolchain's own file and line where the import failed (the innermost frame in it)."""
+    import traceback
+
+    inside = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.abspath(f.filename).startswith(tc.path_entry + os.sep)]
+    if inside:
+        return inside[-1].filename, inside[-1].lineno
+    p = os.path.join(tc.path_entry, *name.split("."))
+    return (p + ".py" if os.path.isfile(p + ".py") else os.path.join(p, "__init__.py")), None
+
+
+def _import_hint(tc: Toolchain) -> str:
+    if tc.world == CHECKOUT:
+        return "the checkout's torchgen and tools/autograd need pyyaml and typing_extensions; is the checkout intact?"
+    return "is the installed torch complete?"
+
+
+# ---------------------------------------------------------------------------
+# YAML and parsing
+
+
+def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
+    """``text`` through the toolchain's own LineLoader (``__line__`` per entry)."""
+    import yaml
+
+    loader = _import(tc, "torchgen.gen").LineLoader
+    try:
+        es = yaml.load(text, Loader=loader)
+    except yaml.YAMLError as e:
+        raise yaml_error(path, text, e) from None
+    except AssertionError as e:  # torchgen's loader refuses duplicate keys this way
+        m = re.search(r"key=(.*?), line=(\d+)", str(e))
+        line = int(m.group(2)) + 1 if m else None
+        what = f"duplicate key '{m.group(1)}'" if m else one_line(e)
+        raise InputError(path, line, f"malformed YAML: {what}") from None
+    if not isinstance(es, list) or not es:
+        raise InputError(path, 1, f"{what} must be a non-empty YAML list of entries")
+    for e in es:
+        if not isinstance(e, dict):
+            raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(e).__name__}")
+    return es
+
+
+_LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
+
+
+def _rejected(tc: Toolchain, path: str, exc: BaseException, es: list | None = None,
+              who: str = "torchgen") -> InputError:
+    msg = str(exc.args[0]) if exc.args else type(exc).__name__
+    m = _LOC.search(msg)
+    line = int(m.group("line")) if m else _line_of_named_entry(msg, es or [])
+    first = one_line(msg)
+    if first.startswith("in ") and _LOC.match(first):
+        first = type(exc).__name__
+    whose = "the checkout's" if tc.world == CHECKOUT else "the installed"
+    return InputError(path, line, f"{whose} {who} rejected this file: {first}",
+                      "is the yaml from a torch release this torchgen can read?")
+
+
+def _line_of_named_entry(msg: str, es: list) -> int | None:
+    """torchgen's cross-entry checks name the schema but not its line: find it."""
+    for e in es:
+        func = e.get("func")
+        if isinstance(func, str) and func.strip() in msg:
+            return e.get("__line__")
+    return None
+
+
+def _check_duplicates(path: str, es: list) -> None:
+    seen: dict[str, int] = {}
+    for e in es:
+        func = e.get("func")
+        if not isinstance(func, str):
+            raise InputError(path, e.get("__line__"), "entry has no 'func:' schema string")
+        name = func.split("(", 1)[0].strip()
+        line = e.get("__line__")
+        if name in seen:
+            raise InputError(path, line, f"duplicate operator '{name}'", f"first defined at line {seen[name]}")
+        seen[name] = line
+
+
+def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tags_text: str) -> list[Facts]:
+    """Parse both files with ``tc``'s torchgen (once) and ask its autograd codegen
+    about every function (and torchgen's C++ API about every candidate)."""
+    with imported(tc):
+        gen = _import(tc, "torchgen.gen")
+        tag_es = load_yaml_list(tc, tags_path, tags_text, "tags.yaml")
+        try:
+            tags = gen.parse_tags_yaml_struct(tag_es, path=tags_path)
+        except Exception as e:  # torchgen raises bare AssertionError/KeyError
+            raise _rejected(tc, tags_path, e) from None
+        es = load_yaml_list(tc, native_path, native_text, "native_functions.yaml")
+        _check_duplicates(native_path, es)
+        try:
+            parsed = gen.parse_native_yaml_struct(es, tags, path=native_path)
+        except Exception as e:
+            raise _rejected(tc, native_path, e, es) from None
+        raw = {e["__line__"]: e["func"].strip() for e in es}
+        return _Asker(tc, native_path, tags_path).all(list(parsed.native_functions), raw)
+
+
+class _Asker:
+    """The autograd codegen's own decisions, asked per function (inside ``imported``)."""
+
+    def __init__(self, tc: Toolchain, native_path: str, tags_path: str):
+        self.tc, self.native_path, self.tags_path = tc, native_path, tags_path
+        self.g = _import(tc, f"{tc.autograd}.gen_inplace_or_view_type")
+        self.t = _import(tc, f"{tc.autograd}.gen_trace_type")
+        self.NFWDI = _import(tc, "torchgen.api.autograd").NativeFunctionWithDifferentiabilityInfo
+        self.cpp = _import(tc, "torchgen.api.cpp")
+        self.manual = frozenset(self.t.MANUAL_AUTOGRAD)
+        self.manual_bases = frozenset(m.rstrip("_") for m in self.manual)
+        self._infos = None
+
+    def all(self, functions: list, raw: dict[int, str]) -> list[Facts]:
+        registers = [self.registers(f) for f in functions]
+        bases = {str(f.func.name.name.base) for f, r in zip(functions, registers) if r and not f.is_abstract}
+        self.derived = derivative_signatures(os.path.join(self.tc.autograd_dir, "derivatives.yaml"), bases)
+        return [self.one(f, reg, raw) for f, reg in zip(functions, registers)]
+
+    def one(self, f, reg: bool, raw: dict[int, str]) -> Facts:
+        name = str(f.func.name)
+        written = tuple(WrittenArg(a.name, _form(a.type)) for a in f.func.arguments.flat_all
+                        if a.annotation is not None and a.annotation.is_write)
+        kind = f.func.kind().name
+        view = self.g.get_view_info(f) is not None
+        generates = reg and self.uses_derived(f)
+        candidate = bool(written) and not f.func.returns and not view and kind in ("inplace", "out", "mutable")
+        text = raw.get(f.loc.line)
+        schema = f"aten::{text}" if text is not None and text.startswith(f"{name}(") else f"aten::{f.func}"
+        return Facts(
+            name=f"aten::{name}", schema=schema, file=f.loc.file, line=f.loc.line, kind=kind, written=written,
+            returns=len(f.func.returns), view=view, generates=generates,
+            composite_implicit=not f.is_abstract, manual=self.is_manual(f),
+            cpp=cpp_signature(f) if candidate else None)
+
+    def registers(self, f) -> bool:
+        """The codegen's own ``inplace_or_view_method_registration``: does it register a kernel?"""
+        reg = self.g.inplace_or_view_method_registration
+        # The undecorated function: the decision needs no native_function_manager
+        # context, and entering one per function is half the cost of a cold scan.
+        reg = getattr(reg, "__wrapped__", reg)
+        return reg(self.NFWDI(func=f, info=None, fw_derivatives=None)) is not None
+
+    def uses_derived(self, f) -> bool:
+        """The codegen's own ``use_derived`` (which also drops MANUAL_AUTOGRAD ops).
+        Differentiability infos matter only for non-abstract functions; they are
+        loaded only when such a function's signature is in derivatives.yaml."""
+        info = None
+        if not f.is_abstract and ("*" in self.derived or str(f.func.signature()) in self.derived):
+            info = self.infos().get(f.func)
+        return bool(self.g.use_derived(self.NFWDI(func=f, info=info, fw_derivatives=None)))
+
+    def infos(self):
+        if self._infos is None:
+            ld = _import(self.tc, f"{self.tc.autograd}.load_derivatives")
+            try:
+                self._infos, _ = ld.load_derivatives(os.path.join(self.tc.autograd_dir, "derivatives.yaml"),
+                                                     self.native_path, self.tags_path)
+            except Exception as e:  # the autograd codegen's own checks of the yaml
+                raise _rejected(self.tc, self.native_path, e, who="autograd codegen") from None
+        return self._infos
+
+    def is_manual(self, f) -> bool:
+        if str(f.func.name.name.base) not in self.manual_bases:  # cheap pre-filter by base name
+            return False
+        return self.cpp.name(f.func) in self.manual
+
+
+def _form(t) -> str:
+    from torchgen.model import BaseTy, BaseType, ListType, OptionalType
+
+    if isinstance(t, BaseType) and t.name == BaseTy.Tensor:
+        return "tensor"
+    if isinstance(t, ListType) and isinstance(t.elem, BaseType) and t.elem.name == BaseTy.Tensor:
+        return "tensor_list"
+    if isinstance(t, OptionalType) and isinstance(t.elem, BaseType) and t.elem.name == BaseTy.Tensor:
+        return "optional_tensor"
+    if isinstance(t, ListType) and isinstance(t.elem, OptionalType):
+        return "optional_tensor_list"
+    return f"unsupported type {t}"
+
+
+def derivative_signatures(path: str, bases: set[str] | None = None) -> frozenset[str]:
+    """Signatures of the schemas derivatives.yaml names (a cheap pre-filter).
+
+    The autograd codegen attaches a DifferentiabilityInfo to every function
+    whose signature equals that of a derivatives.yaml entry; a function whose
+    signature matches none has no info, so the full (slow) load_derivatives is
+    needed only when a match exists.
+    """
+    from torchgen.model import FunctionSchema
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return frozenset()
+    sigs = set()
+    for m in re.finditer(r"^- name: *(.+?)\s*$", text, re.M):
+        if bases is not None and m.group(1).split("(", 1)[0].split(".", 1)[0] not in bases:
+            continue
+        try:
+            sigs.add(str(FunctionSchema.parse(m.group(1)).signature()))
+        except Exception:  # an entry this torchgen cannot parse: let load_derivatives judge
+            sigs.add("*")
+    return frozenset(sigs)
+
+
+def cpp_signature(f) -> CppSig:
+    """The dispatcher signature of ``f`` in C++ terms, as torchgen's C++ API spells it."""
+    from torchgen.api.types import DispatcherSignature
+    from torchgen.context import native_function_manager
+
+    with native_function_manager(f):
+        sig = DispatcherSignature.from_schema(f.func)
+        formals = tuple((a.type, a.name) for a in sig.arguments())
+        names = tuple(e.expr for e in sig.exprs())
+    return CppSig(formals, names, f.func.name.unambiguous_name(), f.root_name)

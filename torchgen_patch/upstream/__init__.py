@@ -1,0 +1,1 @@
+"""Upstream: a patch for PyTorch's own autograd codegen (``diff``)."""

@@ -1,0 +1,139 @@
+"""Patch PyTorch's own autograd codegen (tools/autograd/gen_inplace_or_view_type.py).
+
+The edit is made on the file's real content, located by structure (Python's
+``ast``), not by line numbers; when the file no longer has the shape the edit
+expects, it fails naming what is missing. Known to work: the codegen shipped
+with torch 2.11 and 2.13 (tests) and 2.14 (scripts/check_other_release.sh).
+
+Modes:
+- ``fix``: emit and register ADInplaceOrView kernels for ops that mutate
+  arguments and return nothing, bumping each written argument exactly once
+  per call (read before the redispatch, bumped after it unless the backend
+  already did), inside the existing template and shards.
+- ``error``: make the codegen raise, listing every such op with its yaml
+  line, unless the op is on the allowlist the patch adds.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+
+def _inject(name: str) -> str:
+    """Code to inject into the upstream codegen, kept as files under upstream/inject/."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject", name), encoding="utf-8") as fh:
+        return fh.read()
+
+
+TARGET = "tools/autograd/gen_inplace_or_view_type.py"
+MARKER = "torchgen-patch"
+KNOWN_GOOD = "torch 2.11, 2.13 and 2.14"
+
+FIX_HELPERS = _inject("fix_helpers.py.in")
+
+FIX_BODY = _inject("fix_body.py.in")
+
+ERROR_HELPERS = _inject("error_helpers.py.in")
+
+ERROR_CALL = _inject("error_call.py.in")
+
+# The `if` test (as ast.unparse prints it) that drops ops with no returns.
+DROP_TEST = "get_view_info(f) is None and (not modifies_arguments(f) or len(f.func.returns) == 0)"
+
+
+@dataclass(frozen=True)
+class Insertion:
+    line: int  # 1-based line before which (or, with col, in which) the text goes
+    text: str
+    col: int | None = None  # insert inside the line at this column
+
+
+def _function(tree: ast.Module, name: str, path: str) -> ast.FunctionDef:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise _shape(path, f"function {name}() not found")
+
+
+def _shape(path: str, what: str) -> InputError:
+    return InputError(path, None, f"the codegen does not have the shape this patch expects: {what}",
+                      f"known to work: {KNOWN_GOOD}")
+
+
+def _indent(text: str, spaces: int) -> str:
+    pad = " " * spaces
+    return "".join(pad + line if line.strip() else line for line in text.splitlines(keepends=True))
+
+
+def plan_edits(source: str, mode: str, path: str = TARGET) -> list[Insertion]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise InputError(path, e.lineno, f"not valid Python: {e.msg}") from None
+    edits: list[Insertion] = []
+    if mode == "fix":
+        anchor = _function(tree, "modifies_arguments", path)
+        edits.append(Insertion(anchor.end_lineno + 1, "\n\n" + FIX_HELPERS.strip("\n") + "\n"))
+        for name in ("inplace_or_view_method_definition", "inplace_or_view_method_registration"):
+            fn = _function(tree, name, path)
+            ifs = [n for n in ast.walk(fn) if isinstance(n, ast.If) and ast.unparse(n.test) == DROP_TEST]
+            if len(ifs) != 1:
+                raise _shape(path, f"{name}() has no `if {DROP_TEST}:`")
+            t = ifs[0].test
+            edits.append(Insertion(t.end_lineno, " and not mutates_without_returns(f)", col=t.end_col_offset))
+        body = _function(tree, "emit_inplace_or_view_body", path)
+        branch = [n for n in body.body if isinstance(n, ast.If) and ast.unparse(n.test) == "modifies_arguments(f)"]
+        assigned = {t.id for n in body.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        if len(branch) != 1 or not {"inplace_view_body", "redispatch_args"} <= assigned:
+            raise _shape(path, "emit_inplace_or_view_body() has no `if modifies_arguments(f):` branch after "
+                               "`inplace_view_body` and `redispatch_args`")
+        edits.append(Insertion(branch[0].lineno, _indent(FIX_BODY, branch[0].col_offset)))
+    elif mode == "error":
+        anchor = _function(tree, "use_derived", path)
+        edits.append(Insertion(anchor.end_lineno + 1, "\n\n" + ERROR_HELPERS.strip("\n") + "\n"))
+        gen = _function(tree, "gen_inplace_or_view_type", path)
+        if [a.arg for a in gen.args.args][3:4] != ["fns_with_infos"]:
+            raise _shape(path, "gen_inplace_or_view_type() does not take `fns_with_infos` fourth")
+        first = gen.body[0]
+        edits.append(Insertion(first.lineno, _indent(ERROR_CALL, first.col_offset)))
+    else:
+        raise InputError(None, None, f"unknown --mode '{mode}'", "use 'fix' or 'error'")
+    return edits
+
+
+def apply_edits(source: str, edits: list[Insertion]) -> str:
+    lines = source.splitlines(keepends=True)
+    for e in sorted(edits, key=lambda e: (e.line, e.col or 0), reverse=True):
+        if e.col is not None:
+            line = lines[e.line - 1]
+            lines[e.line - 1] = line[: e.col] + e.text + line[e.col:]
+        else:
+            lines[e.line - 1:e.line - 1] = [e.text]
+    return "".join(lines)
+
+
+def state(source: str) -> str | None:
+    """'fix' or 'error' when the file carries this patch, else None."""
+    if "# torchgen-patch (fix)" in source:
+        return "fix"
+    if "# torchgen-patch (error)" in source:
+        return "error"
+    return None
+
+
+def patched(source: str, mode: str, path: str = TARGET) -> str:
+    applied = state(source)
+    if applied is not None:
+        raise InputError(path, None, f"already applied (mode {applied})", "nothing to do; `--check` reports it")
+    return apply_edits(source, plan_edits(source, mode, path))
+
+
+def unified_diff(old: str, new: str, rel: str = TARGET) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=f"a/{rel}", tofile=f"b/{rel}"))
