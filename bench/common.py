@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_py(code: str, env: dict | None = None, args: list[str] = (), pythonpath: str | None = None) -> float:
     """Run ``code`` (with ``args``) in a fresh interpreter; it must print the seconds it measured.
     ``pythonpath``: put first on the path (a checkout whose torchgen is to be imported)."""
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (pythonpath, ROOT) if p))
+    e = _env(PYTHONPATH=os.pathsep.join(p for p in (pythonpath, ROOT) if p))
     e.update(env or {})
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=e, cwd=ROOT)
     if r.returncode != 0:
@@ -23,8 +23,17 @@ def run_py(code: str, env: dict | None = None, args: list[str] = (), pythonpath:
     return float(r.stdout.strip().splitlines()[-1])
 
 
+def _env(**kw) -> dict:
+    """The environment of a measured process. Bytecode caches on, as for any installed
+    package (pip compiles them): a PYTHONDONTWRITEBYTECODE=1 in the caller's environment
+    would make every run recompile the source tree's modules and measure that instead."""
+    e = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    e.update(kw)
+    return e
+
+
 def wall(cmd: list[str], env: dict | None = None) -> float:
-    e = dict(os.environ, PYTHONPATH=ROOT)
+    e = _env(PYTHONPATH=ROOT)
     e.update(env or {})
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=e, cwd=ROOT)

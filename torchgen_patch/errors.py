@@ -10,12 +10,14 @@ its traceback.
 
 from __future__ import annotations
 
+import functools
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, order=True)
-class Location:
+class Location(NamedTuple):
+    """A file and a 1-based line (None: the whole file). Immutable, ordered by path then line."""
+
     path: str
     line: int | None = None
 
@@ -57,8 +59,13 @@ class EnvironmentProblem(InputError):
 
 def display_path(path: str) -> str:
     """A path as the user would like to read it: relative when under the cwd."""
+    return _display(path, os.getcwd())
+
+
+@functools.lru_cache(maxsize=256)
+def _display(path: str, cwd: str) -> str:
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, cwd)
     except ValueError:
         return path
     return path if rel.startswith("..") else rel

@@ -8,7 +8,6 @@ files, only when the content changed (torchgen's FileManager convention).
 from __future__ import annotations
 
 import os
-import tempfile
 
 from .errors import InputError, one_line
 
@@ -39,6 +38,8 @@ def read_text(path: str, what: str) -> str:
 
 def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
     """``durable=False`` skips the fsync (caches: losing one costs only time)."""
+    import tempfile
+
     d = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
     try:

@@ -18,7 +18,6 @@ Every problem is an InputError at the overlay's file:line.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -120,7 +119,7 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
         if "::" not in op:
             hint = f"operator names carry their namespace: 'aten::{op}'"
         else:
-            close = difflib.get_close_matches(op, scan.names(), n=3, cutoff=0.6)
+            close = _difflib().get_close_matches(op, scan.names(), n=3, cutoff=0.6)
             if close:
                 hint = "did you mean " + ", ".join(f"'{c}'" for c in close) + "?"
         raise InputError(path, line, f"unknown operator '{op}'", hint)
@@ -135,7 +134,7 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
         kl = k.start_mark.line + 1
         key = k.value if isinstance(k, yaml.ScalarNode) else None
         if key not in KEYS:
-            close = difflib.get_close_matches(str(key), sorted(KEYS), n=1)
+            close = _difflib().get_close_matches(str(key), sorted(KEYS), n=1)
             raise InputError(path, kl, f"unknown key '{key}' in entry for '{op}'",
                              f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(KEYS))}")
         if key in fields:
@@ -157,7 +156,7 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
         raise InputError(path, line, f"'{op}': action '{action}' needs a non-empty 'reason'")
     template = fields.get("template")
     if template is not None and template not in templates:
-        close = difflib.get_close_matches(template, sorted(templates), n=1)
+        close = _difflib().get_close_matches(template, sorted(templates), n=1)
         raise InputError(path, lines["template"], f"no template '{template}' in templates/",
                          f"did you mean '{close[0]}'?" if close else None)
     devices = fields.get("devices", ())
@@ -167,3 +166,9 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
         if d not in DEVICES:
             raise InputError(path, lines["devices"], f"unknown device '{d}'", f"allowed: {', '.join(DEVICES)}")
     return Entry(op, line, action, reason, template, tuple(devices))
+
+
+def _difflib():
+    import difflib  # only on an error path
+
+    return difflib

@@ -19,23 +19,24 @@ __all__ = ["scan", "Scan"]
 def scan(sources: Sources, use_cache: bool = True) -> Scan:
     native_b = read_bytes(sources.native, "native_functions.yaml")
     tags_b = read_bytes(sources.tags, "tags.yaml")
-    k = cache.key(native_b, tags_b, sources.world, sources.toolchain.identity(), cache.tool_fingerprint())
+    identity = sources.toolchain.identity()
+    k = cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
     name = f"scan-{k[:32]}.json"
     if use_cache:
         data = cache.read(name)
         if data is not None:
-            return Scan(sources, tuple(OpRecord.from_json(r, sources.native) for r in data["records"]),
+            return Scan(sources, tuple(OpRecord.from_row(r, sources.native) for r in data["records"]),
                         {op: CppSig.from_json(c) for op, c in data["cpp"].items()}, k)
     from ..sources import torchgen
 
     native = decode(sources.native, native_b, "native_functions.yaml")
     tags = decode(sources.tags, tags_b, "tags.yaml")
-    facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags)
+    facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags, identity)
     records = tuple(sorted((record(f) for f in facts), key=lambda r: r.name))
     cpp = {f.name: f.cpp for f in facts if f.cpp is not None}
     result = Scan(sources, records, dict(sorted(cpp.items())), k)
     if use_cache:
         # the cache is keyed by content, not by path: the caller's path is attached on reading
-        cache.write(name, {"records": [r.to_json(path="") for r in records],
+        cache.write(name, {"records": [r.to_row() for r in records],
                            "cpp": {op: c.to_json() for op, c in result.cpp.items()}})
     return result

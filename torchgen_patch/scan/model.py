@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import Location
 from ..sources import Sources
@@ -17,8 +18,7 @@ NOT_MUTATING = "not_mutating"
 VERDICTS = (COVERED, MISSING, UNSUPPORTED, COMPOSITE, NOT_MUTATING)
 
 
-@dataclass(frozen=True)
-class OpRecord:
+class OpRecord(NamedTuple):
     name: str  # aten::split_with_sizes_copy.out
     schema: str  # aten::split_with_sizes_copy.out(Tensor self, ...) -> ()
     loc: Location
@@ -31,7 +31,6 @@ class OpRecord:
     manual: bool = False
 
     def to_json(self, path: str | None = None) -> dict:
-        # by hand: dataclasses.asdict deep-copies and is the slowest part of a cold scan
         return {
             "name": self.name, "schema": self.schema, "file": self.loc.path if path is None else path,
             "line": self.loc.line, "kind": self.kind,
@@ -46,6 +45,15 @@ class OpRecord:
                         tuple(WrittenArg(**w) for w in d["written"]), d["returns"], d["verdict"], d["reason"],
                         d["composite_implicit"], d["manual"])
 
+    def to_row(self) -> list:
+        """The compact form the cache keeps (no path: the cache is keyed by content)."""
+        return [self.name, self.schema, self.loc.line, self.kind, [list(w) for w in self.written], self.returns,
+                self.verdict, self.reason, self.composite_implicit, self.manual]
+
+    @staticmethod
+    def from_row(r: list, path: str) -> OpRecord:
+        return OpRecord(r[0], r[1], Location(path, r[2]), r[3], tuple(WrittenArg(*w) for w in r[4]), *r[5:])
+
 
 @dataclass(frozen=True)
 class Scan:
@@ -56,9 +64,13 @@ class Scan:
     cpp: dict[str, CppSig]  # C++ signatures of the ops a kernel can be generated for
     key: str  # content key of everything that decided this scan
     _index: dict = field(default_factory=dict, compare=False, repr=False)
+    _counts: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._index.update((r.name, r) for r in self.records)
+        self._counts.update((v, 0) for v in VERDICTS)
+        for r in self.records:
+            self._counts[r.verdict] += 1
 
     @property
     def native_path(self) -> str:
@@ -72,10 +84,7 @@ class Scan:
         return [r for r in self.records if r.verdict == verdict]
 
     def counts(self) -> dict[str, int]:
-        c = {v: 0 for v in VERDICTS}
-        for r in self.records:
-            c[r.verdict] += 1
-        return c
+        return dict(self._counts)
 
     def total(self) -> int:
         return len(self.records)

@@ -111,14 +111,15 @@ def _from(module, directory: str) -> bool:
 
 
 @contextlib.contextmanager
-def imported(tc: Toolchain):
-    """Run the body with ``tc``'s torchgen (and autograd codegen) as the importable ones."""
+def imported(tc: Toolchain, identity: str | None = None):
+    """Run the body with ``tc``'s torchgen (and autograd codegen) as the importable ones.
+    ``identity``: ``tc.identity()`` when the caller has it."""
     with _LOCK:
         if _ACTIVE and _ACTIVE[-1] == tc:  # nested use of the same toolchain
             yield
             return
         saved = {n: m for n, m in sys.modules.items() if _owned(n)}
-        key = (tc, tc.identity())
+        key = (tc, identity or tc.identity())
         if key not in _MODULES:
             # the process may have imported this very torchgen already (torch does): reuse it
             _MODULES[key] = {n: m for n, m in saved.items()
@@ -243,10 +244,11 @@ def _check_duplicates(path: str, es: list) -> None:
         seen[name] = line
 
 
-def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tags_text: str) -> list[Facts]:
+def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tags_text: str,
+          identity: str | None = None) -> list[Facts]:
     """Parse both files with ``tc``'s torchgen (once) and ask its autograd codegen
     about every function (and torchgen's C++ API about every candidate)."""
-    with imported(tc):
+    with imported(tc, identity), _gc_paused():
         gen = _import(tc, "torchgen.gen")
         tag_es = load_yaml_list(tc, tags_path, tags_text, "tags.yaml")
         try:
@@ -263,6 +265,22 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
         return _Asker(tc, native_path, tags_path).all(list(parsed.native_functions), raw)
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """The parse allocates about a million long-lived objects and no cyclic garbage to
+    speak of; the cyclic collector would traverse them again and again (about 15% of
+    a cold scan). Paused for the parse, restored after; reference counting still frees."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class _Asker:
     """The autograd codegen's own decisions, asked per function (inside ``imported``)."""
 
@@ -277,17 +295,17 @@ class _Asker:
         self._infos = None
 
     def all(self, functions: list, raw: dict[int, str]) -> list[Facts]:
-        registers = [self.registers(f) for f in functions]
+        written = [tuple(WrittenArg(a.name, _form(a.type)) for a in f.func.arguments.flat_all
+                         if a.annotation is not None and a.annotation.is_write) for f in functions]
+        views = [self.g.get_view_info(f) is not None for f in functions]
+        registers = [self.registers(f) if w or v else False for f, w, v in zip(functions, written, views)]
         bases = {str(f.func.name.name.base) for f, r in zip(functions, registers) if r and not f.is_abstract}
         self.derived = derivative_signatures(os.path.join(self.tc.autograd_dir, "derivatives.yaml"), bases)
-        return [self.one(f, reg, raw) for f, reg in zip(functions, registers)]
+        return [self.one(f, reg, w, v, raw) for f, reg, w, v in zip(functions, registers, written, views)]
 
-    def one(self, f, reg: bool, raw: dict[int, str]) -> Facts:
+    def one(self, f, reg: bool, written: tuple, view: bool, raw: dict[int, str]) -> Facts:
         name = str(f.func.name)
-        written = tuple(WrittenArg(a.name, _form(a.type)) for a in f.func.arguments.flat_all
-                        if a.annotation is not None and a.annotation.is_write)
         kind = f.func.kind().name
-        view = self.g.get_view_info(f) is not None
         generates = reg and self.uses_derived(f)
         candidate = bool(written) and not f.func.returns and not view and kind in ("inplace", "out", "mutable")
         text = raw.get(f.loc.line)
@@ -299,7 +317,10 @@ class _Asker:
             cpp=cpp_signature(f) if candidate else None)
 
     def registers(self, f) -> bool:
-        """The codegen's own ``inplace_or_view_method_registration``: does it register a kernel?"""
+        """The codegen's own ``inplace_or_view_method_registration``: does it register a kernel?
+        Asked for every function that writes an argument or is a view (what an ADInplaceOrView
+        kernel exists for); never the codegen's own rule re-derived, which differs between an
+        unpatched codegen and one ``diff --mode fix`` patched."""
         reg = self.g.inplace_or_view_method_registration
         # The undecorated function: the decision needs no native_function_manager
         # context, and entering one per function is half the cost of a cold scan.
