@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
-# Static checks against another torch release's torchgen, taken from its wheel
-# without installing it (scan, lint, gen --strict, and the codegen diff applied and
-# run): e.g. scripts/check_other_release.sh /path/to/torch-2.14.1-*.whl
+# Another torch release as a PyTorch checkout, in a venv without torch: a
+# checkout-layout tree is assembled from the release's wheel (its torchgen,
+# tools/autograd and yaml; nothing of it installed), then scan, lint, gen --strict
+# and the codegen diff (applied, and the tree's own codegen run) on it:
+#   scripts/check_other_release.sh /path/to/torch-2.14.1-*.whl > reports/checkout-torch2.14.1.txt
 set -euo pipefail
 WHEEL=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-$ROOT/.venv/bin/python}
+DEV=${PYTHON:-$ROOT/.venv/bin/python}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-unzip -q "$WHEEL" 'torchgen/*' -d "$W/site"
-export PYTHONPATH=$W/site:$ROOT TORCHGEN_PATCH_CACHE=$W/cache
-echo "wheel: $(basename "$WHEEL")"
-echo "\$ torchgen-patch scan | tail -1"; $PY -m torchgen_patch scan | tail -1
-echo "\$ torchgen-patch gen --strict"; $PY -m torchgen_patch gen --strict --out "$W/gen" 2>&1 | tail -1 | sed "s|$W/||"
-T=$W/tree
-mkdir -p "$T/tools" "$T/aten/src"
-cp -r "$W/site/torchgen/packaged/autograd" "$T/tools/autograd"
-cp -r "$W/site/torchgen/packaged/ATen" "$T/aten/src/ATen"
-touch "$T/tools/__init__.py"
-(cd "$T" && git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm tree)
+cd "$ROOT"
+PY=$("$DEV" -c "import os; from tests.notorch_venv import make_venv; print(make_venv(os.path.abspath('.cache/notorch-venv'), ['lintrunner']))")
+"$DEV" -c "from tests.trees import tree_from_wheel; tree_from_wheel('$WHEEL', '$W/pytorch')"
+T=$W/pytorch
+export PYTHONPATH=$ROOT TORCHGEN_PATCH_CACHE=$W/cache
+tgp() { "$PY" -m torchgen_patch "$@"; }
+echo "wheel: $(basename "$WHEEL"); tree version.txt: $(cat "$T/version.txt"); torch in this venv: $("$PY" -c 'import importlib.util as u; print("none" if u.find_spec("torch") is None else "yes")')"
+echo; echo "\$ torchgen-patch scan --pytorch-root TREE | tail -1"; tgp scan --pytorch-root "$T" | tail -1
+echo; echo "\$ torchgen-patch lint --pytorch-root TREE | tail -1"; { tgp lint --pytorch-root "$T" || true; } | tail -1
+echo; echo "\$ torchgen-patch gen --strict --pytorch-root TREE --out GEN"
+tgp gen --strict --pytorch-root "$T" --out "$W/gen" 2>&1 | tail -1 | sed "s|$W/||"
 N=aten/src/ATen/native
-(cd "$T" && PYTHONPATH=$T:$W/site $PY -m tools.autograd.gen_autograd $N/native_functions.yaml $N/tags.yaml "$W/up0" tools/autograd)
-$PY -m torchgen_patch diff --pytorch-root "$T" -o "$W/fix.diff"
+codegen() { (cd "$T" && PYTHONPATH=$T "$PY" -m tools.autograd.gen_autograd $N/native_functions.yaml $N/tags.yaml "$1" tools/autograd); }
+codegen "$W/up0"
+tgp diff --pytorch-root "$T" -o "$W/fix.diff"
 (cd "$T" && git apply "$W/fix.diff")
-echo "\$ torchgen-patch diff --pytorch-root TREE: applied"
-(cd "$T" && PYTHONPATH=$T:$W/site $PY -m tools.autograd.gen_autograd $N/native_functions.yaml $N/tags.yaml "$W/up1" tools/autograd)
+echo; echo "\$ torchgen-patch diff --pytorch-root TREE: applied with git apply"
+codegen "$W/up1"
 before=$(cat "$W"/up0/ADInplaceOrViewType_[0-9].cpp | grep -c 'm.impl(')
 after=$(cat "$W"/up1/ADInplaceOrViewType_[0-9].cpp | grep -c 'm.impl(')
-echo "upstream ADInplaceOrView registrations: $before unpatched, $after patched (+$((after - before)))"
+echo "the tree's own codegen (run from the tree, no torch): $before ADInplaceOrView registrations unpatched, $after patched (+$((after - before)))"
 changed=$(cd "$W" && { diff -rq up0 up1 || true; } | sed "s|$W/||g")
 echo "generated files that differ:"; echo "$changed"
+echo; echo "\$ torchgen-patch lint --pytorch-root TREE | tail -1   (patched checkout)"; tgp lint --pytorch-root "$T" | tail -1

@@ -4,7 +4,7 @@
 set -u
 OUT=${OUT:-reports/device}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCHGEN_PATCH_CACHE=${TORCHGEN_PATCH_CACHE:-/tmp/tgp-cache}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCHGEN_PATCH_CACHE=${TORCHGEN_PATCH_CACHE:-/tmp/tgp-cache} TORCHGEN_PATCH_NO_VENV=1
 PY=${PYTHON:-python3}
 TV=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
 log() { echo "== $*" | tee -a "$OUT/log.txt"; }
@@ -24,9 +24,8 @@ echo "rc=$?" >> "$OUT/log.txt"
 log "verify cpu"
 $PY -m torchgen_patch verify --both --device cpu --format markdown -o "$OUT/verify-cpu-torch$TV.md" 2>>"$OUT/log.txt"
 echo "rc=$?" >> "$OUT/log.txt"
-log "bench per call (cuda)"
-$PY bench/bench_call.py --device cuda --rounds ${ROUNDS:-100} --json "$OUT/bench-call-cuda-torch$TV.json" >> "$OUT/log.txt" 2>&1
+[ "${SKIP_BENCH:-0}" = 1 ] || { log "bench per call (cuda)"; $PY bench/bench_call.py --device cuda --rounds ${ROUNDS:-100} --json "$OUT/bench-call-cuda-torch$TV.json" >> "$OUT/log.txt" 2>&1; }
 log "pytest"
-timeout 420 $PY -m pytest -q -ra -p no:cacheprovider tests > "$OUT/pytest-torch$TV.txt" 2>&1
+timeout ${PYTEST_TIMEOUT:-420} $PY -m pytest -q -ra -p no:cacheprovider tests > "$OUT/pytest-torch$TV.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/log.txt"
 tail -5 "$OUT/pytest-torch$TV.txt" >> "$OUT/log.txt"

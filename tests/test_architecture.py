@@ -107,3 +107,18 @@ def test_one_module_talks_to_the_dispatcher():
 
 def test_argparse_only_in_the_cli():
     assert _sources_matching(r"^\s*(import argparse|from argparse)") == {"cli/parser.py"}
+
+
+def test_readme_layout_names_every_module():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    layout = text[text.index("## Layout"):text.index("## Requirements")]
+    missing = []
+    for path in _modules().values():
+        rel = os.path.relpath(path, PKG)
+        folder, name = os.path.split(rel)
+        if name == "__main__.py" or (name == "__init__.py" and not folder):
+            continue
+        row = next((line for line in layout.splitlines() if f"`{folder}/`" in line), "") if folder else layout
+        if f"`{name}`" not in row and not (name == "__init__.py" and row):
+            missing.append(rel)
+    assert missing == []

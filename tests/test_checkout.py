@@ -27,7 +27,11 @@ YAML = "aten/src/ATen/native/native_functions.yaml"
 
 @pytest.fixture(scope="session")
 def notorch():
-    """A venv with the project's own dependencies and lintrunner, and no torch."""
+    """A venv with the project's own dependencies and lintrunner, and no torch. On a machine
+    with no package index (the GPU machine) these tests are skipped, by name, only when
+    TORCHGEN_PATCH_NO_VENV=1 says so; anywhere else a failure to build the venv fails them."""
+    if os.environ.get("TORCHGEN_PATCH_NO_VENV") == "1":
+        pytest.skip("TORCHGEN_PATCH_NO_VENV=1: no package index here to build a venv without torch")
     return make_venv(os.path.join(ROOT, ".cache", "notorch-venv"), ["lintrunner"])
 
 
@@ -102,12 +106,15 @@ def test_checkout_of_a_newer_release_without_torch(notorch, tree2141, tmp_path):
     _compare_worlds(notorch, tree2141, sys.executable, os.pathsep.join([site, ROOT]), tmp_path, 3103)
 
 
-@needs_2141
-def test_diff_fix_on_a_newer_release_adds_exactly_the_missing_kernels(notorch, tmp_path):
-    """diff --mode fix applies to the 2.14.1 tree, and the tree's own codegen, run from the
-    tree with no torch, then registers exactly the ops lint reported (no more, no fewer)."""
-    tree = tree_from_wheel(WHEEL_2141, str(tmp_path / "pytorch"))
-    missing = {f["op"] for f in _json(tgp(notorch, "lint", "--format", "json", "--pytorch-root", tree))["findings"]}
+@pytest.mark.parametrize("release", ["installed", pytest.param("2.14.1", marks=needs_2141)])
+def test_diff_fix_adds_exactly_the_missing_kernels(notorch, tmp_path, release):
+    """diff --mode fix applies to the tree, and the tree's own codegen, run from the tree
+    with no torch, then registers exactly the ops lint reported (no more, no fewer)."""
+    tree = (tree_from_installed(str(tmp_path / "pytorch")) if release == "installed"
+            else tree_from_wheel(WHEEL_2141, str(tmp_path / "pytorch")))
+    doc = _json(tgp(notorch, "lint", "--format", "json", "--pytorch-root", tree))
+    missing = {f["op"] for f in doc["findings"]}
+    covered = doc["counts"]["covered"] + len(missing)
     before = run_codegen(tree, str(tmp_path / "out0"), python=notorch)
     assert before.returncode == 0, before.stderr
     r = tgp(notorch, "diff", "--pytorch-root", tree, "-o", tmp_path / "fix.diff")
@@ -120,7 +127,7 @@ def test_diff_fix_on_a_newer_release_adds_exactly_the_missing_kernels(notorch, t
     assert {f"aten::{n}" for n in set(new) - set(old)} == missing
     # and the patched checkout lints clean: its codegen now covers every one of them
     r = tgp(notorch, "lint", "--pytorch-root", tree)
-    assert r.returncode == 0 and r.stdout.startswith("0 finding(s); covered 1272, missing 0"), r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.startswith(f"0 finding(s); covered {covered}, missing 0"), r.stdout + r.stderr
 
 
 @needs_2141
@@ -144,7 +151,7 @@ def test_two_worlds_in_one_process_never_mix(tree2141, default_scan):
     assert again.records == default_scan.records
 
 
-def test_cache_never_answers_for_another_world_or_toolchain(tmp_path, monkeypatch, run_cli):
+def test_cache_never_answers_for_another_world_or_toolchain(tmp_path, monkeypatch, run_cli, default_scan):
     """One yaml, three toolchains: the installed one, a checkout's, and that checkout
     after its autograd codegen is patched. Each gets its own answer, cache or not."""
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(tmp_path / "cache"))
@@ -157,10 +164,11 @@ def test_cache_never_answers_for_another_world_or_toolchain(tmp_path, monkeypatc
     assert rc == 0, err
     (tmp_path / "fix.diff").write_text(diff_text)
     subprocess.run(["git", "apply", str(tmp_path / "fix.diff")], cwd=tree, check=True)
+    missing, covered = len(default_scan.by_verdict("missing")), default_scan.counts()["covered"]
     rc, out, _ = run_cli("lint", "--pytorch-root", tree)  # the patched codegen covers them all
-    assert rc == 0 and out.startswith("0 finding(s); covered 1270, missing 0"), out
+    assert rc == 0 and out.startswith(f"0 finding(s); covered {covered + missing}, missing 0"), out
     rc, out, _ = run_cli("lint", "--native-functions", native)  # the installed codegen still does not
-    assert rc == 1 and out.splitlines()[-1].startswith("177 finding(s)"), out
+    assert rc == 1 and out.splitlines()[-1].startswith(f"{missing} finding(s)"), out
     # a one-byte change in the checkout's torchgen is another toolchain too
     model = os.path.join(tree, "torchgen", "model.py")
     open(model, "a").write("# edited\n")
