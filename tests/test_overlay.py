@@ -20,7 +20,17 @@ def error(tmp_path, scan, text) -> str:
 
 def test_default_overlay_is_valid(default_overlay):
     assert {op for op, e in default_overlay.entries.items() if e.action == "skip"} == {
-        "aten::set_data", "aten::retain_grad", "aten::record_stream"}
+        "aten::set_data", "aten::retain_grad", "aten::record_stream", "fbgemm::bounds_check_indices"}
+
+
+def test_runtime_operator_entries_take_only_skip_or_xfail(tmp_path, default_scan):
+    o, _ = load_text(tmp_path, default_scan, "mylib::op:\n  action: skip\n  reason: over-declared\n")
+    assert o.skipped("mylib::op")
+    assert error(tmp_path, default_scan, "mylib::op:\n  template: kernel_always_bump.cpp.j2\n") == (
+        "overlay.yaml:1: error: 'mylib::op' is a runtime operator: only 'action: skip' or 'action: xfail' (with a "
+        "reason) apply to it (hint: its kernel is the boxed one, not a template)")
+    assert error(tmp_path, default_scan, "mylib::op:\n  action: skip\n") == (
+        "overlay.yaml:1: error: 'mylib::op': action 'skip' needs a non-empty 'reason'")
 
 
 def test_valid_entries(tmp_path, default_scan):

@@ -119,3 +119,91 @@ def test_fsdp2_trains_identically_with_its_ops_patched(library):
         assert r.returncode == 0, r.stderr[-3000:]
         losses.append(json.loads(r.stdout.strip().splitlines()[-1]))
     assert losses[0] == losses[1] and len(losses[0]) == 5
+
+
+# ---------------------------------------------------------------------------
+# ops that write an argument and return something; noisy imports; define sites; patterns
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("backend", ["cpp", "python"])
+def test_returned_values_pass_through_the_kernel(backend):
+    import tests.custom_ops_ret  # noqa: F401
+
+    x = torch.arange(3.0)
+    rep = torchgen_patch.install(backend=backend, runtime_ops=["tgp_ret::*"])
+    try:
+        assert sorted(rep.registered) == ["tgp_ret::many", "tgp_ret::one", "tgp_ret::pair"], rep.summary()
+        out = torch.empty(3)
+        r = torch.ops.tgp_ret.one(x, out)
+        assert torch.equal(r, x * 2) and out._version == 1
+        a, b = torch.ops.tgp_ret.pair(x, out)
+        assert torch.equal(a, x * 2) and torch.equal(b, x * 3) and out._version == 2
+        rs = torch.ops.tgp_ret.many(x, out)
+        assert [t.tolist() for t in rs] == [(x * k).tolist() for k in (2, 3, 4)] and out._version == 3
+    finally:
+        torchgen_patch.uninstall()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "lintrunner", "sarif", "github"])
+def test_a_module_that_prints_on_import_does_not_corrupt_the_report(fmt):
+    import json
+
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "lint", "--runtime", "--import", "tests.noisy_ops",
+                        "--namespace", "tgp_noisy", "--format", fmt], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == (0 if fmt == "lintrunner" else 1), r.stderr
+    assert "a note printed to stdout" in r.stderr and "a note printed" not in r.stdout
+    if fmt in ("json", "sarif"):
+        json.loads(r.stdout)
+    elif fmt == "lintrunner":
+        assert [json.loads(line)["name"] for line in r.stdout.splitlines()] == ["missing-inplace-or-view-kernel"]
+    elif fmt == "github":
+        assert r.stdout.startswith("::error file=")
+    else:
+        assert r.stdout.splitlines()[-1] == "1 finding(s) in the live operator registry"
+
+
+def test_python_defined_op_is_located_at_its_define_call():
+    """torch.library.define creates the op's library inside torch/library.py; the finding
+    points at the define call in the extension's own file instead."""
+    import json
+
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "lint", "--runtime", "--import", "tests.noisy_ops",
+                        "--namespace", "tgp_noisy", "--format", "json"], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    (f,) = json.loads(r.stdout)["findings"]
+    src = open(os.path.join(ROOT, "tests", "noisy_ops.py")).read().splitlines()
+    assert f["path"] == os.path.join("tests", "noisy_ops.py") and src[f["line"] - 1].endswith("# DEFINE-LINE")
+
+
+def test_unknown_location_is_null_never_a_torch_internal_file(monkeypatch):
+    """An op whose only known location is torch's own torch/library.py, or a build path that
+    does not exist on this machine (C++ ops of a wheel built elsewhere): path null."""
+    import json
+
+    from torchgen_patch.runtime import dispatcher, registry
+
+    for where in (os.path.join(os.path.dirname(torch.__file__), "library.py"), "/__w/pytorch/pytorch/x.cpp"):
+        monkeypatch.setattr(dispatcher, "registered_at", lambda op, w=where: (w, 741))
+        assert registry.location_of("tgp_test::write_one") == (None, None)
+    from torchgen_patch.diagnostics import rules
+    from torchgen_patch.diagnostics.render import RENDERERS, Summary
+
+    f = rules.missing_at_runtime(registry.RuntimeOp("ns::op", "ns::op(Tensor(a!) x) -> ()", ("x",),
+                                                    registry.location_of("tgp_test::write_one")))
+    assert json.loads(RENDERERS["json"]([f], Summary("runtime")))["findings"][0]["path"] is None
+    assert json.loads(RENDERERS["lintrunner"]([f], Summary("runtime")))["path"] is None
+    assert json.loads(RENDERERS["sarif"]([f], Summary("runtime")))["runs"][0]["results"][0]["locations"] == []
+    assert RENDERERS["github"]([f], Summary("runtime")).startswith("::error title=")
+    assert RENDERERS["text"]([f], Summary("runtime")).startswith("torchgen-patch: error: [VERSIONCOUNTER] ns::op:")
+
+
+def test_a_pattern_that_matches_nothing_names_the_namespaces_that_have_such_ops():
+    from torchgen_patch.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        torchgen_patch.install(runtime_ops=["nosuchlib::*"])
+    msg = e.value.render()
+    assert msg.startswith("torchgen-patch: error: runtime op pattern 'nosuchlib::*' matches no mutating operator")
+    assert "tgp_test" in msg

@@ -3,7 +3,7 @@ ops that mutate arguments and return nothing."""
 
 from .version import __version__
 
-__all__ = ["__version__", "install", "installed_ops", "uninstall"]
+__all__ = ["__version__", "evidence", "install", "installed_ops", "uninstall"]
 
 
 def install(*args, **kwargs):
@@ -22,3 +22,10 @@ def uninstall():
     from .runtime.install import uninstall as _uninstall
 
     return _uninstall()
+
+
+def evidence():
+    """Per runtime op and written argument, calls and calls that changed it (``install(evidence=True)``)."""
+    from .runtime.install import evidence as _evidence
+
+    return _evidence()

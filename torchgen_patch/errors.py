@@ -18,10 +18,12 @@ from typing import NamedTuple
 class Location(NamedTuple):
     """A file and a 1-based line (None: the whole file). Immutable, ordered by path then line."""
 
-    path: str
+    path: str | None  # None: unknown (a runtime operator registered where this machine cannot see)
     line: int | None = None
 
     def render(self) -> str:
+        if self.path is None:
+            return "<unknown location>"
         where = display_path(self.path)
         return f"{where}:{self.line}" if self.line else where
 

@@ -21,18 +21,20 @@ class Finding:
     code: str = CODE
 
     @property
-    def path(self) -> str:
+    def path(self) -> str | None:
+        """None: the location is unknown (an operator registered where this machine cannot see)."""
         return self.loc.path
 
     @property
-    def line(self) -> int:
-        return self.loc.line or 1
+    def line(self) -> int | None:
+        return (self.loc.line or 1) if self.loc.path else None
 
     def sort_key(self) -> tuple:
-        return (self.path, self.line, self.op, self.rule)
+        return (self.path or "", self.line or 0, self.op, self.rule)
 
     def to_json(self) -> dict:
         from ..errors import display_path
 
-        return {"path": display_path(self.path), "line": self.line, "op": self.op, "rule": self.rule,
+        return {"path": display_path(self.path) if self.path else None, "line": self.line, "op": self.op,
+                "rule": self.rule,
                 "message": self.message, "severity": self.severity, "code": self.code}

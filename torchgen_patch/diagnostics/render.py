@@ -31,7 +31,8 @@ class Summary:
 
 
 def _line(f: Finding) -> str:
-    return f"{display_path(f.path)}:{f.line}: {f.severity}: [{f.code}] {f.message}"
+    where = f"{display_path(f.path)}:{f.line}" if f.path else "torchgen-patch"
+    return f"{where}: {f.severity}: [{f.code}] {f.message}"
 
 
 def text(fs: list[Finding], s: Summary) -> str:
@@ -57,7 +58,8 @@ def json_(fs: list[Finding], s: Summary) -> str:
 # lintrunner: one LintMessage JSON object per line; the adapter always exits 0.
 def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
     return "".join(json.dumps({
-        "path": display_path(f.path), "line": f.line, "char": None, "code": f.code, "severity": f.severity,
+        "path": display_path(f.path) if f.path else None, "line": f.line, "char": None, "code": f.code,
+        "severity": f.severity,
         "name": f.rule, "original": None, "replacement": None, "description": f.message,
     }, sort_keys=True) + "\n" for f in fs)
 
@@ -77,16 +79,19 @@ def sarif(fs: list[Finding], s: Summary | None = None) -> str:
     rule_ids = sorted(RULES)
     results = []
     for f in fs:
-        uri, base = _uri(f.path)
-        loc = {"artifactLocation": {"uri": uri}, "region": {"startLine": max(1, f.line)}}
-        if base:
-            loc["artifactLocation"]["uriBaseId"] = base
+        locations = []
+        if f.path:
+            uri, base = _uri(f.path)
+            loc = {"artifactLocation": {"uri": uri}, "region": {"startLine": max(1, f.line)}}
+            if base:
+                loc["artifactLocation"]["uriBaseId"] = base
+            locations.append({"physicalLocation": loc})
         results.append({
             "ruleId": f"{f.code}/{f.rule}",
             "ruleIndex": rule_ids.index(f.rule),
             "level": "error" if f.severity == "error" else "warning",
             "message": {"text": f.message},
-            "locations": [{"physicalLocation": loc}],
+            "locations": locations,
             "partialFingerprints": {
                 "torchgenPatch/v1": hashlib.sha256(f"{f.rule}\0{f.op}".encode()).hexdigest()[:32]},
         })
@@ -131,7 +136,8 @@ def github(fs: list[Finding], s: Summary | None = None) -> str:
     out = []
     for f in fs:
         kind = "error" if f.severity == "error" else "warning"
-        props = f"file={_escape_property(display_path(f.path))},line={f.line},title={_escape_property(f'{f.code} {f.rule}')}"
+        where = f"file={_escape_property(display_path(f.path))},line={f.line}," if f.path else ""
+        props = f"{where}title={_escape_property(f'{f.code} {f.rule}')}"
         out.append(f"::{kind} {props}::{_escape_data(f.message)}\n")
     return "".join(out)
 

@@ -83,7 +83,14 @@ def load(sources: Sources, scan: Scan, templates: set[str]) -> Overlay:
     return result
 
 
-def _parse(path: str, text: str, scan: Scan, templates: set[str], shipped: bool = False) -> Overlay:
+def load_runtime(path: str) -> Overlay:
+    """Only the overlay's entries for runtime operators (any namespace but aten), for
+    ``install(runtime_ops=...)`` and ``lint --runtime``, which read no yaml."""
+    return _parse(path, read_text(path, "overlay"), None, set(), shipped=False)
+
+
+def _parse(path: str, text: str, scan: Scan | None, templates: set[str], shipped: bool = False) -> Overlay:
+    """``scan`` None: keep the runtime entries only (the aten ones are not checked)."""
     import yaml
 
     from ..files import yaml_error
@@ -104,15 +111,26 @@ def _parse(path: str, text: str, scan: Scan, templates: set[str], shipped: bool 
         op = knode.value
         if op in entries:
             raise InputError(path, line, f"duplicate entry for '{op}'", f"first at line {entries[op].line}")
-        if shipped and scan.verdict_of(op) not in (MISSING, UNSUPPORTED):
+        if "::" in op and not op.startswith("aten::"):
+            entries[op] = _runtime_entry(path, op, line, vnode)
+            continue
+        if scan is None or (shipped and scan.verdict_of(op) not in (MISSING, UNSUPPORTED)):
             continue
         entries[op] = _entry(path, op, line, vnode, scan, templates)
     return Overlay(path, entries)
 
 
-def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
-    import yaml
+def _runtime_entry(path, op, line, node) -> Entry:
+    """An operator of the live registry (an extension's custom op): no yaml to check it
+    against, so only a decision not to patch it, with its reason, is accepted."""
+    e = _fields(path, op, line, node)
+    if e.action not in ("skip", "xfail") or e.template is not None:
+        raise InputError(path, line, f"'{op}' is a runtime operator: only 'action: skip' or 'action: xfail' "
+                                     "(with a reason) apply to it", "its kernel is the boxed one, not a template")
+    return e
 
+
+def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
     verdict = scan.verdict_of(op)
     if verdict is None:
         hint = None
@@ -126,6 +144,13 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
     if verdict not in (MISSING, UNSUPPORTED):
         rec = scan.get(op)
         raise InputError(path, line, f"'{op}' is {verdict} ({rec.reason}), not missing: nothing to decide")
+    return _fields(path, op, line, node, templates)
+
+
+def _fields(path, op, line, node, templates: set[str] | None = None) -> Entry:
+    """The entry's keys, each checked (``templates`` None: the template name is not looked up)."""
+    import yaml
+
     if not isinstance(node, yaml.MappingNode):
         raise InputError(path, node.start_mark.line + 1, f"entry for '{op}' must be a mapping")
     fields: dict[str, object] = {}
@@ -155,7 +180,7 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
     if action in ("skip", "xfail") and not (isinstance(reason, str) and reason.strip()):
         raise InputError(path, line, f"'{op}': action '{action}' needs a non-empty 'reason'")
     template = fields.get("template")
-    if template is not None and template not in templates:
+    if template is not None and templates is not None and template not in templates:
         close = _difflib().get_close_matches(template, sorted(templates), n=1)
         raise InputError(path, lines["template"], f"no template '{template}' in templates/",
                          f"did you mean '{close[0]}'?" if close else None)

@@ -23,6 +23,7 @@ _LOCK = threading.Lock()
 _INSTALLED: dict[str, str] = {}  # op -> backend
 _HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
 _CDLLS: dict[str, ctypes.CDLL] = {}
+_EVIDENCE = None  # pykernel.Evidence of the runtime ops installed with evidence=True
 
 
 @dataclass
@@ -72,7 +73,8 @@ def check(candidates: list[Candidate]) -> tuple[list[Candidate], list[str], dict
 def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str | None = None,
             native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
             no_overlay: bool = False, no_cache: bool = False, runtime_ops: list[str] | None = None,
-            verbose: bool = False, options: Options | None = None, plan=None) -> InstallReport:
+            verbose: bool = False, options: Options | None = None, plan=None,
+            evidence: bool = False) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
 
     ``runtime_ops``: operators of any namespace found in the live registry
@@ -81,13 +83,17 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
     Loading twice is a no-op: ops already installed are reported as such.
     ``options`` (sources.Options) replaces the input keywords when given;
     ``plan`` (plan.Plan), when given, is used instead of making one.
+    ``evidence`` (runtime ops, Python backend): also record which written arguments each call
+    really changed; read it with ``evidence()`` ("declared written, never changed").
     """
     opts = options or Options(native_functions, tags, None, overlay, no_overlay, no_cache)
     if backend not in ("cpp", "python"):
         raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
     if runtime_ops is not None and ops is None and library is None:
+        if evidence and backend != "python":
+            raise InputError(None, None, "evidence=True records in the Python kernel", "use backend='python'")
         with _LOCK:
-            return _install_runtime(runtime_ops, backend, verbose)
+            return _install_runtime(runtime_ops, backend, verbose, runtime_overlay(opts), evidence)
     with _LOCK:
         if backend == "python":
             if plan is None:
@@ -153,7 +159,7 @@ def _c_names(names: list[str]):
     return (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
 
 
-def _python_kernel(op: str, written) -> object:
+def _python_kernel(op: str, written, evidence=None) -> object:
     """Register the Python fallback kernel for ``op`` (ns::name.overload); returns the Library."""
     torch = require_torch("installing the kernels")
     from .pykernel import make_kernel
@@ -162,7 +168,7 @@ def _python_kernel(op: str, written) -> object:
     base, _, overload = rest.partition(".")
     opov = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
     lib = torch.library.Library(ns, "IMPL")
-    lib.impl(rest, make_kernel(opov, written), "ADInplaceOrView", with_keyset=True)
+    lib.impl(rest, make_kernel(opov, written, evidence), "ADInplaceOrView", with_keyset=True)
     return lib
 
 
@@ -193,14 +199,31 @@ def _install_python(cands: list[Candidate]) -> InstallReport:
     return rep
 
 
-def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallReport:
+def runtime_overlay(opts: Options):
+    """The overlay's decisions about runtime operators (the shipped overlay unless told otherwise)."""
+    from ..plan import overlay as ov
+    from ..sources import shipped_overlay
+
+    if opts.overlay is not None and opts.no_overlay:
+        raise InputError(None, None, "--overlay and --no-overlay exclude each other")
+    path = None if opts.no_overlay else (opts.overlay or shipped_overlay())
+    return ov.load_runtime(path) if path else ov.empty()
+
+
+def _install_runtime(names: list[str], backend: str, verbose: bool, overlay, evidence: bool = False) -> InstallReport:
+    global _EVIDENCE
     from . import dispatcher as d
 
     rep = InstallReport(backend)
     todo = []
-    for name in names:
+    for name in expand_patterns(names):
         if "::" not in name:
             raise InputError(None, None, f"runtime op '{name}' needs its namespace ('ns::op.overload')")
+        entry = overlay.get(name)
+        if entry is not None and entry.action == "skip":
+            rep.refused[name] = f"skipped by the overlay ({os.path.basename(overlay.path)}:{entry.line}): " \
+                                f"{entry.reason}"
+            continue
         if name in _INSTALLED:
             rep.already.append(name)
             continue
@@ -218,8 +241,12 @@ def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallRe
     if not todo:
         return rep
     if backend == "python":
+        if evidence:
+            from .pykernel import Evidence
+
+            _EVIDENCE = _EVIDENCE or Evidence()
         for name, schema in todo:
-            _HANDLES.append(_python_kernel(name, list(d.written_args(schema))))
+            _HANDLES.append(_python_kernel(name, list(d.written_args(schema)), _EVIDENCE if evidence else None))
             _INSTALLED[name] = "python"
             rep.registered.append(name)
         return rep
@@ -242,12 +269,46 @@ def _install_runtime(names: list[str], backend: str, verbose: bool) -> InstallRe
     return rep
 
 
+def expand_patterns(names: list[str]) -> list[str]:
+    """Runtime op names, with glob patterns (``"bitsandbytes::*"``, ``"fbgemm::*_update*"``)
+    expanded to the mutating operators that have no ADInplaceOrView kernel and match."""
+    import fnmatch
+
+    from .registry import uncovered
+
+    out: list[str] = []
+    candidates = None
+    for name in names:
+        if not any(c in name for c in "*?["):
+            out.append(name)
+            continue
+        if "::" not in name:
+            raise InputError(None, None, f"runtime op pattern '{name}' needs its namespace ('ns::*')")
+        if candidates is None:
+            candidates = [o.name for o in uncovered()]
+        hits = [c for c in candidates if fnmatch.fnmatchcase(c, name)]
+        if not hits:
+            spaces = sorted({c.split("::", 1)[0] for c in candidates})
+            raise InputError(None, None, f"runtime op pattern '{name}' matches no mutating operator without an "
+                                         "ADInplaceOrView kernel in this process",
+                             "namespaces that have such operators: " + (", ".join(spaces) or "none")
+                             + "; import the library that defines them first")
+        out.extend(h for h in hits if h not in out)
+    return out
+
+
+def evidence():
+    """What the runtime ops installed with ``evidence=True`` wrote, call by call (None if none)."""
+    return _EVIDENCE
+
+
 def installed_ops() -> list[str]:
     return sorted(_INSTALLED)
 
 
 def uninstall() -> list[str]:
     """Remove every kernel torchgen-patch registered in this process."""
+    global _EVIDENCE
     with _LOCK:
         gone = sorted(_INSTALLED)
         for dll in _CDLLS.values():
@@ -259,4 +320,5 @@ def uninstall() -> list[str]:
             lib._destroy()
         _HANDLES.clear()
         _INSTALLED.clear()
+        _EVIDENCE = None
         return gone

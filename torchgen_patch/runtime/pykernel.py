@@ -31,8 +31,42 @@ def _version(t) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def make_kernel(opov, written: list[str]):
-    """The ADInplaceOrView kernel for ``opov`` whose arguments named ``written`` are written."""
+class Evidence:
+    """Per operator and written argument: how many calls, and in how many the argument's
+    data actually changed. A schema can declare an argument written (``Tensor(a!)``) that
+    the kernel rewrites only sometimes, or never: bumping it then costs the program an
+    autograd error where nothing was overwritten. This is the evidence to decide by."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, str], list[int]] = {}  # (op, arg) -> [calls, calls that changed it]
+
+    def add(self, op: str, arg: str, changed: bool) -> None:
+        c = self.calls.setdefault((op, arg), [0, 0])
+        c[0] += 1
+        c[1] += int(changed)
+
+    def rows(self) -> list[tuple[str, str, int, int]]:
+        return [(op, arg, n, ch) for (op, arg), (n, ch) in sorted(self.calls.items())]
+
+    def never_changed(self) -> list[tuple[str, str, int]]:
+        """(op, argument, calls) declared written but never changed in any call seen."""
+        return [(op, arg, n) for op, arg, n, ch in self.rows() if n and not ch]
+
+
+def _snapshot(ts: list) -> list:
+    return [t.detach().clone() for t in ts]
+
+
+def _changed(before, after) -> bool:
+    import torch
+
+    return before.shape != after.shape or not torch.equal(before, after.detach())
+
+
+def make_kernel(opov, written: list[str], evidence: Evidence | None = None):
+    """The ADInplaceOrView kernel for ``opov`` whose arguments named ``written`` are written.
+    ``evidence``: also record, per call, which written arguments' data changed (a copy of
+    each is taken before the call: for finding out, not for production)."""
     from torch.autograd.graph import increment_version
 
     from .dispatcher import below_inplace_or_view
@@ -40,13 +74,22 @@ def make_kernel(opov, written: list[str]):
     after, below = below_inplace_or_view()
     where = _positions(opov, written)
 
+    name = opov._schema.name + (f".{opov._schema.overload_name}" if opov._schema.overload_name else "")
+
     def kernel(keyset, *args, **kwargs):
         ts = [t for p, n, k in where for t in _tensors(_get(args, kwargs, p, n, k))]
         before = [_version(t) for t in ts]
+        if evidence is not None:
+            named = [(n, _tensors(_get(args, kwargs, p, n, k))) for p, n, k in where]
+            copies = [(n, list(zip(group, _snapshot(group)))) for n, group in named]
         with below():
-            opov.redispatch(keyset & after, *args, **kwargs)
+            result = opov.redispatch(keyset & after, *args, **kwargs)
+        if evidence is not None:
+            for n, pairs in copies:
+                evidence.add(name, n, any(_changed(b, t) for t, b in pairs))
         for t, v in zip(ts, before):
             if t.is_inference() or t._version == v:
                 increment_version(t)
+        return result  # an op may write arguments and return something too (custom ops do)
 
     return kernel

@@ -4,6 +4,7 @@ no ADInplaceOrView kernel covers."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 
@@ -19,12 +20,66 @@ class RuntimeOp:
     loc: Location
 
 
+# ns::name.overload -> where its library's define() was called, for ops defined in Python while
+# import_modules ran (the dispatcher only knows torch's own torch/library.py line for those)
+_DEFINED_AT: dict[str, Location] = {}
+
+
 def import_modules(modules: list[str]) -> None:
-    for m in modules:
-        try:
-            importlib.import_module(m)
-        except Exception as e:  # the user's module failed to import: bad input, not our bug
-            raise InputError(None, None, f"--import {m}: {type(e).__name__}: {e}") from None
+    """Import the user's modules, recording where each operator they define in Python is
+    defined. Whatever they print goes to stderr: stdout carries the report."""
+    import contextlib
+    import sys
+
+    with _recording_defines(), contextlib.redirect_stdout(sys.stderr):
+        for m in modules:
+            try:
+                importlib.import_module(m)
+            except Exception as e:  # the user's module failed to import: bad input, not our bug
+                raise InputError(None, None, f"--import {m}: {type(e).__name__}: {e}") from None
+
+
+@contextlib.contextmanager
+def _recording_defines():
+    import os
+    import traceback
+
+    import torch.library as tl
+
+    real = tl.Library.define
+    # frames of torch itself, of the standard library (functools.singledispatch wraps
+    # torch.library.define) and of the import machinery are not where an op is defined
+    skip = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (tl, os))
+
+    def define(self, schema, *args, **kwargs):
+        result = real(self, schema, *args, **kwargs)
+        for frame in reversed(traceback.extract_stack()[:-1]):
+            f = os.path.abspath(frame.filename)
+            if not frame.filename.startswith("<") and not f.startswith(skip) and frame.filename != __file__:
+                _DEFINED_AT[f"{self.ns}::{str(schema).split('(', 1)[0].strip()}"] = Location(frame.filename,
+                                                                                           frame.lineno)
+                break
+        return result
+
+    tl.Library.define = define
+    try:
+        yield
+    finally:
+        tl.Library.define = real
+
+
+def location_of(name: str) -> Location:
+    """Where ``name`` was defined: the define() call site of an op defined in Python during
+    ``import_modules``; else the dispatcher's record when that file exists on this machine and
+    is not torch's own torch/library.py; else unknown (path None), never a foreign build path."""
+    if name in _DEFINED_AT:
+        return _DEFINED_AT[name]
+    import os
+
+    path, line = d.registered_at(name)
+    if path and os.path.isfile(path) and not path.replace(os.sep, "/").endswith("torch/library.py"):
+        return Location(path, line)
+    return Location(None, None)
 
 
 def uncovered(namespaces: list[str] | None = None) -> list[RuntimeOp]:
@@ -43,5 +98,5 @@ def uncovered(namespaces: list[str] | None = None) -> list[RuntimeOp]:
             continue
         if d.has_kernel(name, "ADInplaceOrView") or d.has_kernel(name, "CompositeImplicitAutograd"):
             continue
-        out.append(RuntimeOp(name, str(schema), written, Location(*d.registered_at(name))))
+        out.append(RuntimeOp(name, str(schema), written, location_of(name)))
     return out

@@ -1,0 +1,35 @@
+"""Custom operators that write an argument and also return something (a Tensor,
+a tuple, a list), as extension libraries' ops do; backends that do not bump."""
+
+import torch
+
+lib = torch.library.Library("tgp_ret", "DEF")
+lib.define("one(Tensor x, Tensor(a!) out) -> Tensor")
+lib.define("pair(Tensor x, Tensor(a!) out) -> (Tensor, Tensor)")
+lib.define("many(Tensor x, Tensor(a!) out) -> Tensor[]")
+
+
+def _quiet_copy(dst, src):
+    with torch.autograd._unsafe_preserve_version_counter(dst):
+        dst.copy_(src)
+
+
+def one(x, out):
+    _quiet_copy(out, x)
+    return x * 2
+
+
+def pair(x, out):
+    _quiet_copy(out, x)
+    return x * 2, x * 3
+
+
+def many(x, out):
+    _quiet_copy(out, x)
+    return [x * 2, x * 3, x * 4]
+
+
+for _key in ("CPU", "CUDA"):
+    lib.impl("one", one, _key)
+    lib.impl("pair", pair, _key)
+    lib.impl("many", many, _key)
