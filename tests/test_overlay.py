@@ -20,7 +20,8 @@ def error(tmp_path, scan, text) -> str:
 
 def test_default_overlay_is_valid(default_overlay):
     assert {op for op, e in default_overlay.entries.items() if e.action == "skip"} == {
-        "aten::set_data", "aten::retain_grad", "aten::record_stream", "fbgemm::bounds_check_indices"}
+        "aten::set_data", "aten::retain_grad", "aten::record_stream", "fbgemm::bounds_check_indices",
+        "fb::bounds_check_indices"}
 
 
 def test_runtime_operator_entries_take_only_skip_or_xfail(tmp_path, default_scan):

@@ -47,15 +47,22 @@ def _recording_defines():
     import torch.library as tl
 
     real = tl.Library.define
-    # frames of torch itself, of the standard library (functools.singledispatch wraps
-    # torch.library.define) and of the import machinery are not where an op is defined
-    skip = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (tl, os))
+    # the definer is the innermost frame that is not torch's definition machinery
+    # (torch/library.py, torch/_library/), the standard library (functools.singledispatch
+    # wraps torch.library.define) or the import system; it may be torch itself (a torch
+    # module imported lazily by the library defines its own ops: those stay torch's)
+    torch_dir = os.path.dirname(os.path.abspath(tl.__file__))
+    machinery = (os.path.join(torch_dir, "library.py"), os.path.join(torch_dir, "_library") + os.sep)
+    stdlib = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+
+    def ours(f: str) -> bool:
+        return f.startswith(machinery) or (f.startswith(stdlib) and "-packages" + os.sep not in f[len(stdlib):])
 
     def define(self, schema, *args, **kwargs):
         result = real(self, schema, *args, **kwargs)
         for frame in reversed(traceback.extract_stack()[:-1]):
-            f = os.path.abspath(frame.filename)
-            if not frame.filename.startswith("<") and not f.startswith(skip) and frame.filename != __file__:
+            if not frame.filename.startswith("<") and not ours(os.path.abspath(frame.filename)) \
+                    and frame.filename != __file__:
                 _DEFINED_AT[f"{self.ns}::{str(schema).split('(', 1)[0].strip()}"] = Location(frame.filename,
                                                                                            frame.lineno)
                 break
