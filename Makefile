@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 
-.PHONY: setup run test test-fast bench goldens patches clean
+.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14
 
 setup: $(STAMP)
 
@@ -45,3 +45,15 @@ patches: setup
 	$(BIN)/python -c "from tests.upstream_tree import make_tree; make_tree('build/tree')"
 	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode fix -o patches/gen_inplace_or_view_type-fix-torch2.13.diff
 	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode error -o patches/gen_inplace_or_view_type-error-torch2.13.diff
+
+# The suite on the newest torch release (2.14.1) in a venv of its own, with a
+# kernel cache of its own so it never reuses builds made against torch 2.13.
+.venv-2.14/.torchgen-patch-installed: pyproject.toml requirements-torch2.14.txt
+	$(PYTHON) -m venv .venv-2.14
+	.venv-2.14/bin/python -m pip install -q --upgrade pip
+	.venv-2.14/bin/python -m pip install -q -r requirements-torch2.14.txt
+	.venv-2.14/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+test-torch2.14: .venv-2.14/.torchgen-patch-installed
+	TORCHGEN_PATCH_CACHE=$(CURDIR)/.cache/torchgen-patch-2.14 .venv-2.14/bin/python -m pytest -q -ra -p no:cacheprovider

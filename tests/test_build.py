@@ -145,7 +145,8 @@ def test_compiler_errors_name_the_op(tmp_path):
         build.build(files, [], 1, root=str(root))
     msg = e.value.render()
     assert msg.startswith("torchgen-patch: error: the generated kernels do not compile:\n")
-    assert "[in the kernel of aten::_cummin_helper (native_functions.yaml:8)]" in msg
+    line = next(k.line for k in plan.kernels if k.op == "aten::_cummin_helper")  # its line in the fixture yaml
+    assert f"[in the kernel of aten::_cummin_helper (native_functions.yaml:{line})]" in msg
     # nothing half-built is left where a later load would look
     assert [p for p in os.listdir(root) if p.startswith("build-") and not p.endswith(".lock")] == []
 
@@ -192,6 +193,9 @@ def test_cmake_route_builds_the_same_library(tmp_path, library):
                           f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", "-DCMAKE_BUILD_TYPE=Release",
                           f"-DTORCHGEN_PATCH_COMMAND={sys.executable};-m;torchgen_patch"],
                          capture_output=True, text=True, env=env)
+    if cfg.returncode != 0 and torch.version.cuda and "Could NOT find CUDA" in cfg.stdout + cfg.stderr:
+        pytest.skip(f"this torch is a CUDA {torch.version.cuda} build: its CMake config needs a CUDA toolkit, "
+                    "and CMake found none here")
     assert cfg.returncode == 0, cfg.stdout + cfg.stderr
     b = subprocess.run(["cmake", "--build", str(build_dir), "-j2"], capture_output=True, text=True, env=env)
     assert b.returncode == 0, b.stdout + b.stderr

@@ -96,8 +96,8 @@ def _compare_worlds(notorch, tree, ref_python, ref_pythonpath, tmp_path, expecte
     assert _files(tmp_path / "co") == _files(tmp_path / "ref")
 
 
-def test_checkout_of_the_installed_release_without_torch(notorch, tree213, tmp_path):
-    _compare_worlds(notorch, tree213, sys.executable, ROOT, tmp_path, 3101)
+def test_checkout_of_the_installed_release_without_torch(notorch, tree213, tmp_path, default_scan):
+    _compare_worlds(notorch, tree213, sys.executable, ROOT, tmp_path, default_scan.total())
 
 
 @needs_2141
@@ -196,6 +196,9 @@ def _break(tree, case):
         open(p, "a").write("\n- func: foo(Tensor self -> Tensor\n")
     elif case == "half_checked_out":
         os.unlink(os.path.join(tree, "aten/src/ATen/native/tags.yaml"))
+    elif case == "codegen_of_another_shape":
+        p = os.path.join(tree, "tools", "autograd", "gen_inplace_or_view_type.py")
+        open(p, "w").write(open(p).read().replace("def get_view_info(", "def get_view_info_v2("))
 
 
 @pytest.mark.parametrize("case,expected", [
@@ -213,6 +216,10 @@ def _break(tree, case):
                       "foo(Tensor self -> Tensor (hint: is the yaml from a torch release this torchgen can read?)"),
     ("half_checked_out", "T: error: not a PyTorch checkout: aten/src/ATen/native/tags.yaml is missing (hint: is "
                          "the checkout complete?)"),
+    ("codegen_of_another_shape", "T/tools/autograd/gen_inplace_or_view_type.py: error: the checkout's autograd "
+                                 "codegen does not have the shape this tool asks: AttributeError: module "
+                                 "'tools.autograd.gen_inplace_or_view_type' has no attribute 'get_view_info' (hint: "
+                                 "known to work: the codegen of torch 2.11, 2.13 and 2.14)"),
 ])
 def test_bad_checkouts_are_one_line_errors_and_write_nothing(tmp_path, case, expected):
     tree = tree_from_installed(str(tmp_path / "pytorch"), git=False)
@@ -285,3 +292,70 @@ def test_real_lintrunner_in_a_checkout_without_torch(notorch, tmp_path):
     lines = open(os.path.join(tree, YAML), encoding="utf-8").read().splitlines()
     m = next(m for m in msgs if "aten::_fused_adam_:" in m["description"])
     assert lines[m["line"] - 1].startswith("- func: _fused_adam_(")
+
+
+# ---------------------------------------------------------------------------
+# the import context: fresh modules per content, the caller's own untouched
+
+
+_DROP_FOREACH_ZERO = """
+_parse_struct = parse_native_yaml_struct
+
+
+def parse_native_yaml_struct(es, *args, **kwargs):  # edited: drops one entry
+    return _parse_struct([e for e in es if not e["func"].startswith("_foreach_zero_(")], *args, **kwargs)
+"""
+
+
+def test_an_edit_of_the_checkouts_torchgen_is_seen_in_the_same_process_and_the_next(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(tmp_path / "cache"))
+    from torchgen_patch import pipeline
+    from torchgen_patch.sources import Options
+
+    tree = tree_from_installed(str(tmp_path / "pytorch"), git=False)
+    first = pipeline.inputs(Options(pytorch_root=tree)).scan
+    open(os.path.join(tree, "torchgen", "gen.py"), "a").write(_DROP_FOREACH_ZERO)
+    again = pipeline.inputs(Options(pytorch_root=tree)).scan
+    assert first.get("aten::_foreach_zero_") is not None and again.get("aten::_foreach_zero_") is None
+    assert again.total() < first.total()
+    r = tgp(sys.executable, "scan", "--pytorch-root", tree, "--format", "json", cache=tmp_path / "cache")
+    assert json.loads(r.stdout)["total"] == again.total()  # a fresh process, from the cache: the same
+    assert not [d for d, _, _ in os.walk(tree) if d.endswith("__pycache__")]  # no bytecode in the checkout
+
+
+def test_the_callers_own_torchgen_is_untouched(tree213):
+    import torch  # noqa: F401  (imports the installed torchgen)
+    import torchgen
+    import torchgen.api.cpp  # noqa: F401
+
+    from torchgen_patch import pipeline
+    from torchgen_patch.sources import Options
+
+    mods = {n: m for n, m in sys.modules.items() if n.split(".")[0] == "torchgen"}
+    attrs = dict(vars(torchgen))
+    pipeline.inputs(Options(no_cache=True))
+    pipeline.inputs(Options(pytorch_root=tree213, no_cache=True))
+    assert {n: m for n, m in sys.modules.items() if n.split(".")[0] == "torchgen"} == mods
+    assert dict(vars(torchgen)) == attrs  # no submodule of the context's attached to the caller's package
+
+
+def test_run_inside_a_checkout_the_installed_world_is_still_the_installed_torch(tree213, default_scan):
+    """`python -m` puts the current directory first on sys.path; a checkout's torchgen/ there
+    must not pass for the installed one (PyTorch forks run the lint from their root)."""
+    r = tgp(sys.executable, "scan", "--format", "json", cwd=tree213)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["counts"] == default_scan.counts()
+
+
+def test_a_dangling_symlink_or_a_damaged_cache_costs_nothing_but_time(tmp_path, monkeypatch, run_cli, default_scan):
+    monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(tmp_path / "cache"))
+    tree = tree_from_installed(str(tmp_path / "pytorch"), git=False)
+    os.symlink("/nonexistent/x.py", os.path.join(tree, "torchgen", "dangling.py"))
+    rc, out, err = run_cli("lint", "--pytorch-root", tree)
+    assert rc == 1 and out.splitlines()[-1].startswith(f"{len(default_scan.by_verdict('missing'))} finding(s)"), err
+    for damage in ("[]", '{"records": [["x"]], "cpp": {}}', '{"records": [], "cpp": {}}', "{"):
+        for name in os.listdir(tmp_path / "cache"):
+            if name.startswith(("scan-", "overlay-")):
+                (tmp_path / "cache" / name).write_text(damage)
+        rc, again, _ = run_cli("lint", "--pytorch-root", tree)
+        assert (rc, again) == (1, out), damage

@@ -70,11 +70,28 @@ def write_if_changed(path: str, data: bytes) -> bool:
     return True
 
 
-def check_output_file(path: str, what: str = "output") -> None:
-    """Refuse, before any work is done, an output file that cannot be written."""
+def check_output_dir(path: str) -> None:
+    """Refuse, before any work is done, an output directory that cannot be made or written."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):  # the nearest existing ancestor decides
+        p = os.path.dirname(p)
+    if p == os.path.abspath(path) and not os.path.isdir(p):
+        raise InputError(path, None, "output path exists and is not a directory")
+    if not os.path.isdir(p):
+        raise InputError(path, None, f"cannot create output directory: {display(p)} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise InputError(path, None, "output directory is not writable" if p == os.path.abspath(path)
+                         else f"cannot create output directory: {display(p)} is not writable")
+
+
+def check_output_file(path: str, what: str = "output", create_dir: bool = False) -> None:
+    """Refuse, before any work is done, an output file that cannot be written.
+    ``create_dir``: its directory may be missing (it will be made)."""
     if os.path.isdir(path):
         raise InputError(path, None, f"{what} is a directory, expected a file name")
     d = os.path.dirname(os.path.abspath(path))
+    if create_dir:
+        return check_output_dir(d)
     if not os.path.isdir(d):
         raise InputError(path, None, f"cannot write {what}: directory {display(d)} does not exist")
     if not os.access(d, os.W_OK | os.X_OK):

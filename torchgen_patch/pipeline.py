@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .codegen import render, template_names
+from .codegen.render import MAX_SHARDS
 from .errors import InputError
 from .plan import Plan, make_plan
 from .plan import overlay as ov
@@ -43,9 +44,6 @@ def generate(opts: Options, shards: int = 2, strict: bool = False) -> tuple[Inpu
     check_shards(shards)
     i, p = plan(opts, strict)
     return i, p, render(p, shards)
-
-
-MAX_SHARDS = 256
 
 
 def check_shards(n: int) -> None:

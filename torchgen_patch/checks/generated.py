@@ -8,8 +8,10 @@ import os
 import re
 
 from ..codegen import MANIFEST, render
+from ..codegen.render import MAX_SHARDS
 from ..diagnostics import Finding, rules
 from ..errors import InputError
+from ..files import read_text
 from ..plan import Plan
 
 _KERNEL = re.compile(r"^// (aten::\S+)  \(", re.M)
@@ -34,13 +36,15 @@ def check(plan: Plan, directory: str) -> list[Finding]:
     except (OSError, ValueError, KeyError, TypeError):
         raise InputError(directory, None, f"no readable {MANIFEST}: not a torchgen-patch output directory",
                          "generate it with `torchgen-patch gen --out DIR`") from None
+    if not 1 <= shards <= MAX_SHARDS:
+        raise InputError(manifest, None, f"'shards' is {shards}, not between 1 and {MAX_SHARDS}",
+                         "regenerate the directory with `torchgen-patch gen --out DIR`")
     want = render(plan, shards)
     have: dict[str, str] = {}
     for name in want:
         p = os.path.join(directory, name)
         if name.startswith("ADInplaceOrViewPatch_") and os.path.isfile(p):
-            with open(p, encoding="utf-8") as fh:
-                have.update(_kernels(fh.read()))
+            have.update(_kernels(read_text(p, "generated kernel file")))
     expected: dict[str, str] = {}
     for name, data in want.items():
         if name.startswith("ADInplaceOrViewPatch_"):

@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..errors import InputError
-from ..files import check_output_file, write_output
+from ..files import check_output_dir, check_output_file, write_output
 from ..sources import Options
 from .parser import options
 
@@ -49,15 +49,17 @@ def lint(args) -> int:
     from ..scan.model import VERDICTS
 
     opts = options(args)
-    if args.paths and (args.native_functions or args.pytorch_root):
-        raise InputError(None, None, "give yaml paths or --native-functions/--pytorch-root, not both")
+    if args.paths and (args.native_functions or args.pytorch_root or args.tags):
+        raise InputError(None, None, "give yaml paths or --native-functions/--tags/--pytorch-root, not both",
+                         "each yaml path is read with the tags.yaml beside it")
     if (args.imports or args.namespace) and not args.runtime:
         raise InputError(None, None, "--import and --namespace go with --runtime")
     if args.write_baseline:
         check_output_file(args.write_baseline, "baseline")
     runs = []
     if args.runtime:
-        if args.paths or args.native_functions or args.pytorch_root or args.generated or args.against_runtime:
+        if args.paths or args.native_functions or args.tags or args.pytorch_root or args.generated or \
+                args.against_runtime:
             raise InputError(None, None, "--runtime lints the live operator registry: no yaml inputs, "
                                          "--generated or --against-runtime")
         if args.no_cache:
@@ -118,6 +120,11 @@ def gen(args) -> int:
     if args.dry_run and not args.output_dependencies:
         raise InputError(None, None, "--dry-run writes only the --output-dependencies file: give one")
     pipeline.check_shards(args.shards)
+    # every output checked before any work, so a bad one costs nothing and writes nothing
+    if not args.dry_run:
+        check_output_dir(args.out)
+    if args.output_dependencies:
+        check_output_file(args.output_dependencies, "output dependencies", create_dir=True)
     _, plan, files = pipeline.generate(options(args), args.shards, args.strict)
     if args.output_dependencies:
         out = args.out.rstrip("/") or "/"

@@ -19,6 +19,7 @@ def template_names() -> set[str]:
     return {n for n in os.listdir(templates_dir()) if n.endswith(".j2")}
 
 
+MAX_SHARDS = 256  # PyTorch's own codegen uses 5 shards for ~1,100 kernels
 SHARD_TEMPLATE = "ADInplaceOrViewPatch.cpp.j2"
 REGISTER_TEMPLATE = "RegisterADInplaceOrViewPatch.cpp.j2"
 RUNTIME_TEMPLATE = "TorchgenPatchRuntime.h.j2"

@@ -74,12 +74,15 @@ def load(sources: Sources, scan: Scan, templates: set[str]) -> Overlay:
     h = hashlib.sha256((scan.key + "\0" + ",".join(sorted(templates)) + "\0" + text).encode())
     name = f"overlay-{'shipped-' if shipped else ''}{h.hexdigest()[:32]}.json"
     cached = cache.read(name)
-    if cached is not None:
-        return Overlay(path, {e["op"]: Entry(**dict(e, devices=tuple(e["devices"]))) for e in cached})
+    if isinstance(cached, dict) and cached.get("overlay") == 1:
+        try:
+            return Overlay(path, {e["op"]: Entry(**dict(e, devices=tuple(e["devices"]))) for e in cached["entries"]})
+        except (TypeError, KeyError, ValueError):  # a damaged entry: parse again
+            pass
     result = _parse(path, text, scan, templates, shipped)
     from dataclasses import asdict
 
-    cache.write(name, [asdict(e) for e in result.entries.values()])
+    cache.write(name, {"overlay": 1, "entries": [asdict(e) for e in result.entries.values()]})
     return result
 
 

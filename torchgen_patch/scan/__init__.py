@@ -23,10 +23,9 @@ def scan(sources: Sources, use_cache: bool = True) -> Scan:
     k = cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
     name = f"scan-{k[:32]}.json"
     if use_cache:
-        data = cache.read(name)
-        if data is not None:
-            return Scan(sources, tuple(OpRecord.from_row(r, sources.native) for r in data["records"]),
-                        {op: CppSig.from_json(c) for op, c in data["cpp"].items()}, k)
+        cached = _from_cache(cache.read(name), sources, k)
+        if cached is not None:
+            return cached
     from ..sources import torchgen
 
     native = decode(sources.native, native_b, "native_functions.yaml")
@@ -40,3 +39,16 @@ def scan(sources: Sources, use_cache: bool = True) -> Scan:
         cache.write(name, {"records": [r.to_row() for r in records],
                            "cpp": {op: c.to_json() for op, c in result.cpp.items()}})
     return result
+
+
+def _from_cache(data, sources: Sources, k: str) -> Scan | None:
+    """The cached scan, or None when the entry is missing or not what this version writes
+    (damaged, truncated, edited by hand): a bad cache costs a re-parse, never a wrong answer."""
+    try:
+        records = tuple(OpRecord.from_row(r, sources.native) for r in data["records"])
+        cpp = {op: CppSig.from_json(c) for op, c in data["cpp"].items()}
+        if not records or not all(isinstance(r.name, str) and isinstance(r.verdict, str) for r in records):
+            return None
+        return Scan(sources, records, cpp, k)
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        return None

@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-import importlib.util
+import importlib.machinery
 import os
 import re
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -53,8 +54,13 @@ class Toolchain:
 
 
 def installed() -> Toolchain:
-    """The installed torch's torchgen, found without importing it (or torch)."""
-    spec = importlib.util.find_spec("torchgen")
+    """The installed torch's torchgen, found without importing it (or torch). The current
+    directory is not searched: run inside a PyTorch checkout, `python -m torchgen_patch`
+    would otherwise take the checkout's torchgen for the installed one (--pytorch-root is
+    how a checkout is asked for)."""
+    cwd = os.getcwd()
+    spec = importlib.machinery.PathFinder.find_spec(
+        "torchgen", [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != cwd])
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
         raise EnvironmentProblem("no installed torchgen: this Python has no torch",
@@ -85,10 +91,13 @@ def _identity(*dirs: str) -> str:
         for base, subdirs, names in os.walk(d):
             subdirs[:] = sorted(s for s in subdirs if s not in ("__pycache__", "packaged"))
             for name in sorted(names):
-                if name.endswith((".py", ".yaml")):
-                    p = os.path.join(base, name)
-                    with open(p, "rb") as fh:
-                        h.update(os.path.relpath(p, d).encode() + b"\0" + fh.read() + b"\0")
+                p = os.path.join(base, name)
+                if name.endswith((".py", ".yaml")) and os.path.isfile(p) and stat.S_ISREG(os.stat(p).st_mode):
+                    try:
+                        with open(p, "rb") as fh:
+                            h.update(os.path.relpath(p, d).encode() + b"\0" + fh.read() + b"\0")
+                    except OSError as e:
+                        raise InputError(p, None, f"cannot read: {e.strerror}") from None
     return h.hexdigest()
 
 
@@ -97,8 +106,8 @@ def _identity(*dirs: str) -> str:
 
 
 _LOCK = threading.RLock()
-_MODULES: dict[tuple[Toolchain, str], dict] = {}  # each toolchain's modules (by identity), kept between contexts
-_ACTIVE: list[Toolchain] = []
+_MODULES: dict[tuple[Toolchain, str], dict] = {}  # each toolchain's own modules, by content identity
+_ACTIVE: list[tuple[Toolchain, str]] = []
 
 
 def _owned(name: str) -> bool:
@@ -113,24 +122,33 @@ def _from(module, directory: str) -> bool:
 @contextlib.contextmanager
 def imported(tc: Toolchain, identity: str | None = None):
     """Run the body with ``tc``'s torchgen (and autograd codegen) as the importable ones.
-    ``identity``: ``tc.identity()`` when the caller has it."""
+
+    The toolchain's modules are always its own: imported afresh the first time its content
+    (``identity``, ``tc.identity()`` when the caller has it) is seen, never borrowed from the
+    process (a torchgen that torch imported stays the caller's, untouched), and kept for the
+    next context of the same content. In a checkout, bytecode goes to a private directory
+    named by that identity: never into the checkout, never stale after an edit.
+
+    The swap is of the process's import state, under a lock: another thread that imports
+    ``torchgen`` or ``tools`` while a context is open can see this toolchain's modules.
+    """
     with _LOCK:
-        if _ACTIVE and _ACTIVE[-1] == tc:  # nested use of the same toolchain
+        key = (tc, identity or tc.identity())
+        if _ACTIVE and _ACTIVE[-1] == key:  # nested use of the same toolchain
             yield
             return
+        if _ACTIVE:  # nested inside another toolchain: keep what that one has imported so far
+            _MODULES[_ACTIVE[-1]] = {n: m for n, m in sys.modules.items() if _owned(n)}
         saved = {n: m for n, m in sys.modules.items() if _owned(n)}
-        key = (tc, identity or tc.identity())
-        if key not in _MODULES:
-            # the process may have imported this very torchgen already (torch does): reuse it
-            _MODULES[key] = {n: m for n, m in saved.items()
-                             if n.startswith("torchgen") and _from(m, tc.torchgen_dir)}
         for n in saved:
             del sys.modules[n]
-        sys.modules.update(_MODULES[key])
-        path = list(sys.path)
+        sys.modules.update(_MODULES.get(key, {}))
+        path, prefix = list(sys.path), sys.pycache_prefix
         sys.path.insert(0, tc.path_entry)
+        if tc.world == CHECKOUT:
+            sys.pycache_prefix = _bytecode_dir(key[1])
         importlib.invalidate_caches()
-        _ACTIVE.append(tc)
+        _ACTIVE.append(key)
         try:
             yield
         finally:
@@ -141,6 +159,13 @@ def imported(tc: Toolchain, identity: str | None = None):
                 del sys.modules[n]
             sys.modules.update(saved)
             sys.path[:] = path
+            sys.pycache_prefix = prefix
+
+
+def _bytecode_dir(identity: str) -> str:
+    base = os.environ.get("TORCHGEN_PATCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torchgen-patch")
+    return os.path.join(base, "pyc", identity[:24])
 
 
 def _import(tc: Toolchain, name: str):
@@ -154,7 +179,7 @@ def _import(tc: Toolchain, name: str):
         raise InputError(*_where(tc, name, e), f"cannot import {name}: {one_line(e)}", _import_hint(tc)) from None
     except Exception as e:  # the module itself raised while importing
         raise InputError(*_where(tc, name, e), f"cannot import {name}: {type(e).__name__}: {one_line(e)}",
-                         _import_hint(tc)) from None
+                         "is the checkout intact?" if tc.world == CHECKOUT else None) from None
     if not _from(module, tc.path_entry):
         raise InputError(getattr(module, "__file__", None) or tc.path_entry, None,
                          f"{name} was imported from outside the {tc.world} toolchain at {tc.path_entry}",
@@ -217,9 +242,12 @@ def _rejected(tc: Toolchain, path: str, exc: BaseException, es: list | None = No
     first = one_line(msg)
     if first.startswith("in ") and _LOC.match(first):
         first = type(exc).__name__
-    whose = "the checkout's" if tc.world == CHECKOUT else "the installed"
-    return InputError(path, line, f"{whose} {who} rejected this file: {first}",
+    return InputError(path, line, f"the {_whose(tc)} {who} rejected this file: {first}",
                       "is the yaml from a torch release this torchgen can read?")
+
+
+def _whose(tc: Toolchain) -> str:
+    return "checkout's" if tc.world == CHECKOUT else "installed"
 
 
 def _line_of_named_entry(msg: str, es: list) -> int | None:
@@ -262,7 +290,13 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
         except Exception as e:
             raise _rejected(tc, native_path, e, es) from None
         raw = {e["__line__"]: e["func"].strip() for e in es}
-        return _Asker(tc, native_path, tags_path).all(list(parsed.native_functions), raw)
+        try:
+            return _Asker(tc, native_path, tags_path).all(list(parsed.native_functions), raw)
+        except (AttributeError, TypeError, KeyError) as e:  # a codegen of another shape than asked here
+            where = os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")
+            raise InputError(where, None, f"the {_whose(tc)} autograd codegen does not have the shape this tool "
+                                          f"asks: {type(e).__name__}: {one_line(e)}",
+                             "known to work: the codegen of torch 2.11, 2.13 and 2.14") from None
 
 
 @contextlib.contextmanager
@@ -342,8 +376,9 @@ class _Asker:
             try:
                 self._infos, _ = ld.load_derivatives(os.path.join(self.tc.autograd_dir, "derivatives.yaml"),
                                                      self.native_path, self.tags_path)
-            except Exception as e:  # the autograd codegen's own checks of the yaml
-                raise _rejected(self.tc, self.native_path, e, who="autograd codegen") from None
+            except Exception as e:  # the autograd codegen's own checks of derivatives.yaml against the yaml
+                raise _rejected(self.tc, os.path.join(self.tc.autograd_dir, "derivatives.yaml"), e,
+                                who="autograd codegen") from None
         return self._infos
 
     def is_manual(self, f) -> bool:
