@@ -80,6 +80,11 @@ def _compare_worlds(notorch, tree, ref_python, ref_pythonpath, tmp_path, expecte
     scan = _json(tgp(notorch, "scan", "--format", "json", "--pytorch-root", tree, cache=tmp_path / "c"))
     assert scan["total"] == ref_scan["total"] == expected_total
     assert scan["counts"] == ref_scan["counts"] and scan["counts"]["missing"] == 177
+    src = scan["sources"]  # every input said explicitly, with what it is
+    assert (src["world"], src["torchgen"], src["autograd_codegen"]) == (
+        "checkout", os.path.join(tree, "torchgen"), os.path.join(tree, "tools", "autograd"))
+    assert src["native_functions_sha256"] == ref_scan["sources"]["native_functions_sha256"]
+    assert ref_scan["sources"]["world"] == "installed"
     # lint: the same ops, at the tree's own yaml lines
     ref = _json(tgp(ref_python, "lint", "--format", "json", pythonpath=ref_pythonpath, cache=tmp_path / "c"))
     got = _json(tgp(notorch, "lint", "--format", "json", "--pytorch-root", tree, cache=tmp_path / "c"))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -73,7 +75,9 @@ SOURCE_ARGS = {
 BASE = {  # the smallest run of each subcommand (and how to stub what would need a build)
     "scan": [], "lint": [], "gen": ["--out", "OUT"], "build": [], "install": ["--backend", "python"],
     "verify": ["--backend", "python", "--op", "aten::_cummax_helper"],
+    "run": ["--backend", "python", "--op", "aten::_cummax_helper"],
 }
+PROGRAM = {"run": ["--", sys.executable, "-c", "pass"]}  # what goes last
 
 
 @pytest.mark.parametrize("cmd,flag", sorted(f for f in _flags() if f[1] in SOURCE_ARGS and f[0] != "diff"))
@@ -91,7 +95,7 @@ def test_input_flag_reaches_the_pipeline(cmd, flag, run_cli, seen, subset, tree,
     args, field, value = SOURCE_ARGS[flag](ctx)
     base = [str(tmp_path / "out") if a == "OUT" else a for a in BASE[cmd]]
     try:
-        rc, out, err = run_cli(cmd, *base, *args)
+        rc, out, err = run_cli(cmd, *base, *args, *PROGRAM.get(cmd, []))
     finally:
         torchgen_patch.uninstall()
     assert rc in (0, 1), err
@@ -293,6 +297,50 @@ def p_diff_check(run_cli, tree, **_):
         1, "tools/autograd/gen_inplace_or_view_type.py: not patched\n")
 
 
+def _run(*args):
+    """`torchgen-patch run ARGS -- python -c CODE` in a process of its own (the program's output is
+    the child's, which run_cli cannot capture)."""
+    from tests.conftest import ROOT
+
+    return subprocess.run([sys.executable, "-m", "torchgen_patch", "run", *map(str, args)], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True)
+
+
+ACTIVE = "import torchgen_patch, torch; print(sorted(torchgen_patch.installed_ops()))"
+
+
+def p_run_backend(**_):
+    assert "(python)" in _run("--backend", "python", "--op", "aten::_cummax_helper", "--", sys.executable,
+                              "-c", "pass").stderr
+    assert "(cpp)" in _run("--op", "aten::_cummax_helper", "--", sys.executable, "-c", "pass").stderr
+
+
+def p_run_op(**_):
+    out = _run("--backend", "python", "--op", "aten::_cummax_helper", "--", sys.executable, "-c", ACTIVE).stdout
+    assert out.strip() == "['aten::_cummax_helper']"
+
+
+def p_run_runtime_op(**_):
+    code = "import tests.custom_ops, torchgen_patch; print(sorted(torchgen_patch.installed_ops()))"
+    out = _run("--backend", "python", "--op", "aten::_cummax_helper", "--runtime-op", "tgp_test::write_one",
+               "--import", "tests.custom_ops", "--", sys.executable, "-c", code).stdout
+    assert out.strip() == "['aten::_cummax_helper', 'tgp_test::write_one']"
+
+
+def p_run_verbose(run_cli, monkeypatch, **_):
+    from torchgen_patch.runtime import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "prepare", lambda *a, **k: seen.append(a[-1]) or {})
+    run_cli("run", "--verbose", "--", sys.executable, "-c", "pass")
+    run_cli("run", "--", sys.executable, "-c", "pass")
+    assert seen == [True, False]
+
+
+def p_run_program(**_):
+    assert _run("--backend", "python", "--", sys.executable, "-c", "raise SystemExit(7)").returncode == 7
+
+
 PROBES = {
     ("scan", "--format"): p_scan_format, ("scan", "--verdict"): p_scan_verdict,
     ("scan", "--against-runtime"): p_against_runtime("scan"),
@@ -309,6 +357,8 @@ PROBES = {
     ("verify", "--device"): p_verify_device, ("verify", "--without-patch"): p_verify_without,
     ("verify", "--both"): p_verify_both, ("verify", "--format"): p_verify_format,
     ("verify", "--output"): p_verify_output,
+    ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
+    ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
     ("diff", "--check"): p_diff_check,
 }

@@ -218,6 +218,33 @@ def verify(args) -> int:
     return 1 if bad else 0
 
 
+def run(args) -> int:
+    import subprocess
+
+    from .. import pipeline
+    from ..runtime.launch import prepare
+
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        raise InputError(None, None, "run needs a program after --", "torchgen-patch run -- python train.py")
+    if args.imports and not args.runtime_ops:
+        raise InputError(None, None, "--import goes with --runtime-op")
+    _needs_torch("run")
+    opts = options(args)
+    _, plan = pipeline.plan(opts)
+    if args.op:
+        unknown = sorted(set(args.op) - set(plan.ops()))
+        if unknown:
+            raise InputError(None, None, f"not in the plan: {', '.join(unknown)}")
+    env = dict(os.environ, **prepare(plan, opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose))
+    try:
+        return subprocess.run(program, env=env).returncode
+    except FileNotFoundError:
+        raise InputError(None, None, f"no such program: {program[0]}") from None
+    except PermissionError:
+        raise InputError(None, None, f"cannot run: {program[0]}") from None
+
+
 def diff(args) -> int:
     from ..files import read_text
     from ..upstream import patch as up
@@ -240,6 +267,6 @@ def diff(args) -> int:
 
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
-            "diff": diff}
+            "run": run, "diff": diff}
 
 __all__ = ["COMMANDS", "Options"]

@@ -106,6 +106,23 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     v.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
 
+    r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "
+                                   "every Python process it starts",
+                       description="Builds once, then runs PROGRAM with the kernels installed at interpreter "
+                                   "start in each of its Python processes; passes its exit code through. "
+                                   "Example: torchgen-patch run --runtime-op 'bitsandbytes::*' --import "
+                                   "bitsandbytes -- python train.py")
+    _inputs(r, checkout=False)
+    r.add_argument("--backend", choices=("cpp", "python"), default="cpp")
+    r.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
+    r.add_argument("--runtime-op", dest="runtime_ops", action="append", default=[], metavar="PATTERN",
+                   help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; repeatable)")
+    r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
+                   help="with --runtime-op: import MOD in each process first, so its operators exist")
+    r.add_argument("--verbose", action="store_true", help="show the build's progress")
+    r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
+                   help="the command to run, after --")
+
     d = sub.add_parser("diff", help="write a unified diff that fixes (or guards) PyTorch's own codegen")
     d.add_argument("--pytorch-root", required=True, metavar="DIR", help="a PyTorch source checkout")
     d.add_argument("--mode", choices=("fix", "error"), default="fix")

@@ -9,6 +9,7 @@ from .model import VERDICTS, Scan
 
 # Bump when the JSON layout changes incompatibly.
 JSON_SCHEMA_VERSION = 1
+_PATHS = {"root", "native_functions", "tags", "overlay", "torchgen", "autograd_codegen"}
 
 
 def scan_text(scan: Scan, verdicts: set[str] | None = None) -> str:
@@ -32,5 +33,6 @@ def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
         "total": len(scan.records),
         "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records
                 if verdicts is None or r.verdict in verdicts],
+        "sources": {k: display_path(v) if k in _PATHS and v else v for k, v in scan.sources.describe().items()},
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -47,10 +47,23 @@ class Sources:
     torch_version: str  # the installed torch's, or the checkout's version.txt
 
     def describe(self) -> dict[str, str | None]:
-        """Where each input comes from (for reports and --debug output)."""
-        return {"world": self.world, "root": self.root, "native_functions": self.native, "tags": self.tags,
-                "overlay": self.overlay, "torchgen": self.toolchain.torchgen_dir,
-                "autograd_codegen": self.toolchain.autograd_dir, "torch_version": self.torch_version}
+        """Where each input comes from and what it is (sha256 of its content; for the torchgen
+        and autograd codegen pair, of their files): the scan's JSON report carries it."""
+        import hashlib
+
+        def sha(path: str | None) -> str | None:
+            try:
+                with open(path, "rb") as fh:
+                    return hashlib.sha256(fh.read()).hexdigest()
+            except (OSError, TypeError):
+                return None
+
+        return {"world": self.world, "root": self.root, "torch_version": self.torch_version,
+                "native_functions": self.native, "native_functions_sha256": sha(self.native),
+                "tags": self.tags, "tags_sha256": sha(self.tags),
+                "overlay": self.overlay, "overlay_sha256": sha(self.overlay),
+                "torchgen": self.toolchain.torchgen_dir, "autograd_codegen": self.toolchain.autograd_dir,
+                "toolchain_sha256": self.toolchain.identity()}
 
 
 def resolve(opts: Options) -> Sources:
@@ -62,7 +75,7 @@ def resolve(opts: Options) -> Sources:
         if opts.native_functions or opts.tags:
             raise InputError(None, None, "--pytorch-root excludes --native-functions/--tags",
                              "the checkout's own aten/src/ATen/native/*.yaml are read")
-        root = os.path.abspath(opts.pytorch_root)
+        root = os.path.abspath(os.path.expanduser(opts.pytorch_root))
         if not os.path.isdir(root):
             raise InputError(opts.pytorch_root, None, "--pytorch-root is not a directory")
         d = os.path.join(root, YAML_DIR)

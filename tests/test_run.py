@@ -1,0 +1,80 @@
+"""`torchgen-patch run`: any program, run with the kernels installed in every Python process
+it starts (plain scripts, python -m, torchrun's workers), built once, exit code passed through."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.build
+
+
+def tgp_run(*args, env=None, cwd=ROOT):
+    e = dict(os.environ, PYTHONPATH=ROOT)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "torchgen_patch", "run", *map(str, args)], cwd=cwd, env=e,
+                          capture_output=True, text=True)
+
+
+def _probes(out: str) -> list[dict]:
+    return [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in out.splitlines()
+            if line.startswith("probe ")]
+
+
+def test_a_plain_script_runs_patched_and_its_exit_code_passes_through(default_plan):
+    r = tgp_run("--", sys.executable, os.path.join(ROOT, "tests", "run_probe.py"), env={"PROBE_EXIT": "3"})
+    assert r.returncode == 3, r.stderr
+    (p,) = _probes(r.stdout)
+    assert p["active"] == str(len(default_plan.kernels)) and p["versions"] == "1,1"
+    assert re.search(r"^torchgen-patch: \d+ kernels active \(cpp\), 0 refused, in pid \d+$", r.stderr, re.M)
+
+
+def test_python_dash_m_and_the_python_backend():
+    r = tgp_run("--backend", "python", "--op", "aten::split_with_sizes_copy.out", "--",
+                sys.executable, "-m", "tests.run_probe")
+    assert r.returncode == 0, r.stderr
+    assert _probes(r.stdout) == [{"rank": "None", "active": "1", "versions": "1,1"}]
+    assert "1 kernels active (python)" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(
+    os.path.join(os.path.dirname(sys.executable), "torchrun")), reason="torchrun is not installed")
+def test_torchrun_every_rank_is_patched_and_the_library_is_built_once(tmp_path):
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cache = tmp_path / "cache"  # a fresh cache: the one build happens in this run
+    r = tgp_run("--", torchrun, "--nproc-per-node", "2", "--master-port", "29517",
+                os.path.join(ROOT, "tests", "run_probe.py"), env={"TORCHGEN_PATCH_CACHE": str(cache)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    ranks = sorted(p["rank"] for p in _probes(r.stdout))
+    assert ranks == ["0", "1"] and all(p["versions"] == "1,1" and int(p["active"]) > 0 for p in _probes(r.stdout))
+    assert r.stderr.count("torchgen-patch: compiling") == 1  # built once, in the parent, before the program
+    assert len(re.findall(r"kernels active \(cpp\)", r.stderr)) >= 2  # each rank (and the launcher) says so
+
+
+def test_runtime_ops_and_a_users_own_sitecustomize(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys; print('user sitecustomize ran', file=sys.stderr)\n")
+    code = ("import torch, tests.custom_ops, torchgen_patch; out = torch.empty(3); "
+            "torch.ops.tgp_test.write_one(torch.ones(3), out); print('write_one version', out._version)")
+    r = tgp_run("--backend", "python", "--op", "aten::_foreach_zero_", "--runtime-op", "tgp_test::*",
+                "--import", "tests.custom_ops", "--", sys.executable, "-c", code,
+                env={"PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)])})
+    assert r.returncode == 0, r.stderr
+    assert "write_one version 1" in r.stdout
+    assert "user sitecustomize ran" in r.stderr and "4 kernels active (python)" in r.stderr
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ([], "torchgen-patch: error: run needs a program after -- (hint: torchgen-patch run -- python train.py)"),
+    (["--", "no-such-program-xyz"], "torchgen-patch: error: no such program: no-such-program-xyz"),
+    (["--import", "x", "--", "true"], "torchgen-patch: error: --import goes with --runtime-op"),
+    (["--op", "aten::nope", "--", "true"], "torchgen-patch: error: not in the plan: aten::nope"),
+])
+def test_bad_run_arguments(run_cli, argv, expected):
+    assert run_cli("run", *argv) == (2, "", expected + "\n")
