@@ -151,3 +151,26 @@ def test_no_traceback_in_a_real_process(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["verify", "--backend", "python", "--op", "aten::_foreach_zero_", "-o", "/no/such/dir/v.md"],
+     "/no/such/dir/v.md: error: cannot write report: directory /no/such/dir does not exist"),
+    (["verify", "--backend", "python", "--op", "aten::_foreach_zero_", "-o", "/tmp"],
+     "/tmp: error: report is a directory, expected a file name"),
+    (["lint", "--write-baseline", "/no/such/dir/b.json"],
+     "/no/such/dir/b.json: error: cannot write baseline: directory /no/such/dir does not exist"),
+    (["diff", "--pytorch-root", "TREE", "-o", "/nonexistent/x.diff"],
+     "/nonexistent/x.diff: error: cannot write diff: directory /nonexistent does not exist"),
+    (["gen", "--out", "/etc/passwd"], "/etc/passwd: error: output path exists and is not a directory"),
+    (["gen", "--out", "OUT", "--output-dependencies", "/etc/passwd/d.cmake"],
+     "/etc/passwd: error: output path exists and is not a directory"),
+])
+def test_every_output_path_is_checked_before_any_work(run_cli, tmp_path, argv, expected):
+    from tests.upstream_tree import make_tree
+
+    tree = make_tree(str(tmp_path / "tree")) if "TREE" in argv else None
+    argv = [tree if a == "TREE" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    rc, out, err = run_cli(*argv)
+    assert (rc, out, err) == (2, "", expected + "\n")
+    assert not (tmp_path / "out").exists()

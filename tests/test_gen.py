@@ -189,3 +189,18 @@ def test_full_set_compiles_with_werror(library, default_plan):
     dll = ctypes.CDLL(library.path)
     dll.torchgen_patch_count.restype = ctypes.c_int64
     assert dll.torchgen_patch_count() == len(default_plan.kernels)
+
+
+def test_fewer_shards_remove_the_old_ones_and_lint_reports_leftovers(run_cli, tmp_path):
+    """gen removes the files of its own earlier run that this run no longer makes (known from
+    its manifest; never a file it did not write); lint --generated reports a left-over shard."""
+    out = tmp_path / "g"
+    assert run_cli("gen", "--out", out, "--shards", "5")[0] == 0
+    (out / "mine.txt").write_text("not gen's")
+    assert run_cli("gen", "--out", out, "--shards", "2")[0] == 0
+    assert sorted(os.listdir(out)) == sorted(["ADInplaceOrViewPatchEverything.cpp", "ADInplaceOrViewPatch_0.cpp",
+                                              "ADInplaceOrViewPatch_1.cpp", "RegisterADInplaceOrViewPatch.cpp",
+                                              "TorchgenPatchRuntime.h", "torchgen_patch_manifest.json", "mine.txt"])
+    (out / "ADInplaceOrViewPatch_4.cpp").write_text("// left over\n")  # as an older tool would leave it
+    rc, text, _ = run_cli("lint", "--generated", out)
+    assert rc == 1 and "error: [VERSIONCOUNTER] ADInplaceOrViewPatch_4.cpp: not one of the 2 shard(s)" in text

@@ -50,6 +50,11 @@ def check(plan: Plan, directory: str) -> list[Finding]:
         if name.startswith("ADInplaceOrViewPatch_"):
             expected.update(_kernels(data.decode()))
     fs = []
+    pattern = re.compile(r"ADInplaceOrViewPatch_(\d+)\.cpp")
+    for name in sorted(os.listdir(directory)):
+        m = pattern.fullmatch(name)
+        if m and int(m.group(1)) >= shards:
+            fs.append(rules.stale_file(os.path.join(directory, name), MANIFEST, shards))
     for k in plan.kernels:
         if k.op not in have:
             fs.append(rules.kernel_missing(k.loc, k.op, directory))

@@ -3,6 +3,7 @@ the one function that makes its findings."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import Location
@@ -37,7 +38,12 @@ KERNEL_STALE = Rule(
     "generated-kernel-out-of-date", "GeneratedKernelOutOfDate", "Generated kernel differs from what gen makes now",
     "The kernel in the generated directory is out of date; run torchgen-patch gen.")
 
-RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE)}
+STALE_FILE = Rule(
+    "stale-generated-file", "StaleGeneratedFile", "Kernel file the generated directory's manifest does not name",
+    "A kernel shard left from an earlier gen with more shards: a build that globs the directory compiles old "
+    "kernels; run torchgen-patch gen (it removes the files of its own earlier runs).")
+
+RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE)}
 
 
 def _make(rule: Rule, loc: Location, op: str, message: str) -> Finding:
@@ -70,3 +76,9 @@ def kernel_missing(loc: Location, op: str, directory: str) -> Finding:
 
 def kernel_stale(loc: Location, op: str, directory: str) -> Finding:
     return _make(KERNEL_STALE, loc, op, f"{op}: the kernel in {directory} is out of date; run torchgen-patch gen")
+
+
+def stale_file(path: str, manifest: str, shards: int) -> Finding:
+    name = os.path.basename(path)
+    return _make(STALE_FILE, Location(path, 1), name,
+                 f"{name}: not one of the {shards} shard(s) {manifest} names; a left-over of an earlier gen")
