@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14
+.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit
 
 setup: $(STAMP)
 
@@ -56,4 +56,17 @@ patches: setup
 	touch $@
 
 test-torch2.14: .venv-2.14/.torchgen-patch-installed
-	TORCHGEN_PATCH_CACHE=$(CURDIR)/.cache/torchgen-patch-2.14 .venv-2.14/bin/python -m pytest -q -ra -p no:cacheprovider
+	mkdir -p build
+	TORCHGEN_PATCH_CACHE=$(CURDIR)/.cache/torchgen-patch-2.14 .venv-2.14/bin/python -m pytest -q -ra -p no:cacheprovider \
+		> build/pytest-torch2.14.1.txt 2>&1; rc=$$?; cat build/pytest-torch2.14.1.txt; exit $$rc
+
+# The extension-library audit (reports/ecosystem-audit-torch2.13.md): bitsandbytes and
+# fbgemm come with the dev setup; torchao, torch-optimi and liger-kernel are put, without
+# their dependencies, in a directory of their own. Writes build/; REPORT=1 updates reports/.
+AUDIT_SITE := .cache/audit-site
+audit: setup
+	$(BIN)/python -m pip install -q --no-deps --target $(AUDIT_SITE) torchao==0.18.0 torch-optimi==0.3.3 liger-kernel==0.8.5
+	mkdir -p build
+	$(BIN)/python scripts/ecosystem_audit.py --site $(AUDIT_SITE) > build/ecosystem-audit.md
+	@if [ "$(REPORT)" = 1 ]; then cp build/ecosystem-audit.md reports/ecosystem-audit-torch2.13.md; echo "updated reports/ecosystem-audit-torch2.13.md"; else echo "wrote build/ecosystem-audit.md"; fi
+

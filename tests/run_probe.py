@@ -19,6 +19,8 @@ if rank is not None:
     t = torch.ones(1)
     dist.all_reduce(t)
     dist.destroy_process_group()
-print(f"probe rank={rank} active={len(torchgen_patch.installed_ops())} versions={outs[0]._version},{outs[1]._version}",
-      flush=True)
+# one write per line: ranks share the pipe, and print() writes the text and the newline apart
+sys.stdout.write(f"probe rank={rank} active={len(torchgen_patch.installed_ops())} "
+                 f"versions={outs[0]._version},{outs[1]._version}\n")
+sys.stdout.flush()
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))

@@ -204,3 +204,17 @@ def test_fewer_shards_remove_the_old_ones_and_lint_reports_leftovers(run_cli, tm
     (out / "ADInplaceOrViewPatch_4.cpp").write_text("// left over\n")  # as an older tool would leave it
     rc, text, _ = run_cli("lint", "--generated", out)
     assert rc == 1 and "error: [VERSIONCOUNTER] ADInplaceOrViewPatch_4.cpp: not one of the 2 shard(s)" in text
+
+
+def test_leftovers_of_older_runs_go_only_when_gen_wrote_them(run_cli, tmp_path):
+    out = tmp_path / "g"
+    assert run_cli("gen", "--out", out, "--shards", "2")[0] == 0
+    head = (out / "ADInplaceOrViewPatch_0.cpp").read_text().splitlines()[0]
+    (out / "ADInplaceOrViewPatch_7.cpp").write_text(head + "\n// an older run's shard\n")
+    (out / "ADInplaceOrViewPatch_8.cpp").write_text("// someone else's file\n")
+    assert run_cli("gen", "--out", out, "--shards", "2")[0] == 0
+    assert not (out / "ADInplaceOrViewPatch_7.cpp").exists() and (out / "ADInplaceOrViewPatch_8.cpp").exists()
+    manifest = out / "torchgen_patch_manifest.json"
+    manifest.write_text(manifest.read_text().replace('"shards": 2', '"shards": 1e400'))
+    rc, _, err = run_cli("lint", "--generated", out)
+    assert rc == 2 and "not a torchgen-patch output directory" in err

@@ -24,8 +24,7 @@ def tgp_run(*args, env=None, cwd=ROOT):
 
 
 def _probes(out: str) -> list[dict]:
-    return [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in out.splitlines()
-            if line.startswith("probe ")]
+    return [dict(kv.split("=", 1) for kv in m.split()) for m in re.findall(r"probe (rank=\S+ active=\S+ versions=\S+)", out)]
 
 
 def test_a_plain_script_runs_patched_and_its_exit_code_passes_through(default_plan):
@@ -67,7 +66,8 @@ def test_runtime_ops_and_a_users_own_sitecustomize(tmp_path):
                 env={"PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)])})
     assert r.returncode == 0, r.stderr
     assert "write_one version 1" in r.stdout
-    assert "user sitecustomize ran" in r.stderr and "4 kernels active (python)" in r.stderr
+    assert "user sitecustomize ran" in r.stderr
+    assert "1 kernels active (python), 0 refused; runtime ops: 3 active, 0 refused" in r.stderr
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -78,3 +78,38 @@ def test_runtime_ops_and_a_users_own_sitecustomize(tmp_path):
 ])
 def test_bad_run_arguments(run_cli, argv, expected):
     assert run_cli("run", *argv) == (2, "", expected + "\n")
+
+
+def test_the_programs_own_arguments_are_its_own_and_a_signal_death_is_reported_like_a_shell(tmp_path):
+    r = tgp_run("--backend", "python", "--op", "aten::_cummax_helper", "--",
+                sys.executable, "-c", "import sys; print(sys.argv[1:])", "@args.txt", "--x")
+    assert r.returncode == 0 and r.stdout.strip() == "['@args.txt', '--x']", r.stderr
+    r = tgp_run("--backend", "python", "--op", "aten::_cummax_helper", "--", "sh", "-c", "kill -9 $$")
+    assert r.returncode == 137
+
+
+def test_the_users_path_keeps_its_order_and_relative_inputs_survive_a_chdir(tmp_path):
+    (tmp_path / "localmod.py").write_text("X = 1\n")
+    (tmp_path / "ov.yaml").write_text("aten::_cummin_helper:\n  action: skip\n  reason: probe\n")
+    code = ("import os, localmod, torchgen_patch; os.chdir('/'); "
+            "print(sorted(torchgen_patch.installed_ops()))")
+    r = tgp_run("--backend", "python", "--overlay", "ov.yaml", "--op", "aten::_cummax_helper", "--",
+                sys.executable, "-c", code, env={"PYTHONPATH": os.pathsep + ROOT}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr  # '' (the current directory) still on the path: localmod found
+    assert r.stdout.strip() == "['aten::_cummax_helper']"
+
+
+def test_bad_runtime_patterns_and_programs_fail_in_the_parent(tmp_path):
+    r = tgp_run("--backend", "python", "--runtime-op", "nosuchlib::*", "--", sys.executable, "-c", "pass")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "matches no mutating operator" in r.stderr
+    script = tmp_path / "noshebang"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    r = tgp_run("--backend", "python", "--", str(script))
+    assert (r.returncode, r.stderr) == (2, f"torchgen-patch: error: cannot run {script}: Exec format error\n")
+
+
+def test_patterns_never_reach_aten_or_prims():
+    from torchgen_patch.runtime.install import expand_patterns
+
+    assert [n for n in expand_patterns(["*::*"]) if n.split("::")[0] in ("aten", "prims")] == []

@@ -207,3 +207,13 @@ def test_a_pattern_that_matches_nothing_names_the_namespaces_that_have_such_ops(
     msg = e.value.render()
     assert msg.startswith("torchgen-patch: error: runtime op pattern 'nosuchlib::*' matches no mutating operator")
     assert "tgp_test" in msg
+
+
+def test_evidence_compares_bits():
+    from torchgen_patch.runtime.pykernel import _changed
+
+    nan = torch.tensor([float("nan"), 1.0])
+    assert _changed(nan.clone(), nan) is False  # NaN where NaN was: not a change
+    assert _changed(torch.tensor([0.0]), torch.tensor([-0.0])) is True  # the sign bit is data
+    assert _changed(torch.tensor(1.0), torch.tensor(1.0)) is False  # 0-dim
+    assert _changed(torch.empty(2, device="meta"), torch.empty(2, device="meta")) is None  # cannot tell

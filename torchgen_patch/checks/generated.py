@@ -32,7 +32,9 @@ def check(plan: Plan, directory: str) -> list[Finding]:
     manifest = os.path.join(directory, MANIFEST)
     try:
         with open(manifest, encoding="utf-8") as fh:
-            shards = int(json.load(fh)["shards"])
+            shards = json.load(fh)["shards"]
+        if isinstance(shards, bool) or not isinstance(shards, int):
+            raise TypeError(shards)
     except (OSError, ValueError, KeyError, TypeError):
         raise InputError(directory, None, f"no readable {MANIFEST}: not a torchgen-patch output directory",
                          "generate it with `torchgen-patch gen --out DIR`") from None

@@ -14,7 +14,15 @@ from ..errors import InputError
 def main(argv: list[str] | None = None) -> int:
     from .parser import parser
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    program = None
+    if next((a for a in argv if not a.startswith("-")), None) == "run" and "--" in argv:
+        # `run`'s program is the program's own: no @file expansion, no option parsing past `--`
+        i = argv.index("--")
+        argv, program = argv[:i], argv[i + 1:]
     args = parser().parse_args(argv)
+    if program is not None:
+        args.program = program
     try:
         from .commands import COMMANDS
 

@@ -219,10 +219,8 @@ def verify(args) -> int:
 
 
 def run(args) -> int:
-    import subprocess
-
     from .. import pipeline
-    from ..runtime.launch import prepare
+    from ..runtime.launch import prepare, run_program
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
@@ -238,11 +236,11 @@ def run(args) -> int:
             raise InputError(None, None, f"not in the plan: {', '.join(unknown)}")
     env = dict(os.environ, **prepare(plan, opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose))
     try:
-        return subprocess.run(program, env=env).returncode
+        return run_program(program, env)
     except FileNotFoundError:
         raise InputError(None, None, f"no such program: {program[0]}") from None
-    except PermissionError:
-        raise InputError(None, None, f"cannot run: {program[0]}") from None
+    except OSError as e:
+        raise InputError(None, None, f"cannot run {program[0]}: {e.strerror}") from None
 
 
 def diff(args) -> int:

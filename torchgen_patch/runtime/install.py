@@ -74,7 +74,7 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
             native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
             no_overlay: bool = False, no_cache: bool = False, runtime_ops: list[str] | None = None,
             verbose: bool = False, options: Options | None = None, plan=None,
-            evidence: bool = False) -> InstallReport:
+            evidence: bool = False, boxed_library: str | None = None) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
 
     ``runtime_ops``: operators of any namespace found in the live registry
@@ -93,7 +93,7 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
         if evidence and backend != "python":
             raise InputError(None, None, "evidence=True records in the Python kernel", "use backend='python'")
         with _LOCK:
-            return _install_runtime(runtime_ops, backend, verbose, runtime_overlay(opts), evidence)
+            return _install_runtime(runtime_ops, backend, verbose, runtime_overlay(opts), evidence, boxed_library)
     with _LOCK:
         if backend == "python":
             if plan is None:
@@ -210,7 +210,8 @@ def runtime_overlay(opts: Options):
     return ov.load_runtime(path) if path else ov.empty()
 
 
-def _install_runtime(names: list[str], backend: str, verbose: bool, overlay, evidence: bool = False) -> InstallReport:
+def _install_runtime(names: list[str], backend: str, verbose: bool, overlay, evidence: bool = False,
+                     boxed_library: str | None = None) -> InstallReport:
     global _EVIDENCE
     from . import dispatcher as d
 
@@ -252,9 +253,8 @@ def _install_runtime(names: list[str], backend: str, verbose: bool, overlay, evi
         return rep
     from .build import build_boxed
 
-    lib = build_boxed(verbose=verbose)
-    rep.library = lib.path
-    dll = _dll(lib.path)
+    rep.library = boxed_library or build_boxed(verbose=verbose).path  # a prebuilt one (run) is loaded as is
+    dll = _dll(rep.library)
     dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
     dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
     by_ns: dict[str, list[str]] = {}
@@ -286,7 +286,8 @@ def expand_patterns(names: list[str]) -> list[str]:
             raise InputError(None, None, f"runtime op pattern '{name}' needs its namespace ('ns::*')")
         if candidates is None:
             candidates = [o.name for o in uncovered()]
-        hits = [c for c in candidates if fnmatch.fnmatchcase(c, name)]
+        # a pattern never reaches aten (the plan and its overlay decide those) or prims; name them exactly
+        hits = [c for c in candidates if fnmatch.fnmatchcase(c, name) and c.split("::", 1)[0] not in ("aten", "prims")]
         if not hits:
             spaces = sorted({c.split("::", 1)[0] for c in candidates})
             raise InputError(None, None, f"runtime op pattern '{name}' matches no mutating operator without an "

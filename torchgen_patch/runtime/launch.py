@@ -2,11 +2,17 @@
 it starts, with no change to the program.
 
 The parent builds what is needed once (the library of the plan's kernels, the boxed library
-for runtime ops), then runs the program with ``runtime/site/`` first on PYTHONPATH and
-``$TORCHGEN_PATCH_RUN`` saying what to install: that directory's ``sitecustomize`` calls
-``startup()`` at interpreter start in each process (torchrun's workers inherit both), which
-loads the prebuilt libraries (never compiles), registers, and prints one line to stderr.
-A ``sitecustomize`` of the user's own, further on the path, still runs after it.
+for runtime ops), checks the runtime-op patterns, then runs the program with ``runtime/site/``
+first on PYTHONPATH (the user's own entries kept after it, verbatim) and ``$TORCHGEN_PATCH_RUN``
+saying what to install: that directory's ``sitecustomize`` calls ``startup()`` at interpreter
+start in each process (torchrun's workers inherit both), which loads the prebuilt libraries
+(never compiles), registers, and prints one line to stderr. A ``sitecustomize`` of the
+user's own, further on the path, still runs after it.
+
+What this costs a program: each Python process imports torch at start (a few seconds; and
+environment variables a program sets before its own ``import torch``, such as
+OMP_NUM_THREADS, come too late). ``python -I``, ``-E`` and ``-S`` skip sitecustomize, so
+such processes run unpatched.
 """
 
 from __future__ import annotations
@@ -17,16 +23,29 @@ import sys
 
 ENV = "TORCHGEN_PATCH_RUN"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
             verbose: bool = False) -> dict[str, str]:
     """Build once, here; return the environment the program runs with. ``opts`` (sources.Options)
-    travel along, so each process installs from the same inputs and overlay as this plan."""
+    travel along with absolute paths, so each process installs from the same inputs and overlay
+    as this plan, whatever its working directory."""
     import dataclasses
 
+    def absolute(p):
+        return os.path.abspath(p) if p else p
+
+    opts = dataclasses.replace(opts, native_functions=absolute(opts.native_functions), tags=absolute(opts.tags),
+                               overlay=absolute(opts.overlay))
     spec = {"backend": backend, "ops": ops, "runtime_ops": runtime_ops, "imports": imports,
-            "library": None, "boxed": None, "options": dataclasses.asdict(opts)}
+            "library": None, "boxed": None, "options": dataclasses.asdict(opts), "package": PKG_PARENT}
+    if runtime_ops:  # the patterns are checked here, once, not in every process
+        from .install import expand_patterns
+        from .registry import import_modules
+
+        import_modules(imports)
+        spec["runtime_ops"] = expand_patterns(runtime_ops)
     if backend == "cpp":
         from ..codegen import render
         from .build import build, build_boxed
@@ -34,38 +53,46 @@ def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[s
         spec["library"] = build(render(plan, 2), plan.ops(), 2, verbose=verbose).path
         if runtime_ops:
             spec["boxed"] = build_boxed(verbose=verbose).path
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = [SITE, pkg_parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {ENV: json.dumps(spec), "PYTHONPATH": os.pathsep.join(path)}
+    user = os.environ.get("PYTHONPATH")
+    return {ENV: json.dumps(spec), "PYTHONPATH": SITE if user is None else SITE + os.pathsep + user}
 
 
 def startup(site_file: str) -> None:
     """At interpreter start, in each process of the program: install, say so, chain on."""
+    if getattr(sys, "_torchgen_patch_site", False):  # a second site folder on the path: once is enough
+        return
+    sys._torchgen_patch_site = True
     spec = os.environ.get(ENV)
     if spec:
         try:
             _install(json.loads(spec))
         except Exception as e:  # noqa: BLE001 — report, never break the user's interpreter
             print(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}", file=sys.stderr)
-    _chain(os.path.dirname(os.path.abspath(site_file)))
+    _chain(os.path.dirname(os.path.realpath(site_file)))
 
 
 def _install(spec: dict) -> None:
     import importlib
+    import importlib.util
 
+    if importlib.util.find_spec("torchgen_patch") is None:  # installed elsewhere than this program's path
+        sys.path.append(spec["package"])
     from ..sources import Options
     from . import install as inst
 
     opts = Options(**spec["options"])
     rep = inst.install(spec["ops"], backend=spec["backend"], library=spec["library"], options=opts)
-    n, refused = len(rep.registered), len(rep.refused)
+    line = f"torchgen-patch: {len(rep.registered)} kernels active ({spec['backend']}), {len(rep.refused)} refused"
     if spec["runtime_ops"]:
-        for m in spec["imports"]:
-            importlib.import_module(m)
-        r = inst.install(backend=spec["backend"], runtime_ops=spec["runtime_ops"], options=opts)
-        n, refused = n + len(r.registered), refused + len(r.refused)
-    print(f"torchgen-patch: {n} kernels active ({spec['backend']}), {refused} refused, in pid {os.getpid()}",
-          file=sys.stderr, flush=True)
+        try:
+            for m in spec["imports"]:
+                importlib.import_module(m)
+            r = inst.install(backend=spec["backend"], runtime_ops=spec["runtime_ops"], options=opts,
+                             boxed_library=spec["boxed"])
+            line += f"; runtime ops: {len(r.registered)} active, {len(r.refused)} refused"
+        except Exception as e:  # noqa: BLE001
+            line += f"; runtime ops NOT active: {type(e).__name__}: {e}"
+    print(f"{line}, in pid {os.getpid()}", file=sys.stderr, flush=True)
 
 
 def _chain(ours: str) -> None:
@@ -74,7 +101,27 @@ def _chain(ours: str) -> None:
     import importlib.util
 
     spec = importlib.machinery.PathFinder.find_spec(
-        "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != ours])
-    if spec is not None and spec.loader is not None:
+        "sitecustomize", [p for p in sys.path if os.path.realpath(p or ".") != ours])
+    if spec is not None and spec.loader is not None and os.path.dirname(os.path.realpath(spec.origin)) != ours:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+
+
+def run_program(program: list[str], env: dict[str, str]) -> int:
+    """Run ``program``; forward SIGTERM and SIGHUP to it (a scheduler stopping the job stops the
+    program), leave SIGINT to the terminal's process group (the program gets its own Ctrl-C once),
+    and return its exit status the way a shell reports it (128 + N for a program killed by N)."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(program, env=env)
+    forwarded = {s: signal.signal(s, lambda signum, _frame: proc.send_signal(signum))
+                 for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in forwarded.items():
+            signal.signal(s, h)
+        signal.signal(signal.SIGINT, previous_int)
+    return 128 - rc if rc < 0 else rc

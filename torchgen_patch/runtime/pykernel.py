@@ -40,7 +40,10 @@ class Evidence:
     def __init__(self) -> None:
         self.calls: dict[tuple[str, str], list[int]] = {}  # (op, arg) -> [calls, calls that changed it]
 
-    def add(self, op: str, arg: str, changed: bool) -> None:
+    def add(self, op: str, arg: str, changed: bool | None) -> None:
+        """``changed`` None: could not be told (meta or fake tensors): not counted."""
+        if changed is None:
+            return
         c = self.calls.setdefault((op, arg), [0, 0])
         c[0] += 1
         c[1] += int(changed)
@@ -57,10 +60,18 @@ def _snapshot(ts: list) -> list:
     return [t.detach().clone() for t in ts]
 
 
-def _changed(before, after) -> bool:
+def _changed(before, after) -> bool | None:
+    """Bit for bit (NaN == NaN, 0.0 != -0.0); None when the data cannot be read (meta, fake)."""
     import torch
 
-    return before.shape != after.shape or not torch.equal(before, after.detach())
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return True
+    try:
+        a = before.contiguous().reshape(-1).view(torch.uint8)
+        b = after.detach().contiguous().reshape(-1).view(torch.uint8)
+        return not torch.equal(a, b)
+    except Exception:  # noqa: BLE001 — meta/fake tensors, or a layout without bytes to compare
+        return None
 
 
 def make_kernel(opov, written: list[str], evidence: Evidence | None = None):
@@ -86,7 +97,8 @@ def make_kernel(opov, written: list[str], evidence: Evidence | None = None):
             result = opov.redispatch(keyset & after, *args, **kwargs)
         if evidence is not None:
             for n, pairs in copies:
-                evidence.add(name, n, any(_changed(b, t) for t, b in pairs))
+                seen = [_changed(b, t) for t, b in pairs]
+                evidence.add(name, n, None if None in seen else any(seen))
         for t, v in zip(ts, before):
             if t.is_inference() or t._version == v:
                 increment_version(t)
