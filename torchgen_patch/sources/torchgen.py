@@ -163,9 +163,10 @@ def imported(tc: Toolchain, identity: str | None = None):
 
 
 def _bytecode_dir(identity: str) -> str:
-    base = os.environ.get("TORCHGEN_PATCH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torchgen-patch")
-    return os.path.join(base, "pyc", identity[:24])
+    """Beside the result cache, not in it: emptying the result cache (a cold scan) does not
+    make the checkout's torchgen compile again, as its own __pycache__ would not."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "torchgen-patch-bytecode", identity[:24])
 
 
 def _import(tc: Toolchain, name: str):
