@@ -73,10 +73,7 @@ def startup(site_file: str) -> None:
 
 def _install(spec: dict) -> None:
     import importlib
-    import importlib.util
 
-    if importlib.util.find_spec("torchgen_patch") is None:  # installed elsewhere than this program's path
-        sys.path.append(spec["package"])
     from ..sources import Options
     from . import install as inst
 
