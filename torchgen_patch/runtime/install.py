@@ -202,11 +202,9 @@ def _install_python(cands: list[Candidate]) -> InstallReport:
 def runtime_overlay(opts: Options):
     """The overlay's decisions about runtime operators (the shipped overlay unless told otherwise)."""
     from ..plan import overlay as ov
-    from ..sources import shipped_overlay
+    from ..sources import overlay_path
 
-    if opts.overlay is not None and opts.no_overlay:
-        raise InputError(None, None, "--overlay and --no-overlay exclude each other")
-    path = None if opts.no_overlay else (opts.overlay or shipped_overlay())
+    path = overlay_path(opts)
     return ov.load_runtime(path) if path else ov.empty()
 
 

@@ -66,11 +66,16 @@ class Sources:
                 "toolchain_sha256": self.toolchain.identity()}
 
 
-def resolve(opts: Options) -> Sources:
+def overlay_path(opts: Options) -> str | None:
+    """The overlay these options ask for: theirs, none, or the shipped one."""
     if opts.overlay is not None and opts.no_overlay:
         raise InputError(None, None, "--overlay and --no-overlay exclude each other")
-    overlay = None if opts.no_overlay else (opts.overlay or shipped_overlay())
-    shipped = not opts.no_overlay and opts.overlay is None and overlay is not None
+    return None if opts.no_overlay else (opts.overlay or shipped_overlay())
+
+
+def resolve(opts: Options) -> Sources:
+    overlay = overlay_path(opts)
+    shipped = opts.overlay is None and overlay is not None
     if opts.pytorch_root is not None:
         if opts.native_functions or opts.tags:
             raise InputError(None, None, "--pytorch-root excludes --native-functions/--tags",
