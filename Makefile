@@ -18,11 +18,11 @@ $(STAMP): pyproject.toml requirements-dev.txt
 
 # The main job on the embedded default (the installed torch's own native_functions.yaml):
 # find the ops, generate their kernels, build them and check every op before/after.
+# Each step prints one summary line; the full reports land in build/.
 run: setup
-	$(BIN)/torchgen-patch lint --against-runtime || [ $$? -eq 1 ]
-	$(BIN)/torchgen-patch gen --strict --out $(OUT) --output-dependencies $(OUT).cmake
-	$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md
-	@echo "report: build/verify-cpu.md"
+	@$(BIN)/torchgen-patch lint --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
+	@$(BIN)/torchgen-patch gen --strict -o $(OUT) --output-dependencies $(OUT).cmake
+	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md
 
 test: setup
 	$(BIN)/python -m pytest -q -ra

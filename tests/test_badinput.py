@@ -162,6 +162,9 @@ def test_no_traceback_in_a_real_process(tmp_path):
      "/no/such/dir/b.json: error: cannot write baseline: directory /no/such/dir does not exist"),
     (["diff", "--pytorch-root", "TREE", "-o", "/nonexistent/x.diff"],
      "/nonexistent/x.diff: error: cannot write diff: directory /nonexistent does not exist"),
+    (["scan", "-o", "/no/such/dir/s.txt"],
+     "/no/such/dir/s.txt: error: cannot write scan report: directory /no/such/dir does not exist"),
+    (["lint", "-o", "/tmp"], "/tmp: error: lint report is a directory, expected a file name"),
     (["gen", "--out", "/etc/passwd"], "/etc/passwd: error: output path exists and is not a directory"),
     (["gen", "--out", "OUT", "--output-dependencies", "/etc/passwd/d.cmake"],
      "/etc/passwd: error: output path exists and is not a directory"),
@@ -174,3 +177,31 @@ def test_every_output_path_is_checked_before_any_work(run_cli, tmp_path, argv, e
     rc, out, err = run_cli(*argv)
     assert (rc, out, err) == (2, "", expected + "\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["scan", "--verdict", "mising"], "argument --verdict: invalid choice: 'mising'"),
+    (["lint", "--baseline", "A", "--write-baseline", "B"], "argument --write-baseline: not allowed with argument "
+                                                            "--baseline"),
+    (["lint", "--write-baseline", "B", "-o", "R"], "--write-baseline writes the baseline, not a report"),
+    (["gen", "-o", "OUT", "--overlay", "x.yaml", "--no-overlay"], "--overlay and --no-overlay exclude each other"),
+    (["gen", "-o", "OUT", "--dry-run"], "--dry-run writes only the --output-dependencies file"),
+    (["diff", "--pytorch-root", ".", "--check", "-o", "R"], "--check writes no diff"),
+    (["verify", "-q", "-v"], "argument -v/--verbose: not allowed with argument -q/--quiet"),
+    (["verify", "--format", "tabel"], "argument --format: invalid choice: 'tabel'"),
+    (["lint", "--import", "os"], "--import and --namespace go with --runtime"),
+    (["run", "--import", "os", "--", "true"], "--import goes with --runtime-op"),
+])
+def test_conflicting_or_unknown_flags_are_one_line_and_write_nothing(argv, expected, tmp_path, capfd):
+    """Flags that contradict each other, or values outside their choices: one error line, exit 2,
+    no output file."""
+    from torchgen_patch import cli
+
+    argv = [str(tmp_path / "out") if a == "OUT" else str(tmp_path / a) if a in ("R", "B") else a for a in argv]
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    out, err = capfd.readouterr()
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and expected in err, err
+    assert sorted(os.listdir(tmp_path)) == []

@@ -134,11 +134,11 @@ def p_lint_format(run_cli, missing, **_):
     assert run_cli("lint", "--format", "github")[1].startswith("::error ")
 
 
-def p_lint_baseline(run_cli, tmp_path, **_):
+def p_lint_baseline(run_cli, tmp_path, missing, **_):
     b = tmp_path / "b.json"
     assert run_cli("lint", "--write-baseline", b)[0] == 0 and b.exists()
     rc, out, _ = run_cli("lint", "--baseline", b)
-    assert rc == 0 and out.startswith("0 finding(s)")
+    assert rc == 0 and out.startswith(f"0 finding(s); {missing} accepted by the baseline {b}")
 
 
 def p_lint_generated(run_cli, tmp_path, **_):
@@ -166,8 +166,9 @@ def p_lint_namespace(run_cli, **_):
 
 
 def p_gen_out(run_cli, tmp_path, **_):
-    assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
-    assert "RegisterADInplaceOrViewPatch.cpp" in os.listdir(tmp_path / "g")
+    for spelling in ("-o", "--output", "--out"):  # --out: the older spelling, still accepted
+        assert run_cli("gen", spelling, tmp_path / spelling)[0] == 0
+        assert "RegisterADInplaceOrViewPatch.cpp" in os.listdir(tmp_path / spelling)
 
 
 def p_gen_shards(run_cli, tmp_path, **_):
@@ -190,11 +191,6 @@ def p_gen_strict(run_cli, tmp_path, **_):
     assert run_cli("gen", "--out", tmp_path / "a", "--no-overlay")[0] == 0
     rc, _, err = run_cli("gen", "--out", tmp_path / "b", "--no-overlay", "--strict")
     assert rc == 2 and "cannot generate a kernel" in err
-
-
-def p_gen_quiet(run_cli, tmp_path, **_):
-    assert run_cli("gen", "--out", tmp_path / "g", "--quiet")[2] == ""
-    assert run_cli("gen", "--out", tmp_path / "g")[2] != ""
 
 
 def p_build_shards(run_cli, stub_build, **_):
@@ -270,6 +266,9 @@ def p_verify_both(run_cli, **_):
 def p_verify_format(run_cli, **_):
     assert json.loads(run_cli(*V, "--format", "json")[1])
     assert run_cli(*V, "--format", "markdown")[1].startswith("#")
+    text = run_cli(*V, "--format", "text")[1]
+    assert "values 0->1 indices 0->1" in text  # each counter named by its argument
+    assert text.startswith("== with patch") and run_cli(*V)[1] == text == run_cli(*V, "--format", "table")[1]
 
 
 def p_verify_output(run_cli, tmp_path, **_):
@@ -331,17 +330,95 @@ def p_run_verbose(run_cli, monkeypatch, **_):
     from torchgen_patch.runtime import launch
 
     seen = []
-    monkeypatch.setattr(launch, "prepare", lambda *a, **k: seen.append(a[-1]) or {})
+    monkeypatch.setattr(launch, "prepare", lambda *a, **k: seen.append(a[-2:]) or {})
     run_cli("run", "--verbose", "--", sys.executable, "-c", "pass")
     run_cli("run", "--", sys.executable, "-c", "pass")
-    assert seen == [True, False]
+    assert seen == [(True, False), (False, False)]  # (verbose, quiet)
 
 
 def p_run_program(**_):
     assert _run("--backend", "python", "--", sys.executable, "-c", "raise SystemExit(7)").returncode == 7
 
 
+def p_output(cmd, *base):
+    """-o FILE: the command's result goes to FILE, stdout stays empty, stderr names the file."""
+    def probe(run_cli, tmp_path, **_):
+        rc, out, err = run_cli(cmd, *base, "-o", tmp_path / "r.txt")
+        assert out == "" and (tmp_path / "r.txt").read_text() == run_cli(cmd, *base)[1]
+        assert str(tmp_path / "r.txt") in err
+    return probe
+
+
+QUIET = {  # a run that says something on stderr for people; -q silences it
+    "scan": lambda t, _: ["-o", t / "r"], "lint": lambda t, _: ["-o", t / "r"], "gen": lambda t, _: ["-o", t / "g"],
+    "verify": lambda t, _: [*V[1:], "-o", t / "r"], "diff": lambda t, tree: ["--pytorch-root", tree, "-o", t / "r"],
+}
+
+
+def p_quiet(cmd):
+    def probe(run_cli, tmp_path, tree, **_):
+        args = QUIET[cmd](tmp_path, tree)
+        assert run_cli(cmd, *args)[2] != ""
+        assert run_cli(cmd, *args, "-q")[2] == ""
+    return probe
+
+
+def p_inputs_verbose(cmd):
+    """-v on the yaml commands: where each input came from."""
+    def probe(run_cli, tmp_path, **_):
+        args = ["-o", tmp_path / "g"] if cmd == "gen" else []
+        assert "inputs: world=installed" in run_cli(cmd, *args, "-v")[2]
+        assert "inputs:" not in run_cli(cmd, *args)[2]
+    return probe
+
+
+def p_build_quiet(run_cli, stub_build, **_):
+    assert run_cli("build", "-q")[2] == "" and "build: " in run_cli("build")[2]
+
+
+def p_install_quiet(run_cli, **_):
+    args = ["install", "--backend", "python", "--op", "aten::_cummax_helper"]
+    assert "registered" in run_cli(*args)[1]
+    import torchgen_patch
+
+    torchgen_patch.uninstall()
+    assert run_cli(*args, "-q")[1] == ""
+
+
+def p_install_verbose(run_cli, monkeypatch, **_):
+    from torchgen_patch.runtime import install as inst
+
+    seen = []
+    monkeypatch.setattr(inst, "install", lambda *a, **k: seen.append(k["verbose"]) or inst.InstallReport("cpp"))
+    run_cli("install", "-v")
+    run_cli("install")
+    assert seen == [True, False]
+
+
+def p_verify_verbose(run_cli, **_):
+    assert "[1/1] aten::_cummax_helper: PASS" in run_cli(*V, "-v")[2]
+    assert "[1/1]" not in run_cli(*V)[2]
+
+
+def p_run_quiet(**_):
+    args = ["--backend", "python", "--op", "aten::_cummax_helper", "--", sys.executable, "-c", "pass"]
+    assert "kernels active" in _run(*args).stderr
+    assert _run("-q", *args).stderr == ""
+
+
+def p_diff_verbose(run_cli, tree, **_):
+    assert "not patched; writing mode fix" in run_cli("diff", "--pytorch-root", tree, "-v")[2]
+    assert run_cli("diff", "--pytorch-root", tree)[2] == ""
+
+
 PROBES = {
+    ("scan", "--output"): p_output("scan"), ("lint", "--output"): p_output("lint"),
+    ("scan", "--quiet"): p_quiet("scan"), ("lint", "--quiet"): p_quiet("lint"), ("gen", "--quiet"): p_quiet("gen"),
+    ("verify", "--quiet"): p_quiet("verify"), ("diff", "--quiet"): p_quiet("diff"),
+    ("build", "--quiet"): p_build_quiet, ("install", "--quiet"): p_install_quiet, ("run", "--quiet"): p_run_quiet,
+    ("scan", "--verbose"): p_inputs_verbose("scan"), ("lint", "--verbose"): p_inputs_verbose("lint"),
+    ("gen", "--verbose"): p_inputs_verbose("gen"), ("install", "--verbose"): p_install_verbose,
+    ("verify", "--verbose"): p_verify_verbose, ("diff", "--verbose"): p_diff_verbose,
     ("scan", "--format"): p_scan_format, ("scan", "--verdict"): p_scan_verdict,
     ("scan", "--against-runtime"): p_against_runtime("scan"),
     ("lint", "paths"): p_lint_paths, ("lint", "--format"): p_lint_format,
@@ -349,8 +426,8 @@ PROBES = {
     ("lint", "--baseline"): p_lint_baseline, ("lint", "--write-baseline"): p_lint_baseline,
     ("lint", "--generated"): p_lint_generated, ("lint", "--runtime"): p_lint_runtime,
     ("lint", "--import"): p_lint_import, ("lint", "--namespace"): p_lint_namespace,
-    ("gen", "--out"): p_gen_out, ("gen", "--shards"): p_gen_shards, ("gen", "--output-dependencies"): p_gen_deps,
-    ("gen", "--dry-run"): p_gen_dry_run, ("gen", "--strict"): p_gen_strict, ("gen", "--quiet"): p_gen_quiet,
+    ("gen", "--output"): p_gen_out, ("gen", "--shards"): p_gen_shards, ("gen", "--output-dependencies"): p_gen_deps,
+    ("gen", "--dry-run"): p_gen_dry_run, ("gen", "--strict"): p_gen_strict,
     ("build", "--shards"): p_build_shards, ("build", "--verbose"): p_build_verbose,
     ("install", "--backend"): p_backend("install"), ("install", "--op"): p_op("install"),
     ("verify", "--backend"): p_backend("verify"), ("verify", "--op"): p_op("verify"),
@@ -362,6 +439,21 @@ PROBES = {
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
     ("diff", "--check"): p_diff_check,
 }
+
+
+def test_every_option_has_help_and_one_grammar():
+    """Every option says what it does; where a command writes a result it is -o/--output; -q/-v everywhere."""
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for cmd, p in sub.choices.items():
+        opts = {o for a in p._actions for o in a.option_strings}
+        assert {"-q", "--quiet", "-v", "--verbose"} <= opts, cmd
+        if cmd not in ("build", "install", "run"):  # the commands that write a result somewhere
+            assert {"-o", "--output"} <= opts, cmd
+        for a in p._actions:
+            assert a.help and a.help != argparse.SUPPRESS, (cmd, a.option_strings or a.dest)
+        if any("--format" in a.option_strings for a in p._actions):
+            fmt = next(a for a in p._actions if "--format" in a.option_strings)
+            assert fmt.choices[0] == "text" and "json" in fmt.choices, cmd  # the same names everywhere
 
 
 def test_every_flag_has_a_probe():
@@ -392,3 +484,25 @@ def _stub_build(monkeypatch):
 
     monkeypatch.setattr(b, "build", fake)
     return calls
+
+
+def test_progress_on_a_terminal_only_never_in_ci_or_quiet(monkeypatch, capsys):
+    """Long steps show one line rewritten in place on a terminal; in CI, into a pipe or with -q, nothing."""
+    from torchgen_patch.checks.verify import OpResult
+    from torchgen_patch.cli import commands
+
+    people, quiet = argparse.Namespace(quiet=False, verbose=False), argparse.Namespace(quiet=True, verbose=False)
+    r = OpResult("aten::_foreach_zero_", "cpu", True, "PASS")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    show = commands._progress(people, "verify")
+    show(1, 2, r)
+    show(2, 2, r)
+    err = capsys.readouterr().err
+    assert "\rverify: 1/2 aten::_foreach_zero_" in err.replace("\033[K", "") and "\n" not in err
+    assert commands._progress(quiet, "verify") is None
+    monkeypatch.setenv("CI", "true")
+    assert commands._progress(people, "verify") is None
+    monkeypatch.delenv("CI")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert commands._progress(people, "verify") is None

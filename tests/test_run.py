@@ -75,6 +75,13 @@ def test_runtime_ops_and_a_users_own_sitecustomize(tmp_path):
     (["--", "no-such-program-xyz"], "torchgen-patch: error: no such program: no-such-program-xyz"),
     (["--import", "x", "--", "true"], "torchgen-patch: error: --import goes with --runtime-op"),
     (["--op", "aten::nope", "--", "true"], "torchgen-patch: error: not in the plan: aten::nope"),
+    (["--op", "aten::_foreach_zero", "--", "true"], "torchgen-patch: error: not in the plan: aten::_foreach_zero "
+                                                   "(hint: did you mean aten::_foreach_zero_, "
+                                                   "aten::_foreach_zero.out, aten::_foreach_erf_?)"),
+    (["--op", "aten::record_stream", "--", "true"], "torchgen-patch: error: aten::record_stream is left out of "
+                                                   "the plan: skipped by the overlay: records a stream use for the "
+                                                   "caching allocator; writes no tensor data, so no version bump "
+                                                   "is due"),
 ])
 def test_bad_run_arguments(run_cli, argv, expected):
     assert run_cli("run", *argv) == (2, "", expected + "\n")

@@ -59,6 +59,22 @@ class EnvironmentProblem(InputError):
         super().__init__(None, None, message, hint)
 
 
+def unknown_names(what: str, unknown: list[str], known) -> InputError:
+    """The error for names not among ``known``: each listed, with the closest
+    known names for the first one ("did you mean ...?")."""
+    import difflib
+
+    def bare(name: str) -> str:  # the shared "aten::" prefix would make any two names look close
+        return name.split("::", 1)[-1]
+
+    by_bare: dict[str, list[str]] = {}
+    for k in sorted(known):
+        by_bare.setdefault(bare(k), []).append(k)
+    close = [k for b in difflib.get_close_matches(bare(unknown[0]), list(by_bare), n=3) for k in by_bare[b]][:3]
+    return InputError(None, None, f"not in {what}: {', '.join(unknown)}",
+                      ("did you mean " + ", ".join(close) + "?") if close else None)
+
+
 def display_path(path: str) -> str:
     """A path as the user would like to read it: relative when under the cwd."""
     return _display(path, os.getcwd())

@@ -60,9 +60,15 @@ def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = 
     return OpResult(op, device, patched, verdict, res)
 
 
-def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None) -> list[OpResult]:
+def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None, progress=None) -> list[OpResult]:
+    """Every op of ``ops`` once, sorted; ``progress(done, total, result)`` after each."""
     xfails = xfails or {}
-    return [run_op(op, device, patched, xfails.get(op)) for op in sorted(ops)]
+    out = []
+    for op in sorted(ops):
+        out.append(run_op(op, device, patched, xfails.get(op)))
+        if progress is not None:
+            progress(len(out), len(ops), out[-1])
+    return out
 
 
 def counts(results: list[OpResult]) -> dict[str, int]:
@@ -73,12 +79,17 @@ def counts(results: list[OpResult]) -> dict[str, int]:
 
 
 def _versions(r: OpResult) -> str:
-    return " ".join(f"{t.before}->{t.after}" for t in r.tensors) or "-"
+    return " ".join(f"{t.arg} {t.before}->{t.after}" for t in r.tensors) or "-"
+
+
+def summary(runs: dict[str, list[OpResult]]) -> str:
+    """One line per run: its verdict counts."""
+    return "\n".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in counts(rs).items()) for name, rs in runs.items())
 
 
 def table(results: list[OpResult]) -> str:
     w = max([len(r.op) for r in results] + [2])
-    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  versions (before->after, per written tensor)"]
+    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  versions (per written argument: before->after)"]
     for r in results:
         lines.append(f"{r.op:<{w}}  {r.device:<6}  {'yes' if r.patched else 'no':<5}  {r.verdict:<7}  "
                      f"{_versions(r)}{('  ' + r.message) if r.message else ''}")
@@ -92,8 +103,7 @@ def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
     for k, v in meta.items():
         lines.append(f"- {k}: `{v}`")
     lines.append("")
-    for run_name in runs:
-        lines.append(f"- {run_name}: " + ", ".join(f"{k} {v}" for k, v in counts(results_by_run[run_name]).items()))
+    lines += ["- " + line for line in summary(results_by_run).splitlines()]
     lines += ["", "| op | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
     by_op: dict[str, dict[str, OpResult]] = {}
     for run_name, rs in results_by_run.items():

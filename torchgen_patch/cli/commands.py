@@ -24,6 +24,52 @@ def _drifts(scan) -> int:
     return 1 if drifts else 0
 
 
+def _outputs_ok(args, what: str) -> None:
+    """Check -o/--output before any work, so a bad path costs nothing and writes nothing."""
+    if getattr(args, "output", None):
+        check_output_file(args.output, what)
+
+
+def _emit(args, text: str, what: str) -> None:
+    """The command's result: into -o/--output when given, else to stdout."""
+    if getattr(args, "output", None):
+        write_output(args.output, text.encode(), what)
+        if not args.quiet:
+            print(f"{what}: {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+
+
+def _say(args, text: str) -> None:
+    """A line for people, on stderr; -q silences it."""
+    if not args.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _inputs_note(args, sources) -> None:
+    """-v: where each input came from."""
+    if args.verbose:
+        print("inputs: " + ", ".join(f"{k}={v}" for k, v in sources.describe().items()
+                                     if v and not k.endswith("sha256")), file=sys.stderr)
+
+
+def _progress(args, what: str):
+    """A callback for ``(done, total, result)``: -v prints a line per op; on a terminal (not in CI)
+    one line rewritten in place; otherwise, and with -q, nothing."""
+    if args.quiet:
+        return None
+    if args.verbose:
+        return lambda i, n, r: print(f"{what}: [{i}/{n}] {r.op}: {r.verdict}", file=sys.stderr, flush=True)
+    if not sys.stderr.isatty() or os.environ.get("CI"):
+        return None
+
+    def show(i, n, r):
+        sys.stderr.write(f"\r\033[K{what}: {i}/{n} {r.op}" + ("\r\033[K" if i == n else ""))
+        sys.stderr.flush()
+
+    return show
+
+
 def _needs_torch(what: str) -> None:
     from ..errors import require_torch
 
@@ -36,16 +82,18 @@ def scan(args) -> int:
 
     if args.against_runtime:
         _needs_torch("--against-runtime")
+    _outputs_ok(args, "scan report")
     i = pipeline.inputs(dataclasses.replace(options(args), no_overlay=True))
+    _inputs_note(args, i.sources)
     verdicts = set(args.verdict) if args.verdict else None
-    sys.stdout.write(scan_json(i.scan, verdicts) if args.format == "json" else scan_text(i.scan, verdicts))
+    _emit(args, scan_json(i.scan, verdicts) if args.format == "json" else scan_text(i.scan, verdicts), "scan report")
     return _drifts(i.scan) if args.against_runtime else 0
 
 
 def lint(args) -> int:
     from .. import pipeline
     from ..diagnostics import Finding, baseline
-    from ..diagnostics.render import RENDERERS, Summary
+    from ..diagnostics.render import RENDERERS, Summary, summary_line
     from ..scan.model import VERDICTS
 
     opts = options(args)
@@ -55,7 +103,10 @@ def lint(args) -> int:
     if (args.imports or args.namespace) and not args.runtime:
         raise InputError(None, None, "--import and --namespace go with --runtime")
     if args.write_baseline:
+        if args.output:
+            raise InputError(None, None, "--write-baseline writes the baseline, not a report: drop -o/--output")
         check_output_file(args.write_baseline, "baseline")
+    _outputs_ok(args, "lint report")
     runs = []
     if args.runtime:
         if args.paths or args.native_functions or args.tags or args.pytorch_root or args.generated or \
@@ -81,6 +132,7 @@ def lint(args) -> int:
         for path in args.paths or [None]:
             o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=None)
             runs.append(pipeline.inputs(o))
+            _inputs_note(args, runs[-1].sources)
         fs = [f for i in runs for f in findings(i.scan, i.overlay)]
         counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
         summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
@@ -100,9 +152,13 @@ def lint(args) -> int:
         print(f"wrote {len(fs)} finding(s) to {args.write_baseline}", file=sys.stderr)
         return 0
     if args.baseline:
-        fs = baseline.apply(fs, args.baseline)
+        fs, accepted = baseline.apply(fs, args.baseline)
+        summary = dataclasses.replace(summary, accepted=accepted, baseline=args.baseline)
     fs = sorted(fs, key=Finding.sort_key)
-    sys.stdout.write(RENDERERS[args.format](fs, summary))
+    report = RENDERERS[args.format](fs, summary)
+    if args.output or args.format not in ("text", "lintrunner"):  # the text report's last line, for people
+        _say(args, "lint: " + summary_line(fs, summary))
+    _emit(args, report, "lint report")
     if args.format == "lintrunner":
         return 0
     rc = 1 if fs else 0
@@ -122,12 +178,13 @@ def gen(args) -> int:
     pipeline.check_shards(args.shards)
     # every output checked before any work, so a bad one costs nothing and writes nothing
     if not args.dry_run:
-        check_output_dir(args.out)
+        check_output_dir(args.output)
     if args.output_dependencies:
         check_output_file(args.output_dependencies, "output dependencies", create_dir=True)
-    _, plan, files = pipeline.generate(options(args), args.shards, args.strict)
+    i, plan, files = pipeline.generate(options(args), args.shards, args.strict)
+    _inputs_note(args, i.sources)
     if args.output_dependencies:
-        out = args.out.rstrip("/") or "/"
+        out = args.output.rstrip("/") or "/"
         text = cmake_fragment("TORCHGEN_PATCH_SOURCES", out, compiled_sources(args.shards))
         text += cmake_fragment("TORCHGEN_PATCH_OUTPUTS", out, output_names(args.shards))
         try:
@@ -135,12 +192,14 @@ def gen(args) -> int:
             write_if_changed(args.output_dependencies, text.encode())
         except OSError as e:
             raise InputError(args.output_dependencies, None, f"cannot write: {e.strerror}") from None
-    written = [] if args.dry_run else write_all(args.out, files)
-    if not args.quiet:
-        for lo in plan.left_out:
-            print(f"left out: {lo.op}: {lo.why}", file=sys.stderr)
-        print(f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
-              f"{len(written)} of {len(files)} files written to {args.out}", file=sys.stderr)
+    written = [] if args.dry_run else write_all(args.output, files)
+    if args.verbose:
+        for name in written:
+            print(f"wrote {os.path.join(args.output, name)}", file=sys.stderr)
+    for lo in plan.left_out:
+        _say(args, f"left out: {lo.op}: {lo.why}")
+    _say(args, f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
+               f"{len(written)} of {len(files)} files written to {args.output}")
     return 0
 
 
@@ -151,10 +210,10 @@ def build(args) -> int:
     _needs_torch("build")
     pipeline.check_shards(args.shards)
     _, plan, files = pipeline.generate(options(args), args.shards)
-    lib = build_library(files, plan.ops(), args.shards, verbose=args.verbose)
+    lib = build_library(files, plan.ops(), args.shards, verbose=args.verbose,
+                        log=open(os.devnull, "w") if args.quiet else sys.stderr)
     print(lib.path)
-    print(f"torchgen-patch: {len(plan.kernels)} kernels; "
-          f"{'built' if lib.built else 'up to date (cache hit)'}", file=sys.stderr)
+    _say(args, f"build: {len(plan.kernels)} kernels; {'built' if lib.built else 'up to date (cache hit)'}")
     return 0
 
 
@@ -162,8 +221,9 @@ def install(args) -> int:
     from ..runtime.install import install as install_kernels
 
     _needs_torch("install")
-    rep = install_kernels(args.op, backend=args.backend, options=options(args))
-    print(rep.summary())
+    rep = install_kernels(args.op, backend=args.backend, options=options(args), verbose=args.verbose)
+    if not args.quiet or rep.refused:  # -q: only what did not register
+        print(rep.summary())
     return 0
 
 
@@ -176,27 +236,22 @@ def verify(args) -> int:
     from ..runtime.install import install as install_kernels
 
     torch = require_torch("verify")
-    if args.output:
-        check_output_file(args.output, "report")
+    _outputs_ok(args, "report")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise EnvironmentProblem("--device cuda: no CUDA device is available")
     opts = options(args)
     _, plan = pipeline.plan(opts)
-    ops = plan.ops()
-    if args.op:
-        unknown = sorted(set(args.op) - set(ops))
-        if unknown:
-            raise InputError(None, None, f"not in the plan: {', '.join(unknown)}")
-        ops = sorted(args.op)
+    ops = plan.pick(args.op)
     xfails = {k.op: k.xfail_devices for k in plan.kernels if k.xfail_devices is not None}
     runs: dict[str, list] = {}
     if args.without_patch or args.both:
-        runs["without patch"] = v.run(ops, args.device, False, xfails)
+        runs["without patch"] = v.run(ops, args.device, False, xfails, _progress(args, "verify without patch"))
     refused = {}
     if not args.without_patch:
-        rep = install_kernels(ops, backend=args.backend, plan=plan)
+        rep = install_kernels(ops, backend=args.backend, plan=plan, verbose=args.verbose)
         refused = rep.refused
-        runs[f"with patch ({args.backend})"] = v.run(ops, args.device, True, xfails)
+        runs[f"with patch ({args.backend})"] = v.run(ops, args.device, True, xfails,
+                                                     _progress(args, f"verify with patch ({args.backend})"))
     meta = {"torch": torch.__version__, "device": args.device if args.device == "cpu"
             else f"cuda: {torch.cuda.get_device_name()}", "python": platform.python_version(),
             "ops": len(ops), "command": "torchgen-patch verify " + " ".join(sys.argv[2:])}
@@ -208,13 +263,12 @@ def verify(args) -> int:
         text = v.markdown(runs, meta)
     else:
         text = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items())
-    if args.output:
-        write_output(args.output, text.encode(), "report")
-    else:
-        sys.stdout.write(text)
     bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict in v.FAILING]
     for r in bad:
         print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
+    if args.output:
+        _say(args, "\n".join(f"verify ({args.device}) {line}" for line in v.summary(runs).splitlines()))
+    _emit(args, text, "report")
     return 1 if bad else 0
 
 
@@ -231,10 +285,9 @@ def run(args) -> int:
     opts = options(args)
     _, plan = pipeline.plan(opts)
     if args.op:
-        unknown = sorted(set(args.op) - set(plan.ops()))
-        if unknown:
-            raise InputError(None, None, f"not in the plan: {', '.join(unknown)}")
-    env = dict(os.environ, **prepare(plan, opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose))
+        plan.pick(args.op)
+    env = dict(os.environ, **prepare(plan, opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
+                                       args.quiet))
     try:
         return run_program(program, env)
     except FileNotFoundError:
@@ -249,18 +302,20 @@ def diff(args) -> int:
 
     if not os.path.isdir(args.pytorch_root):
         raise InputError(args.pytorch_root, None, "--pytorch-root is not a directory")
-    if args.output:
-        check_output_file(args.output, "diff")
+    if args.check and args.output:
+        raise InputError(None, None, "--check writes no diff: drop -o/--output")
+    _outputs_ok(args, "diff")
     source = read_text(os.path.join(args.pytorch_root, up.TARGET), "the autograd codegen")
     applied = up.state(source)
+    if args.verbose:
+        print(f"diff: {os.path.join(args.pytorch_root, up.TARGET)}: "
+              + (f"patched (mode {applied})" if applied else "not patched") + f"; writing mode {args.mode}",
+              file=sys.stderr)
     if args.check:
         print(f"{up.TARGET}: " + (f"patched (mode {applied})" if applied else "not patched"))
         return 0 if applied else 1
     text = up.unified_diff(source, up.patched(source, args.mode, os.path.join(args.pytorch_root, up.TARGET)))
-    if args.output:
-        write_output(args.output, text.encode(), "diff")
-    else:
-        sys.stdout.write(text)
+    _emit(args, text, "diff")
     return 0
 
 

@@ -14,6 +14,13 @@ Exit codes: 0 success/clean, 1 findings (lint) or failures (verify), 2 bad input
 3 the machine lacks something the command needs (torch, a C++ compiler, CUDA)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (like every other bad input), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) -> None:
     """The input flags. ``checkout``: the command also runs in a PyTorch checkout (no torch needed)."""
     title = ("inputs (default: the installed torch's torchgen and its packaged native_functions.yaml; "
@@ -31,23 +38,46 @@ def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) ->
     g.add_argument("--no-cache", action="store_true", help="do not read or write the scan cache")
 
 
+def _output(p: argparse.ArgumentParser, output: str | None = None, formats: tuple[str, ...] | None = None,
+            default_format: str = "text") -> None:
+    """The flags every subcommand shares: -q/-v, and where it writes (-o/--output) in which --format."""
+    g = p.add_argument_group("output")
+    if formats:
+        g.add_argument("--format", choices=formats, default=default_format, type=_format,
+                       help=f"report format (default {default_format})")
+    if output:
+        g.add_argument("-o", "--output", metavar=output.split()[0], help=output.split(" ", 1)[1])
+    v = g.add_mutually_exclusive_group()
+    v.add_argument("-q", "--quiet", action="store_true", help="print nothing but results and errors")
+    v.add_argument("-v", "--verbose", action="store_true",
+                   help="say more: progress of every step, the compiler's commands")
+
+
+def _format(value: str) -> str:
+    return "text" if value == "table" else value  # 'table': verify's older name for 'text'
+
+
 def options(args: argparse.Namespace) -> Options:
     return Options(native_functions=getattr(args, "native_functions", None), tags=getattr(args, "tags", None),
                    pytorch_root=getattr(args, "pytorch_root", None), overlay=getattr(args, "overlay", None),
                    no_overlay=getattr(args, "no_overlay", False), no_cache=getattr(args, "no_cache", False))
 
 
+BACKEND = "cpp: the compiled kernels (default); python: torch.library kernels, no compiler needed"
+
+
 def parser() -> argparse.ArgumentParser:
     from ..version import __version__
 
-    p = argparse.ArgumentParser(prog="torchgen-patch", description=DESCRIPTION,
+    p = _Parser(prog="torchgen-patch", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
-    p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}")
+    p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("scan", help="classify every function of native_functions.yaml")
     _inputs(s, checkout=True, overlay=False)
-    s.add_argument("--format", choices=("text", "json"), default="text")
+    _output(s, "FILE write the table here instead of stdout", ("text", "json"))
     s.add_argument("--verdict", action="append", choices=VERDICTS, help="show only these verdicts (repeatable)")
     s.add_argument("--against-runtime", action="store_true",
                    help="cross-check with the running torch's dispatcher (needs torch)")
@@ -60,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="*", metavar="NATIVE_FUNCTIONS_YAML",
                       help="yaml files to lint (each with the tags.yaml beside it); pre-commit and lintrunner "
                            "pass them here")
-    lint.add_argument("--format", choices=("text", "json", "lintrunner", "sarif", "github"), default="text")
+    _output(lint, "FILE write the findings here instead of stdout", ("text", "json", "lintrunner", "sarif", "github"))
     lint.add_argument("--against-runtime", action="store_true",
                       help="cross-check with the running torch's dispatcher (needs torch)")
     b = lint.add_mutually_exclusive_group()
@@ -75,36 +105,40 @@ def parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("gen", help="generate ADInplaceOrView kernels for the missing ops")
     _inputs(g, checkout=True)
-    g.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    g.add_argument("-o", "--output", "--out", dest="output", required=True, metavar="DIR",
+                   help="output directory (--out: the older spelling)")
     g.add_argument("--shards", type=int, default=2, metavar="N", help="number of kernel files (default 2)")
     g.add_argument("--output-dependencies", metavar="FILE",
                    help="write a CMake fragment listing every output (set(TORCHGEN_PATCH_SOURCES ...))")
     g.add_argument("--dry-run", action="store_true",
                    help="write nothing but the --output-dependencies file (which it requires)")
     g.add_argument("--strict", action="store_true", help="an op that cannot be generated is an error")
-    g.add_argument("--quiet", action="store_true", help="print nothing on success")
+    _output(g)
 
     b = sub.add_parser("build", help="compile the kernels into a shared library against the running torch (cached)")
     _inputs(b, checkout=False)
     b.add_argument("--shards", type=int, default=2, metavar="N", help="number of kernel files (default 2)")
-    b.add_argument("--verbose", action="store_true", help="show ninja's progress and commands")
+    _output(b)
 
-    i = sub.add_parser("install", help="build (if needed) and register the kernels in this process; "
-                                       "prints what registered and what was refused")
+    i = sub.add_parser("install", help="try install() here: build if needed, register the kernels in a "
+                                       "throwaway process and print what registered and what was refused",
+                       description="A dry run of torchgen_patch.install(): the kernels are registered in this "
+                                   "command's own process, which then exits. To patch a program, use "
+                                   "`torchgen-patch run -- PROGRAM` or call torchgen_patch.install() in it.")
     _inputs(i, checkout=False)
-    i.add_argument("--backend", choices=("cpp", "python"), default="cpp")
+    i.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
     i.add_argument("--op", action="append", help="install only these ops (repeatable)")
+    _output(i)
 
     v = sub.add_parser("verify", help="run every op of the plan and check its version bumps")
     _inputs(v, checkout=False)
-    v.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the samples run (default cpu)")
     m = v.add_mutually_exclusive_group()
     m.add_argument("--without-patch", action="store_true", help="run without installing the kernels")
     m.add_argument("--both", action="store_true", help="run without, then with the patch, in one report")
-    v.add_argument("--backend", choices=("cpp", "python"), default="cpp")
+    v.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
     v.add_argument("--op", action="append", help="only these ops (repeatable)")
-    v.add_argument("--format", choices=("table", "json", "markdown"), default="table")
-    v.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
+    _output(v, "FILE write the report here instead of stdout", ("text", "json", "markdown"))
 
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "
                                    "every Python process it starts",
@@ -113,21 +147,22 @@ def parser() -> argparse.ArgumentParser:
                                    "Example: torchgen-patch run --runtime-op 'bitsandbytes::*' --import "
                                    "bitsandbytes -- python train.py")
     _inputs(r, checkout=False)
-    r.add_argument("--backend", choices=("cpp", "python"), default="cpp")
+    r.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
     r.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
     r.add_argument("--runtime-op", dest="runtime_ops", action="append", default=[], metavar="PATTERN",
                    help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; repeatable)")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
-    r.add_argument("--verbose", action="store_true", help="show the build's progress")
+    _output(r)
     r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the command to run, after --")
 
     d = sub.add_parser("diff", help="write a unified diff that fixes (or guards) PyTorch's own codegen")
     d.add_argument("--pytorch-root", required=True, metavar="DIR", help="a PyTorch source checkout")
-    d.add_argument("--mode", choices=("fix", "error"), default="fix")
-    c = d.add_mutually_exclusive_group()
-    c.add_argument("-o", "--output", metavar="FILE", help="write the diff here (default: stdout)")
-    c.add_argument("--check", action="store_true", help="report whether the tree is already patched "
-                                                        "(exit 0 patched, 1 not)")
+    d.add_argument("--mode", choices=("fix", "error"), default="fix",
+                   help="fix: generate the missing kernels; error: fail the codegen naming each missing op "
+                        "(default fix)")
+    d.add_argument("--check", action="store_true", help="report whether the tree is already patched "
+                                                        "(exit 0 patched, 1 not); writes no diff")
+    _output(d, "FILE write the diff here (default: stdout)")
     return p

@@ -51,11 +51,11 @@ def load(path: str) -> list[tuple[str, str, int]]:
     return out
 
 
-def apply(fs: list[Finding], path: str) -> list[Finding]:
-    """Drop accepted findings; add one for each stale entry."""
+def apply(fs: list[Finding], path: str) -> tuple[list[Finding], int]:
+    """Drop accepted findings; add one for each stale entry. Also returns how many it accepted."""
     accepted = load(path)
     keys = {(op, rule) for op, rule, _ in accepted}
     kept = [f for f in fs if (f.op, f.rule) not in keys]
     present = {(f.op, f.rule) for f in fs}
     stale = [rules.stale_baseline(path, line, op, rule) for op, rule, line in accepted if (op, rule) not in present]
-    return kept + sorted(stale, key=lambda f: f.line)
+    return kept + sorted(stale, key=lambda f: f.line), len(fs) - len(kept)

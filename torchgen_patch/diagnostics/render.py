@@ -28,6 +28,8 @@ class Summary:
     counts: dict[str, int] = field(default_factory=dict)  # verdict -> functions, over every yaml linted
     torch: str | None = None
     inputs: tuple[str, ...] = ()  # the native_functions.yaml files linted
+    baseline: str | None = None  # the --baseline file, when one was applied
+    accepted: int = 0  # findings it accepted (not reported)
 
 
 def _line(f: Finding) -> str:
@@ -35,18 +37,27 @@ def _line(f: Finding) -> str:
     return f"{where}: {f.severity}: [{f.code}] {f.message}"
 
 
-def text(fs: list[Finding], s: Summary) -> str:
-    lines = [_line(f) for f in fs]
+def _accepted(s: Summary) -> str:
+    return f"; {s.accepted} accepted by the baseline {display_path(s.baseline)}" if s.baseline else ""
+
+
+def summary_line(fs: list[Finding], s: Summary) -> str:
+    """The text report's last line: how many findings, how many the baseline accepted, the verdict counts."""
     if s.source == "runtime":
-        return "\n".join(lines + [f"{len(fs)} finding(s) in the live operator registry"]) + "\n"
-    lines.append(f"{len(fs)} finding(s); " + ", ".join(f"{v} {n}" for v, n in s.counts.items())
-                 + f" (of {sum(s.counts.values())} functions)")
-    return "\n".join(lines) + "\n"
+        return f"{len(fs)} finding(s) in the live operator registry{_accepted(s)}"
+    return (f"{len(fs)} finding(s){_accepted(s)}; " + ", ".join(f"{v} {n}" for v, n in s.counts.items())
+            + f" (of {sum(s.counts.values())} functions)")
+
+
+def text(fs: list[Finding], s: Summary) -> str:
+    return "\n".join([_line(f) for f in fs] + [summary_line(fs, s)]) + "\n"
 
 
 def json_(fs: list[Finding], s: Summary) -> str:
     doc = {"schema_version": JSON_SCHEMA_VERSION, "tool": "torchgen-patch",
            "findings": [f.to_json() for f in fs]}
+    if s.baseline:
+        doc["baseline"] = {"path": display_path(s.baseline), "accepted": s.accepted}
     if s.source == "runtime":
         doc["source"] = "runtime"
     else:

@@ -10,7 +10,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from ..errors import InputError, Location
+from ..errors import InputError, Location, unknown_names
 from ..scan.model import MISSING, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
 from .overlay import Overlay
 
@@ -69,6 +69,20 @@ class Plan:
 
     def kernel(self, op: str) -> Kernel | None:
         return next((k for k in self.kernels if k.op == op), None)
+
+    def pick(self, ops: list[str] | None) -> list[str]:
+        """``ops`` (all when None), sorted; an op the plan lacks is an error that says
+        why it is not there (left out, and the reason) or which planned op was meant."""
+        if ops is None:
+            return self.ops()
+        left = {lo.op: lo for lo in self.left_out}
+        for op in ops:
+            if op in left:
+                raise InputError(None, None, f"{op} is left out of the plan: {left[op].why}")
+        unknown = sorted(set(ops) - set(self.ops()))
+        if unknown:
+            raise unknown_names("the plan", unknown, self.ops())
+        return sorted(set(ops))
 
 
 def stable_hash(key: str) -> int:

@@ -25,7 +25,14 @@ from ..codegen import compiled_sources
 from ..errors import EnvironmentProblem, InputError, require_torch
 from ..scan.cache import directory as cache_dir
 
-CFLAGS = ("-O2", "-Wall", "-Werror", "-Wno-unused-function")
+# Never -Werror here: a newer compiler's new warning must not break a user's install. The
+# project's own tests add it through TORCHGEN_PATCH_EXTRA_CFLAGS (tests/conftest.py).
+CFLAGS = ("-O2", "-Wall", "-Wno-unused-function")
+
+
+def default_flags() -> tuple[str, ...]:
+    """CFLAGS plus the words of $TORCHGEN_PATCH_EXTRA_CFLAGS (part of the cache key, like every flag)."""
+    return CFLAGS + tuple(os.environ.get("TORCHGEN_PATCH_EXTRA_CFLAGS", "").split())
 LIB_PREFIX = "torchgen_patch_kernels"
 
 
@@ -60,7 +67,7 @@ def _key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
     return h.hexdigest()
 
 
-def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] = CFLAGS,
+def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
           root: str | None = None, verbose: bool = False, log=sys.stderr, sources: list[str] | None = None,
           prefix: str = LIB_PREFIX) -> Library:
     """Compile ``files`` (as rendered by render.render) unless the cache has them.
@@ -68,6 +75,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
     torch = require_torch("building the kernels")
 
     compiler = _compiler()
+    flags = default_flags() if flags is None else flags
     key = _key(files, flags, compiler)
     root = root or os.path.join(cache_dir(), "builds")
     final = os.path.join(root, f"build-{key[:24]}")
@@ -184,9 +192,9 @@ def _kernel_at(path: str, line: int) -> str | None:
     return None
 
 
-def build_boxed(root: str | None = None, verbose: bool = False) -> Library:
+def build_boxed(root: str | None = None, verbose: bool = False, log=sys.stderr) -> Library:
     """The boxed kernel library (for operators outside native_functions.yaml)."""
     from ..codegen import render_boxed
 
-    return build(render_boxed(), [], 0, root=root, verbose=verbose, sources=["BoxedADInplaceOrView.cpp"],
+    return build(render_boxed(), [], 0, root=root, verbose=verbose, log=log, sources=["BoxedADInplaceOrView.cpp"],
                  prefix="torchgen_patch_boxed")

@@ -16,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import InputError, require_torch
+from ..errors import InputError, require_torch, unknown_names
 from ..sources import Options
 
 _LOCK = threading.Lock()
@@ -112,11 +112,7 @@ def _select(cands: list[Candidate], ops: list[str] | None) -> list[Candidate]:
     by = {c.op: c for c in cands}
     unknown = [o for o in ops if o not in by]
     if unknown:
-        import difflib
-
-        close = difflib.get_close_matches(unknown[0], list(by), n=3)
-        raise InputError(None, None, f"not in the plan: {', '.join(unknown)}",
-                         ("did you mean " + ", ".join(close) + "?") if close else None)
+        raise unknown_names("the plan", unknown, by)
     return [by[o] for o in ops]
 
 

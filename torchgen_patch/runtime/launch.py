@@ -27,10 +27,11 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 
 def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
-            verbose: bool = False) -> dict[str, str]:
+            verbose: bool = False, quiet: bool = False) -> dict[str, str]:
     """Build once, here; return the environment the program runs with. ``opts`` (sources.Options)
     travel along with absolute paths, so each process installs from the same inputs and overlay
-    as this plan, whatever its working directory."""
+    as this plan, whatever its working directory. ``quiet``: no build messages, and each process
+    says only when the patch is NOT active."""
     import dataclasses
 
     def absolute(p):
@@ -39,7 +40,8 @@ def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[s
     opts = dataclasses.replace(opts, native_functions=absolute(opts.native_functions), tags=absolute(opts.tags),
                                overlay=absolute(opts.overlay))
     spec = {"backend": backend, "ops": ops, "runtime_ops": runtime_ops, "imports": imports,
-            "library": None, "boxed": None, "options": dataclasses.asdict(opts), "package": PKG_PARENT}
+            "library": None, "boxed": None, "options": dataclasses.asdict(opts), "package": PKG_PARENT,
+            "quiet": quiet}
     if runtime_ops:  # the patterns are checked here, once, not in every process
         from .install import expand_patterns
         from .registry import import_modules
@@ -50,9 +52,10 @@ def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[s
         from ..codegen import render
         from .build import build, build_boxed
 
-        spec["library"] = build(render(plan, 2), plan.ops(), 2, verbose=verbose).path
+        log = open(os.devnull, "w") if quiet else sys.stderr
+        spec["library"] = build(render(plan, 2), plan.ops(), 2, verbose=verbose, log=log).path
         if runtime_ops:
-            spec["boxed"] = build_boxed(verbose=verbose).path
+            spec["boxed"] = build_boxed(verbose=verbose, log=log).path
     user = os.environ.get("PYTHONPATH")
     return {ENV: json.dumps(spec), "PYTHONPATH": SITE if user is None else SITE + os.pathsep + user}
 
@@ -89,7 +92,8 @@ def _install(spec: dict) -> None:
             line += f"; runtime ops: {len(r.registered)} active, {len(r.refused)} refused"
         except Exception as e:  # noqa: BLE001
             line += f"; runtime ops NOT active: {type(e).__name__}: {e}"
-    print(f"{line}, in pid {os.getpid()}", file=sys.stderr, flush=True)
+    if not spec.get("quiet") or "NOT active" in line or rep.refused:
+        print(f"{line}, in pid {os.getpid()}", file=sys.stderr, flush=True)
 
 
 def _chain(ours: str) -> None:

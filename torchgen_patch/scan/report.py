@@ -8,7 +8,7 @@ from ..errors import display_path
 from .model import VERDICTS, Scan
 
 # Bump when the JSON layout changes incompatibly.
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2  # 2: "native_functions" is a list, as in lint's JSON
 _PATHS = {"root", "native_functions", "tags", "overlay", "torchgen", "autograd_codegen"}
 
 
@@ -28,7 +28,7 @@ def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
         "schema_version": JSON_SCHEMA_VERSION,
         "tool": "torchgen-patch",
         "torch": scan.torch_version,
-        "native_functions": display_path(scan.native_path),
+        "native_functions": [display_path(scan.native_path)],
         "counts": scan.counts(),
         "total": len(scan.records),
         "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records
