@@ -130,4 +130,6 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", metavar="FILE", help="write the diff here (default: stdout)")
     c.add_argument("--check", action="store_true", help="report whether the tree is already patched "
                                                         "(exit 0 patched, 1 not)")
+    d.add_argument("--pr-body", metavar="FILE", help="with --mode fix: also write a pull-request description "
+                                                     "(markdown), measured with this machine's torch")
     return p
