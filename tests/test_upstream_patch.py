@@ -276,3 +276,25 @@ def test_committed_example_is_current(tmp_path, run_cli, mode):
     assert rc == 0
     with open(os.path.join(PATCHES, f"gen_inplace_or_view_type-{mode}-torch2.13.diff")) as fh:
         assert fh.read() == diff_text, "stale example diff: run `make patches`"
+
+
+@pytest.mark.build
+@pytest.mark.skipif(not torch_is("2.13"), reason="the committed description is measured on torch 2.13 (CPU)")
+def test_committed_pr_body_is_current(tmp_path):
+    """patches/pr-body-torch2.13.md: `diff --pr-body`, regenerated with `make patches`."""
+    root = make_tree(str(tmp_path / "tree"))
+    body = tmp_path / "pr.md"
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "diff", "--pytorch-root", root, "-o",
+                        str(tmp_path / "fix.diff"), "--pr-body", str(body)], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(PATCHES, "pr-body-torch2.13.md")) as fh:
+        assert fh.read() == body.read_text(), "stale example description: run `make patches`"
+
+
+def test_pr_body_goes_with_the_fix_only(tmp_path, run_cli):
+    root = make_tree(str(tmp_path / "tree"))
+    for extra in (["--mode", "error"], ["--check"]):
+        rc, out, err = run_cli("diff", "--pytorch-root", root, "--pr-body", tmp_path / "pr.md", *extra)
+        assert (rc, out, err) == (2, "", "torchgen-patch: error: --pr-body goes with --mode fix, without --check\n")
+    assert not (tmp_path / "pr.md").exists()
