@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, torch_is
-from tests.upstream_tree import kernels_tu, make_tree, registrations, run_codegen
+from tests.upstream_tree import failed_tests, kernels_tu, make_tree, registrations, run_codegen, run_test_file
 from torchgen_patch.upstream import patch as up
 
 PATCHES = os.path.join(ROOT, "patches")
@@ -152,22 +152,6 @@ CPU_FAILS = {"test_mutating_ops_without_returns_have_inplace_or_view_kernels",
              "test_amp_foreach_non_finite_check_and_unscale__cpu", "test_cummax_helper_cummax_cpu_float32",
              "test_fused_optimizer_ops_cpu"} | {
     f"test_fused_optimizer_step_before_backward_raises_{o}_cpu_float32" for o in ("Adagrad", "Adam", "AdamW", "SGD")}
-
-
-def run_test_file(root: str, patched: bool, *args: str) -> subprocess.CompletedProcess:
-    """The tree's regression test, as PyTorch's CI runs it (from test/), with this tool's kernels
-    standing in for the rebuilt torch when ``patched`` (`torchgen-patch run`)."""
-    env = {k: v for k, v in os.environ.items() if k != "CI"}  # CI=1 makes common_utils act as PyTorch's CI
-    prefix = [sys.executable, "-m", "torchgen_patch", "run", "--"] if patched else []
-    if patched:
-        env["PYTHONPATH"] = ROOT
-    return subprocess.run([*prefix, sys.executable, os.path.basename(up.TEST_FILE), "-v", *args],
-                          cwd=os.path.join(root, os.path.dirname(up.TEST_FILE)), env=env, capture_output=True,
-                          text=True, timeout=1800)
-
-
-def failed_tests(output: str) -> set[str]:
-    return set(re.findall(r"^(?:FAIL|ERROR): (\w+) ", output, re.M))
 
 
 @pytest.mark.build
