@@ -36,6 +36,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--site", help="a directory put first on the test's path")
     args = ap.parse_args()
+    site = os.path.abspath(args.site) if args.site else None  # the test runs from the tree's test/
     import torch
 
     device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "cpu only"
@@ -45,8 +46,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "torchgen_patch", "diff", "--pytorch-root", root, "-o", diff],
                        check=True, env=dict(os.environ, PYTHONPATH=ROOT))
         subprocess.run(["git", "apply", diff], cwd=root, check=True)
-        runs = {"without the kernels": run_test_file(root, False, site=args.site),
-                "with the kernels (`torchgen-patch run`)": run_test_file(root, True, site=args.site)}
+        runs = {"without the kernels": run_test_file(root, False, site=site),
+                "with the kernels (`torchgen-patch run`)": run_test_file(root, True, site=site)}
     lines = ["# The upstream regression test, before and after", "",
              f"- torch: `{torch.__version__}`; devices: {device}",
              f"- test: `{TEST_FILE}` as `diff --mode fix` adds it, run from the tree's `test/` with `-v`",

@@ -162,6 +162,8 @@ def test_no_traceback_in_a_real_process(tmp_path):
      "/no/such/dir/b.json: error: cannot write baseline: directory /no/such/dir does not exist"),
     (["diff", "--pytorch-root", "TREE", "-o", "/nonexistent/x.diff"],
      "/nonexistent/x.diff: error: cannot write diff: directory /nonexistent does not exist"),
+    (["diff", "--pytorch-root", "TREE", "-o", "OUT", "--pr-body", "/nonexistent/pr.md"],
+     "/nonexistent/pr.md: error: cannot write description: directory /nonexistent does not exist"),
     (["gen", "--out", "/etc/passwd"], "/etc/passwd: error: output path exists and is not a directory"),
     (["gen", "--out", "OUT", "--output-dependencies", "/etc/passwd/d.cmake"],
      "/etc/passwd: error: output path exists and is not a directory"),
