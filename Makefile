@@ -39,11 +39,13 @@ goldens: setup
 clean:
 	rm -rf build .cache .pytest_cache
 
-# The example diffs for the installed torch's codegen (tests check they are current).
+# The example diffs for the installed torch's codegen and the PR description measured on it (tests
+# check they are current).
 patches: setup
 	rm -rf build/tree && mkdir -p build
 	$(BIN)/python -c "from tests.upstream_tree import make_tree; make_tree('build/tree')"
-	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode fix -o patches/gen_inplace_or_view_type-fix-torch2.13.diff
+	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode fix -o patches/gen_inplace_or_view_type-fix-torch2.13.diff \
+		--pr-body patches/pr-body-torch2.13.md
 	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode error -o patches/gen_inplace_or_view_type-error-torch2.13.diff
 
 # The suite on the newest torch release (2.14.1) in a venv of its own, with a

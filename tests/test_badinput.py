@@ -165,6 +165,8 @@ def test_no_traceback_in_a_real_process(tmp_path):
     (["scan", "-o", "/no/such/dir/s.txt"],
      "/no/such/dir/s.txt: error: cannot write scan report: directory /no/such/dir does not exist"),
     (["lint", "-o", "/tmp"], "/tmp: error: lint report is a directory, expected a file name"),
+    (["diff", "--pytorch-root", "TREE", "-o", "OUT", "--pr-body", "/nonexistent/pr.md"],
+     "/nonexistent/pr.md: error: cannot write description: directory /nonexistent does not exist"),
     (["gen", "--out", "/etc/passwd"], "/etc/passwd: error: output path exists and is not a directory"),
     (["gen", "--out", "OUT", "--output-dependencies", "/etc/passwd/d.cmake"],
      "/etc/passwd: error: output path exists and is not a directory"),

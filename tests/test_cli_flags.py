@@ -296,6 +296,16 @@ def p_diff_check(run_cli, tree, **_):
         1, "tools/autograd/gen_inplace_or_view_type.py: not patched\n")
 
 
+def p_diff_pr_body(run_cli, tree, tmp_path, monkeypatch, **_):
+    from torchgen_patch.upstream import pr_body
+
+    monkeypatch.setattr(pr_body, "measure", lambda plan, device: pr_body.Measurement("t", device, [], [], {}))
+    body = tmp_path / "pr.md"
+    assert run_cli("diff", "--pytorch-root", tree, "-o", tmp_path / "x.diff")[0] == 0 and not body.exists()
+    assert run_cli("diff", "--pytorch-root", tree, "-o", tmp_path / "x.diff", "--pr-body", body)[0] == 0
+    assert "Fixes https://github.com/pytorch/pytorch/issues/132014." in body.read_text()
+
+
 def _run(*args):
     """`torchgen-patch run ARGS -- python -c CODE` in a process of its own (the program's output is
     the child's, which run_cli cannot capture)."""
@@ -437,7 +447,7 @@ PROBES = {
     ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
     ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
-    ("diff", "--check"): p_diff_check,
+    ("diff", "--check"): p_diff_check, ("diff", "--pr-body"): p_diff_pr_body,
 }
 
 

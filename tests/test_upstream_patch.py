@@ -1,15 +1,17 @@
 """Issue 6: the diff for PyTorch's own codegen, validated by running that codegen
 from a source-tree fixture assembled from the installed wheel."""
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import ROOT, torch_is
-from tests.upstream_tree import kernels_tu, make_tree, registrations, run_codegen
+from tests.upstream_tree import failed_tests, kernels_tu, make_tree, registrations, run_codegen, run_test_file
 from torchgen_patch.upstream import patch as up
 
 PATCHES = os.path.join(ROOT, "patches")
@@ -132,6 +134,82 @@ print(json.dumps({{"before": verify.counts(before), "after": verify.counts(after
         assert res["cuda"].get("PASS", 0) >= len(default_plan.ops()) - 6, res["cuda"]
 
 
+def test_fix_adds_a_regression_test_that_needs_only_torch(trees):
+    root, _, _, diff_text = trees
+    assert f"--- /dev/null\n+++ b/{up.TEST_FILE}\n" in diff_text
+    with open(os.path.join(root, up.TEST_FILE)) as fh:
+        text = fh.read()
+    assert text == up.TEST_SOURCE and text.startswith('# Owner(s): ["module: autograd"]\n')
+    imported = set(re.findall(r"^(?:from|import) ([\w.]+)", text, re.M))
+    assert imported == {"torch", "torch.testing._internal.common_device_type",
+                        "torch.testing._internal.common_methods_invocations",
+                        "torch.testing._internal.common_optimizers", "torch.testing._internal.common_utils"}
+
+
+# The test file's cases that fail on CPU without the kernels (torch 2.13 and 2.11 alike: the CPU
+# kernels of these ops never bump), and, on a CUDA machine, the CUDA-only misses.
+CPU_FAILS = {"test_mutating_ops_without_returns_have_inplace_or_view_kernels",
+             "test_amp_foreach_non_finite_check_and_unscale__cpu", "test_cummax_helper_cummax_cpu_float32",
+             "test_fused_optimizer_ops_cpu"} | {
+    f"test_fused_optimizer_step_before_backward_raises_{o}_cpu_float32" for o in ("Adagrad", "Adam", "AdamW", "SGD")}
+
+
+@pytest.mark.build
+def test_regression_test_fails_unpatched_and_passes_patched(trees, default_scan):
+    if importlib.util.find_spec("expecttest") is None:
+        pytest.skip("expecttest is not installed (torch's test utilities import it; requirements-dev.txt pins it)")
+    root = trees[0]
+    before, after = run_test_file(root, False), run_test_file(root, True)
+    out = before.stdout + before.stderr
+    ran = re.findall(r"^Ran (\d+) tests", out, re.M)
+    assert before.returncode == 1 and ran, out[-3000:]
+    missing = sorted(r.name for r in default_scan.by_verdict("missing"))
+    assert f"{len(missing)} of {len(missing)} operators that mutate arguments and return nothing" in out
+    assert re.findall(r"^  (aten::\S+)$", out, re.M) == missing
+    failed = failed_tests(out)
+    assert {t for t in failed if not t.endswith("_cuda") and "_cuda_" not in t} == CPU_FAILS
+    out_after = after.stdout + after.stderr
+    assert after.returncode == 0, out_after[-3000:]
+    assert re.findall(r"^Ran (\d+) tests", out_after, re.M) == ran and "\nOK" in out_after
+    assert "kernels active" not in out  # the unpatched run had none
+    assert re.search(r"^torchgen-patch: \d+ kernels active \(cpp\), 0 refused", out_after, re.M)
+
+
+def _tool(name: str) -> list[str]:
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed (requirements-dev.txt pins it)")
+    return [sys.executable, "-m", name]
+
+
+def ruff_findings(root: str, rel: str) -> list[tuple[str, str]]:
+    """`ruff check` with its default settings (the tree has no ruff config): (code, the flagged line)."""
+    r = subprocess.run(_tool("ruff") + ["check", "--isolated", "--output-format", "json", rel], cwd=root,
+                       capture_output=True, text=True)
+    with open(os.path.join(root, rel)) as fh:
+        lines = fh.read().splitlines()
+    return sorted((f["code"], lines[f["location"]["row"] - 1].strip()) for f in json.loads(r.stdout))
+
+
+def test_codegen_and_test_pass_ruff_and_mypy(trees, tmp_path, run_cli):
+    fixed = trees[0]
+    original = make_tree(str(tmp_path / "original"))
+    guarded = make_tree(str(tmp_path / "error"))
+    rc, diff_text, _ = run_cli("diff", "--pytorch-root", guarded, "--mode", "error")
+    assert rc == 0 and _apply(guarded, diff_text, check=False).returncode == 0
+    before = ruff_findings(original, up.TARGET)  # what PyTorch's file has today: not ours to change
+    assert ruff_findings(fixed, up.TARGET) == before and ruff_findings(guarded, up.TARGET) == before
+    assert ruff_findings(fixed, up.TEST_FILE) == []
+    for root, rel in ((fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE), (original, up.TARGET)):
+        r = subprocess.run(_tool("ruff") + ["format", "--isolated", "--check", rel], cwd=root,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, (root, rel, r.stdout, r.stderr)
+    cache = os.path.join(ROOT, ".cache", "mypy")  # mypy follows torch's imports: minutes cold, seconds warm
+    for root, files in ((fixed, [up.TARGET, up.TEST_FILE]), (guarded, [up.TARGET])):
+        r = subprocess.run(_tool("mypy") + ["--follow-imports=silent", "--cache-dir", cache, *files], cwd=root,
+                           capture_output=True, text=True, timeout=1800)
+        assert r.returncode == 0 and r.stdout.startswith("Success: no issues found"), r.stdout[-3000:]
+
+
 def test_error_mode_fails_the_codegen_listing_the_ops(tmp_path, run_cli, default_scan):
     root = make_tree(str(tmp_path / "tree"))
     rc, diff_text, _ = run_cli("diff", "--pytorch-root", root, "--mode", "error")
@@ -141,7 +219,14 @@ def test_error_mode_fails_the_codegen_listing_the_ops(tmp_path, run_cli, default
     missing = default_scan.by_verdict("missing")
     assert f"{len(missing)} operators mutate arguments and return nothing" in r.stderr
     rec = default_scan.get("aten::split_with_sizes_copy.out")
-    assert f"native_functions.yaml:{rec.loc.line}: split_with_sizes_copy.out" in r.stderr
+    assert f"native_functions.yaml:{rec.loc.line}: split_with_sizes_copy.out (out=)\n" in r.stderr
+    listed = re.findall(r"^  (\S+):(\d+): (\S+) \((out=|in-place|mutable)\)$", r.stderr, re.M)
+    assert len(listed) == len(missing)
+    # by file, then by line as a number (":7709" before ":10425"), then by name
+    assert listed == sorted(listed, key=lambda t: (t[0], int(t[1]), t[2]))
+    kinds = {"out": "out=", "inplace": "in-place", "mutable": "mutable"}
+    assert sorted((n, k) for _, _, n, k in listed) == sorted(
+        (m.name.split("::", 1)[1], kinds[m.kind]) for m in missing)
     # the allowlist the patch adds accepts them
     path = os.path.join(root, up.TARGET)
     text = open(path).read()
@@ -177,3 +262,25 @@ def test_committed_example_is_current(tmp_path, run_cli, mode):
     assert rc == 0
     with open(os.path.join(PATCHES, f"gen_inplace_or_view_type-{mode}-torch2.13.diff")) as fh:
         assert fh.read() == diff_text, "stale example diff: run `make patches`"
+
+
+@pytest.mark.build
+@pytest.mark.skipif(not torch_is("2.13"), reason="the committed description is measured on torch 2.13 (CPU)")
+def test_committed_pr_body_is_current(tmp_path):
+    """patches/pr-body-torch2.13.md: `diff --pr-body`, regenerated with `make patches`."""
+    root = make_tree(str(tmp_path / "tree"))
+    body = tmp_path / "pr.md"
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "diff", "--pytorch-root", root, "-o",
+                        str(tmp_path / "fix.diff"), "--pr-body", str(body)], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(PATCHES, "pr-body-torch2.13.md")) as fh:
+        assert fh.read() == body.read_text(), "stale example description: run `make patches`"
+
+
+def test_pr_body_goes_with_the_fix_only(tmp_path, run_cli):
+    root = make_tree(str(tmp_path / "tree"))
+    for extra in (["--mode", "error"], ["--check"]):
+        rc, out, err = run_cli("diff", "--pytorch-root", root, "--pr-body", tmp_path / "pr.md", *extra)
+        assert (rc, out, err) == (2, "", "torchgen-patch: error: --pr-body goes with --mode fix, without --check\n")
+    assert not (tmp_path / "pr.md").exists()

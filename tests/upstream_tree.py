@@ -9,6 +9,9 @@ import subprocess
 import sys
 
 from tests.trees import tree_from_installed
+from torchgen_patch.upstream.patch import TEST_FILE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_tree(root: str) -> str:
@@ -62,3 +65,21 @@ def kernels_tu(out: str, new: dict[str, str]) -> str:
     lines += [f'  m.impl("{op}", TORCH_FN(upstream_kernels::{fn}));' for op, fn in sorted(new.items())]
     lines += ["}", ""]
     return "\n".join(lines)
+
+
+def run_test_file(root: str, patched: bool, *args: str, site: str | None = None) -> subprocess.CompletedProcess:
+    """The tree's regression test, as PyTorch's CI runs it (from test/), with this tool's kernels
+    standing in for the rebuilt torch when ``patched`` (`torchgen-patch run`). ``site``: a directory
+    put first on the path (test dependencies a machine lacks, such as expecttest)."""
+    env = {k: v for k, v in os.environ.items() if k != "CI"}  # CI=1 makes common_utils act as PyTorch's CI
+    prefix = [sys.executable, "-m", "torchgen_patch", "run", "--"] if patched else []
+    paths = ([site] if site else []) + ([ROOT] if patched else [])
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return subprocess.run([*prefix, sys.executable, os.path.basename(TEST_FILE), "-v", *args],
+                          cwd=os.path.join(root, os.path.dirname(TEST_FILE)), env=env, capture_output=True,
+                          text=True, timeout=1800)
+
+
+def failed_tests(output: str) -> set[str]:
+    return set(re.findall(r"^(?:FAIL|ERROR): (\w+) ", output, re.M))

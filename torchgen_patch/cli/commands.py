@@ -305,6 +305,11 @@ def diff(args) -> int:
     if args.check and args.output:
         raise InputError(None, None, "--check writes no diff: drop -o/--output")
     _outputs_ok(args, "diff")
+    if args.pr_body:
+        if args.check or args.mode != "fix":
+            raise InputError(None, None, "--pr-body goes with --mode fix, without --check")
+        check_output_file(args.pr_body, "description")
+        _needs_torch("--pr-body")
     source = read_text(os.path.join(args.pytorch_root, up.TARGET), "the autograd codegen")
     applied = up.state(source)
     if args.verbose:
@@ -314,10 +319,25 @@ def diff(args) -> int:
     if args.check:
         print(f"{up.TARGET}: " + (f"patched (mode {applied})" if applied else "not patched"))
         return 0 if applied else 1
-    text = up.unified_diff(source, up.patched(source, args.mode, os.path.join(args.pytorch_root, up.TARGET)))
+    text = up.tree_diff(args.pytorch_root, source, args.mode)
+    body = _pr_body(args.pytorch_root) if args.pr_body else None
     _emit(args, text, "diff")
+    if body is not None:
+        write_output(args.pr_body, body.encode(), "description")
     return 0
 
+
+def _pr_body(root: str) -> str:
+    from .. import pipeline
+    from ..upstream import pr_body
+
+    checkout = pipeline.inputs(Options(pytorch_root=root, no_overlay=True))
+    _, plan = pipeline.plan(Options())
+    from ..errors import require_torch
+
+    devices = ["cpu"] + (["cuda"] if require_torch("--pr-body").cuda.is_available() else [])
+    return pr_body.render(pr_body.missing_by_kind(checkout.scan), checkout.sources.torch_version,
+                          [pr_body.measure(plan, d) for d in devices])
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
             "run": run, "diff": diff}

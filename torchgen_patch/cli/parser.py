@@ -165,4 +165,6 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--check", action="store_true", help="report whether the tree is already patched "
                                                         "(exit 0 patched, 1 not); writes no diff")
     _output(d, "FILE write the diff here (default: stdout)")
+    d.add_argument("--pr-body", metavar="FILE", help="with --mode fix: also write a pull-request description "
+                                                     "(markdown), measured with this machine's torch")
     return p

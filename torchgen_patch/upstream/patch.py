@@ -9,9 +9,15 @@ Modes:
 - ``fix``: emit and register ADInplaceOrView kernels for ops that mutate
   arguments and return nothing, bumping each written argument exactly once
   per call (read before the redispatch, bumped after it unless the backend
-  already did), inside the existing template and shards.
+  already did), inside the existing template and shards; and add a
+  regression test in PyTorch's style (``TEST_FILE``) that fails without the
+  kernels and passes with them.
 - ``error``: make the codegen raise, listing every such op with its yaml
-  line, unless the op is on the allowlist the patch adds.
+  line and kind (sorted by file and line), unless the op is on the allowlist
+  the patch adds.
+
+The edited file stays as PyTorch's formatter (ruff format) wants it and gains
+no ruff or mypy finding (tests/test_upstream_patch.py).
 """
 
 from __future__ import annotations
@@ -31,12 +37,19 @@ def _inject(name: str) -> str:
 
 
 TARGET = "tools/autograd/gen_inplace_or_view_type.py"
+# The regression test `fix` adds, where PyTorch keeps its autograd tests (beside
+# test_autograd_fallback.py); it depends on nothing but torch's own test utilities.
+TEST_FILE = "test/test_autograd_inplace_or_view.py"
 MARKER = "torchgen-patch"
 KNOWN_GOOD = "torch 2.11, 2.13 and 2.14"
 
 FIX_HELPERS = _inject("fix_helpers.py.in")
 
 FIX_BODY = _inject("fix_body.py.in")
+
+FIX_DROP = _inject("fix_drop.py.in")
+
+TEST_SOURCE = _inject("test_autograd_inplace_or_view.py.in")
 
 ERROR_HELPERS = _inject("error_helpers.py.in")
 
@@ -48,9 +61,9 @@ DROP_TEST = "get_view_info(f) is None and (not modifies_arguments(f) or len(f.fu
 
 @dataclass(frozen=True)
 class Insertion:
-    line: int  # 1-based line before which (or, with col, in which) the text goes
+    line: int  # 1-based line before which the text goes
     text: str
-    col: int | None = None  # insert inside the line at this column
+    replaces: int = 0  # how many lines, from `line` on, the text replaces
 
 
 def _function(tree: ast.Module, name: str, path: str) -> ast.FunctionDef:
@@ -84,8 +97,13 @@ def plan_edits(source: str, mode: str, path: str = TARGET) -> list[Insertion]:
             ifs = [n for n in ast.walk(fn) if isinstance(n, ast.If) and ast.unparse(n.test) == DROP_TEST]
             if len(ifs) != 1:
                 raise _shape(path, f"{name}() has no `if {DROP_TEST}:`")
-            t = ifs[0].test
-            edits.append(Insertion(t.end_lineno, " and not mutates_without_returns(f)", col=t.end_col_offset))
+            then = ifs[0].body
+            if len(then) != 1 or ast.unparse(then[0]) != "return None":
+                raise _shape(path, f"{name}(): `if {DROP_TEST}:` does not just `return None`")
+            # the whole `if` is rewritten (same test, one more condition) rather than edited
+            # in place, so that the file stays as PyTorch's formatter wants it
+            edits.append(Insertion(ifs[0].lineno, _indent(FIX_DROP, ifs[0].col_offset),
+                                   replaces=ifs[0].end_lineno - ifs[0].lineno + 1))
         body = _function(tree, "emit_inplace_or_view_body", path)
         branch = [n for n in body.body if isinstance(n, ast.If) and ast.unparse(n.test) == "modifies_arguments(f)"]
         assigned = {t.id for n in body.body if isinstance(n, (ast.Assign, ast.AnnAssign))
@@ -109,12 +127,8 @@ def plan_edits(source: str, mode: str, path: str = TARGET) -> list[Insertion]:
 
 def apply_edits(source: str, edits: list[Insertion]) -> str:
     lines = source.splitlines(keepends=True)
-    for e in sorted(edits, key=lambda e: (e.line, e.col or 0), reverse=True):
-        if e.col is not None:
-            line = lines[e.line - 1]
-            lines[e.line - 1] = line[: e.col] + e.text + line[e.col:]
-        else:
-            lines[e.line - 1:e.line - 1] = [e.text]
+    for e in sorted(edits, key=lambda e: e.line, reverse=True):
+        lines[e.line - 1:e.line - 1 + e.replaces] = [e.text]
     return "".join(lines)
 
 
@@ -137,3 +151,22 @@ def patched(source: str, mode: str, path: str = TARGET) -> str:
 def unified_diff(old: str, new: str, rel: str = TARGET) -> str:
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=f"a/{rel}", tofile=f"b/{rel}"))
+
+
+def new_file_diff(text: str, rel: str) -> str:
+    """A diff that creates ``rel`` with ``text`` (what `git apply` and `patch -p1` take)."""
+    lines = text.splitlines(keepends=True)
+    return f"--- /dev/null\n+++ b/{rel}\n@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + line for line in lines)
+
+
+def tree_diff(root: str, source: str, mode: str) -> str:
+    """The whole diff for the checkout at ``root`` whose codegen reads ``source``: the codegen
+    edit and, in mode fix, the regression test it adds."""
+    text = unified_diff(source, patched(source, mode, os.path.join(root, TARGET)))
+    if mode != "fix":
+        return text
+    test_path = os.path.join(root, TEST_FILE)
+    if os.path.lexists(test_path):
+        raise InputError(test_path, None, "already exists; the fix adds this test",
+                         "remove it, or apply the codegen change by hand")
+    return text + new_file_diff(TEST_SOURCE, TEST_FILE)

@@ -1,0 +1,154 @@
+"""The description of the pull request that carries the ``fix`` diff (``diff --pr-body FILE``).
+
+The measured table comes from the version checks of ``verify``, run on this
+machine's torch without and then with this tool's kernels (the same rule the
+patched codegen emits, generated from the same schemas), so the description
+states only what was measured here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..checks import verify as v
+from .patch import TARGET, TEST_FILE
+
+ISSUE = "https://github.com/pytorch/pytorch/issues/132014"
+EARLIER_PR = "https://github.com/pytorch/pytorch/pull/133044"
+
+# Calls shown one by one in the table, when the plan has them: the original report's op and
+# one of each family.
+SHOWN = ("aten::split_with_sizes_copy.out", "aten::_foreach_add.Scalar_out", "aten::_foreach_add_.Scalar",
+         "aten::_foreach_zero_", "aten::_fused_adam_", "aten::_fused_sgd_",
+         "aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_cummax_helper")
+
+KIND_WORDS = {"out": "out=", "inplace": "in-place", "mutable": "mutable"}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    torch_version: str
+    device: str
+    before: list[v.OpResult]
+    after: list[v.OpResult]
+    refused: dict[str, str]
+
+
+def measure(plan, device: str) -> Measurement:
+    """Every op of the plan checked without, then with, the kernels installed in this process."""
+    import torch
+
+    from ..runtime.install import install
+
+    ops = plan.ops()
+    xfails = {k.op: k.xfail_devices for k in plan.kernels if k.xfail_devices is not None}
+    before = v.run(ops, device, False, xfails)
+    report = install(ops, backend="cpp", plan=plan)
+    after = v.run(ops, device, True, xfails)
+    return Measurement(torch.__version__, device, before, after, dict(report.refused))
+
+
+def _counts(results: list[v.OpResult]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(v.counts(results).items()))
+
+
+def _cell(r: v.OpResult | None) -> str:
+    if r is None:
+        return ""
+    bumps = " ".join(str(t.after - t.before) for t in r.tensors)
+    return f"{bumps} ({r.verdict})" if bumps else r.verdict
+
+
+def _table(m: Measurement) -> list[str]:
+    before = {r.op: r for r in m.before}
+    after = {r.op: r for r in m.after}
+    lines = [f"Torch {m.torch_version}, `{m.device}`: how far each written tensor's version advanced in one call "
+             "(it must be 1).", "",
+             "| call | without the kernels | with the kernels |", "|---|---|---|"]
+    for op in SHOWN:
+        if op in before:
+            lines.append(f"| `{op}` | {_cell(before[op])} | {_cell(after.get(op))} |")
+    lines.append(f"| all {len(m.before)} operators | {_counts(m.before)} | {_counts(m.after)} |")
+    lines += ["", "PASS: every written tensor advanced by exactly one; MISS: one did not advance; EXTRA: one "
+              "advanced by more; NOT_RUN: the call needs what this machine lacks."]
+    if m.refused:
+        lines.append("Refused by the runtime install: " + "; ".join(f"`{k}`: {r}" for k, r in sorted(m.refused.items())))
+    return lines
+
+
+def render(missing_kinds: dict[str, int], checkout_version: str, measurements: list[Measurement]) -> str:
+    """The markdown body. ``missing_kinds``: kernels the patched codegen adds, by kind."""
+    total = sum(missing_kinds.values())
+    kinds = ", ".join(f"{n} {KIND_WORDS.get(k, k)}" for k, n in sorted(missing_kinds.items(), key=lambda kv: -kv[1]))
+    out = [
+        "Generate ADInplaceOrView kernels for operators that mutate arguments and return nothing",
+        "",
+        f"Fixes {ISSUE}.",
+        "",
+        "## The problem",
+        "",
+        "Every in-place and `out=` operator bumps the version counter of each tensor it writes; autograd "
+        "compares it with the version it saved and refuses to compute a gradient from a tensor that was "
+        "overwritten. The bump lives in the `ADInplaceOrView` kernels that "
+        f"`{TARGET}` generates, and that codegen skips every operator that mutates an argument and returns "
+        "nothing: `out=` operators that write a `Tensor[]`, the `_foreach_*_` and `_fused_*_` operators, "
+        "`_amp_foreach_non_finite_check_and_unscale_`, `_cummax_helper`/`_cummin_helper`. Whether they bump is "
+        "left to each backend kernel: zero times on some (the fused optimizers everywhere, "
+        "`split_with_sizes_copy.out` and `_foreach_zero_` on CUDA), twice on others (CUDA `_foreach_*.out`, "
+        "whose kernel bumps and whose copy bumps again). With zero, `torch.optim.Adam(fused=True)` stepped "
+        "between forward and backward silently yields the gradient of the updated parameter.",
+        "",
+        f"{EARLIER_PR} fixed it in the codegen and was closed without being merged; the codegen is unchanged "
+        "since.",
+        "",
+        "## What this change does",
+        "",
+        f"`{TARGET}` emits and registers an `ADInplaceOrView` kernel for every operator that mutates an "
+        f"argument and returns nothing and is not a view ({total} operators in this checkout, PyTorch "
+        f"{checkout_version}: {kinds}). The kernels go into the existing template and shards "
+        "(`ADInplaceOrViewType_{0,1}.cpp`): no new generated file, no build-file edit; every other generated "
+        f"file stays byte-identical. It also adds `{TEST_FILE}`.",
+        "",
+        "## Exactly one bump per call",
+        "",
+        "Each kernel reads the version of every written tensor (each tensor of a written `Tensor[]`) before it "
+        "redispatches below `ADInplaceOrView`, and afterwards bumps only the "
+        "tensors whose version did not move. An unconditional bump, as the kernels of operators that return "
+        "their output do, would be wrong here: the CUDA `_foreach_*` kernels already call `increment_version` "
+        "on what they write, and would end two versions ahead. Trusting the backend is what fails today. So "
+        "every written tensor ends exactly one version higher per call, whatever the backend does; undefined "
+        "tensors are skipped.",
+        "",
+        "## Measured before and after",
+        "",
+        "The same rule, generated from the same schemas, installed at run time into the released torch of this "
+        "machine, stands in for the rebuilt torch:",
+        "",
+    ]
+    for m in measurements:
+        out += _table(m) + [""]
+    out += [
+        "## How it was tested",
+        "",
+        f"- `{TEST_FILE}` (new; `common_utils.TestCase`, device-generic through `instantiate_device_type_tests`, "
+        "OpInfo samples where an OpInfo exists):",
+        "  - every `aten` operator of the live registry that mutates an argument, returns nothing and is not "
+        "`CompositeImplicitAutograd` has an `ADInplaceOrView` kernel (computed from the registry's schemas, so "
+        "it covers operators added later);",
+        "  - per device, each written tensor advances exactly once for `split_with_sizes_copy.out`, "
+        "`_foreach_add`/`_foreach_sqrt` (`.out` and in-place), `_foreach_zero_`, the fused Adam/AdamW/SGD/Adagrad "
+        "operators, `_amp_foreach_non_finite_check_and_unscale_` and `_cummax_helper`;",
+        "  - a fused-optimizer step between forward and backward makes backward raise.",
+        "- The test fails on the released torch (listing the operators without a kernel) and passes with the "
+        "kernels installed: the checks of this tool's own CI on CPU, and on CUDA where a GPU was at hand.",
+        "- The patched codegen's output differs from the unpatched one only in `ADInplaceOrViewType_*.cpp`, which "
+        f"gain exactly the {total} kernels.",
+        f"- `ruff check`, `ruff format --check` and `mypy` on `{TARGET}` (no new finding) and `{TEST_FILE}`.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def missing_by_kind(scan) -> dict[str, int]:
+    return dict(Counter(r.kind for r in scan.by_verdict("missing")))
