@@ -172,6 +172,7 @@ def verify(args) -> int:
 
     from .. import pipeline
     from ..checks import verify as v
+    from ..checks.subclass import SUBCLASSES
     from ..errors import EnvironmentProblem, require_torch
     from ..runtime.install import install as install_kernels
 
@@ -189,14 +190,17 @@ def verify(args) -> int:
             raise InputError(None, None, f"not in the plan: {', '.join(unknown)}")
         ops = sorted(args.op)
     xfails = {k.op: k.xfail_devices for k in plan.kernels if k.xfail_devices is not None}
+    subclasses = SUBCLASSES if args.subclass == "all" else (args.subclass,)
     runs: dict[str, list] = {}
     if args.without_patch or args.both:
-        runs["without patch"] = v.run(ops, args.device, False, xfails)
+        for sub in subclasses:
+            runs["without patch" + _on(sub)] = v.run(ops, args.device, False, xfails, sub)
     refused = {}
     if not args.without_patch:
         rep = install_kernels(ops, backend=args.backend, plan=plan)
         refused = rep.refused
-        runs[f"with patch ({args.backend})"] = v.run(ops, args.device, True, xfails)
+        for sub in subclasses:
+            runs[f"with patch ({args.backend})" + _on(sub)] = v.run(ops, args.device, True, xfails, sub)
     meta = {"torch": torch.__version__, "device": args.device if args.device == "cpu"
             else f"cuda: {torch.cuda.get_device_name()}", "python": platform.python_version(),
             "ops": len(ops), "command": "torchgen-patch verify " + " ".join(sys.argv[2:])}
@@ -214,8 +218,12 @@ def verify(args) -> int:
         sys.stdout.write(text)
     bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict in v.FAILING]
     for r in bad:
-        print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
+        print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _on(subclass: str) -> str:
+    return "" if subclass == "plain" else f", {subclass}"
 
 
 def run(args) -> int:
