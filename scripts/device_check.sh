@@ -24,6 +24,22 @@ echo "rc=$?" >> "$OUT/log.txt"
 log "verify cpu"
 $PY -m torchgen_patch verify --both --device cpu --format markdown -o "$OUT/verify-cpu-torch$TV.md" 2>>"$OUT/log.txt"
 echo "rc=$?" >> "$OUT/log.txt"
+log "verify --subclass all (cuda, then cpu)"
+for d in cuda cpu; do
+  $PY -m torchgen_patch verify --both --subclass all --device $d --format markdown \
+    -o "$OUT/verify-subclass-$d-torch$TV.md" 2>>"$OUT/log.txt"; echo "rc=$?" >> "$OUT/log.txt"
+done
+log "compatibility battery (cuda)"
+COMPAT_REPORT="$OUT/compat-cuda-torch$TV.md" timeout ${COMPAT_TIMEOUT:-900} $PY -m pytest -q -p no:cacheprovider \
+  tests/test_compat.py -k cuda >> "$OUT/log.txt" 2>&1; echo "compat rc=$?" >> "$OUT/log.txt"
+if [ "$($PY -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  log "FSDP2 2 ranks, nccl"
+  $PY scripts/fsdp2_two_ranks.py --device cuda --report "$OUT/fsdp2-2ranks-nccl-cuda-torch$TV.md" >> "$OUT/log.txt" 2>&1
+  echo "fsdp2 rc=$?" >> "$OUT/log.txt"
+else
+  log "FSDP2 2 ranks, nccl: not run (fewer than 2 GPUs)"
+fi
+[ "${SKIP_BENCH:-0}" = 1 ] || { log "bench DTensor foreach (cuda)"; $PY bench/bench_dtensor.py --device cuda --json "$OUT/bench-dtensor-cuda-torch$TV.json" >> "$OUT/log.txt" 2>&1; }
 [ "${SKIP_BENCH:-0}" = 1 ] || { log "bench per call (cuda)"; $PY bench/bench_call.py --device cuda --rounds ${ROUNDS:-100} --json "$OUT/bench-call-cuda-torch$TV.json" >> "$OUT/log.txt" 2>&1; }
 log "pytest"
 timeout ${PYTEST_TIMEOUT:-420} $PY -m pytest -q -ra -p no:cacheprovider tests > "$OUT/pytest-torch$TV.txt" 2>&1

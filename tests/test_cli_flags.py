@@ -276,6 +276,15 @@ def p_verify_output(run_cli, tmp_path, **_):
     assert rc == 0 and out == "" and "aten::_cummax_helper" in (tmp_path / "v.txt").read_text()
 
 
+def p_verify_subclass(run_cli, **_):
+    out = run_cli(*V, "--both", "--subclass", "wrapper")[1]
+    assert out.index("== without patch, wrapper") < out.index("== with patch (python), wrapper")
+    assert "MISS" in out.split("== with patch")[0] and "== without patch\n" not in out
+    out = run_cli(*V, "--without-patch", "--subclass", "all")[1]
+    assert [line for line in out.splitlines() if line.startswith("==")] == [
+        "== without patch", "== without patch, wrapper", "== without patch, dtensor"]
+
+
 def p_diff_root(run_cli, tree, **_):
     assert run_cli("diff", "--pytorch-root", tree)[1].startswith("--- a/tools/autograd/")
 
@@ -443,7 +452,7 @@ PROBES = {
     ("verify", "--backend"): p_backend("verify"), ("verify", "--op"): p_op("verify"),
     ("verify", "--device"): p_verify_device, ("verify", "--without-patch"): p_verify_without,
     ("verify", "--both"): p_verify_both, ("verify", "--format"): p_verify_format,
-    ("verify", "--output"): p_verify_output,
+    ("verify", "--output"): p_verify_output, ("verify", "--subclass"): p_verify_subclass,
     ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
     ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,

@@ -30,45 +30,75 @@ class OpResult:
     verdict: str
     tensors: list[TensorResult] = field(default_factory=list)
     message: str = ""
+    subclass: str = "plain"  # the tensor subclass every tensor argument was wrapped in
 
 
-def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = None, call=None) -> OpResult:
-    """Run ``op`` once on its sample. ``call`` replaces the op (tests of verify itself)."""
+def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = None, call=None,
+           subclass: str = "plain", mesh=None) -> OpResult:
+    """Run ``op`` once on its sample (every tensor wrapped in ``subclass`` unless plain;
+    ``mesh``: the DeviceMesh of ``dtensor``). ``call`` replaces the op (tests of verify itself)."""
     from .samples import NoSample, opoverload, sample
+    from .subclass import cannot_run, placements, wrap
 
-    try:
-        s = sample(op, device)
-    except NoSample as e:
-        return OpResult(op, device, patched, NOT_RUN, message=str(e))
-    except Exception as e:  # a recipe that does not fit this torch: a failure, never a pass
-        return OpResult(op, device, patched, ERROR, message=f"building the sample: {type(e).__name__}: {e}")
-    written = s.written_tensors()
-    before = [int(t._version) for _, t in written]
-    try:
-        (call or opoverload(op))(*s.args, **s.kwargs)
-    except Exception as e:  # the op's own failure is a result, not a crash of verify
-        return OpResult(op, device, patched, ERROR, message=f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    res = [TensorResult(n, b, int(t._version)) for (n, t), b in zip(written, before)]
-    deltas = [r.after - r.before for r in res]
-    verdict = PASS
-    if any(d > 1 for d in deltas):
-        verdict = EXTRA
-    elif any(d < 1 for d in deltas):
-        verdict = MISS
-    if xfail is not None and (not xfail or device in xfail):
-        verdict = XPASS if verdict == PASS else XFAIL
-    return OpResult(op, device, patched, verdict, res)
+    reason = ""
+    for placement in placements(subclass):
+        try:
+            s = sample(op, device)
+            call = call or opoverload(op)
+            if subclass != "plain":
+                s = wrap(s, subclass, mesh, placement)
+        except NoSample as e:
+            return OpResult(op, device, patched, NOT_RUN, message=str(e), subclass=subclass)
+        except Exception as e:  # a recipe that does not fit this torch: a failure, never a pass
+            return OpResult(op, device, patched, ERROR, message=f"building the sample: {type(e).__name__}: {e}",
+                            subclass=subclass)
+        written = s.written_tensors()
+        before = [int(t._version) for _, t in written]
+        try:
+            call(*s.args, **s.kwargs)
+        except Exception as e:  # the op's own failure is a result, not a crash of verify
+            reason = subclass != "plain" and cannot_run(op, device, subclass, mesh, placement, call)
+            if reason:
+                continue  # the subclass's own limit: the next placement, or NOT_RUN
+            return OpResult(op, device, patched, ERROR, message=f"{type(e).__name__}: {str(e).splitlines()[0]}",
+                            subclass=subclass)
+        res = [TensorResult(n, b, int(t._version)) for (n, t), b in zip(written, before)]
+        deltas = [r.after - r.before for r in res]
+        verdict = PASS
+        if any(d > 1 for d in deltas):
+            verdict = EXTRA
+        elif any(d < 1 for d in deltas):
+            verdict = MISS
+        if xfail is not None and (not xfail or device in xfail):
+            verdict = XPASS if verdict == PASS else XFAIL
+        return OpResult(op, device, patched, verdict, res, message=placement and f"placements {placement}",
+                        subclass=subclass)
+    return OpResult(op, device, patched, NOT_RUN, message=reason, subclass=subclass)
 
 
-def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None, progress=None) -> list[OpResult]:
-    """Every op of ``ops`` once, sorted; ``progress(done, total, result)`` after each."""
+def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None, subclass: str = "plain",
+        progress=None) -> list[OpResult]:
+    """Every op of ``ops`` once, sorted, every tensor wrapped in ``subclass`` unless plain;
+    ``progress(done, total, result)`` after each."""
     xfails = xfails or {}
-    out = []
-    for op in sorted(ops):
-        out.append(run_op(op, device, patched, xfails.get(op)))
-        if progress is not None:
-            progress(len(out), len(ops), out[-1])
-    return out
+
+    def each(mesh=None) -> list[OpResult]:
+        out = []
+        for op in sorted(ops):
+            out.append(run_op(op, device, patched, xfails.get(op), subclass=subclass, mesh=mesh))
+            if progress is not None:
+                progress(len(out), len(ops), out[-1])
+        return out
+
+    if subclass != "dtensor":
+        return each()
+    from .subclass import Unavailable, one_rank_mesh
+
+    try:
+        with one_rank_mesh(device) as mesh:
+            return each(mesh)
+    except Unavailable as e:
+        return [OpResult(op, device, patched, NOT_RUN, message=str(e), subclass=subclass) for op in sorted(ops)]
 
 
 def counts(results: list[OpResult]) -> dict[str, int]:

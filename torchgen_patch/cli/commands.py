@@ -232,6 +232,7 @@ def verify(args) -> int:
 
     from .. import pipeline
     from ..checks import verify as v
+    from ..checks.subclass import SUBCLASSES
     from ..errors import EnvironmentProblem, require_torch
     from ..runtime.install import install as install_kernels
 
@@ -243,15 +244,19 @@ def verify(args) -> int:
     _, plan = pipeline.plan(opts)
     ops = plan.pick(args.op)
     xfails = {k.op: k.xfail_devices for k in plan.kernels if k.xfail_devices is not None}
+    subclasses = SUBCLASSES if args.subclass == "all" else (args.subclass,)
     runs: dict[str, list] = {}
     if args.without_patch or args.both:
-        runs["without patch"] = v.run(ops, args.device, False, xfails, _progress(args, "verify without patch"))
+        for sub in subclasses:
+            runs["without patch" + _on(sub)] = v.run(ops, args.device, False, xfails, sub,
+                                                     _progress(args, "verify without patch" + _on(sub)))
     refused = {}
     if not args.without_patch:
         rep = install_kernels(ops, backend=args.backend, plan=plan, verbose=args.verbose)
         refused = rep.refused
-        runs[f"with patch ({args.backend})"] = v.run(ops, args.device, True, xfails,
-                                                     _progress(args, f"verify with patch ({args.backend})"))
+        for sub in subclasses:
+            name = f"with patch ({args.backend})" + _on(sub)
+            runs[name] = v.run(ops, args.device, True, xfails, sub, _progress(args, "verify " + name))
     meta = {"torch": torch.__version__, "device": args.device if args.device == "cpu"
             else f"cuda: {torch.cuda.get_device_name()}", "python": platform.python_version(),
             "ops": len(ops), "command": "torchgen-patch verify " + " ".join(sys.argv[2:])}
@@ -265,11 +270,15 @@ def verify(args) -> int:
         text = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items())
     bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict in v.FAILING]
     for r in bad:
-        print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
+        print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
     if args.output:
         _say(args, "\n".join(f"verify ({args.device}) {line}" for line in v.summary(runs).splitlines()))
     _emit(args, text, "report")
     return 1 if bad else 0
+
+
+def _on(subclass: str) -> str:
+    return "" if subclass == "plain" else f", {subclass}"
 
 
 def run(args) -> int:

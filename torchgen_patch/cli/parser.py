@@ -138,6 +138,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--both", action="store_true", help="run without, then with the patch, in one report")
     v.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
     v.add_argument("--op", action="append", help="only these ops (repeatable)")
+    v.add_argument("--subclass", choices=("plain", "wrapper", "dtensor", "all"), default="plain",
+                   help="wrap every tensor argument: a __torch_dispatch__ wrapper subclass, DTensor on a one-rank "
+                        "process group, or each in turn (the verdict is on the wrapper's counter)")
     _output(v, "FILE write the report here instead of stdout", ("text", "json", "markdown"))
 
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "

@@ -70,3 +70,14 @@ def below_inplace_or_view():
     """(the keyset after ADInplaceOrView, the guard that dispatches below it), for Python kernels."""
     c = _c()
     return c._after_ADInplaceOrView_keyset, c._AutoDispatchBelowADInplaceOrView
+
+
+def below_inplace_or_view_guard():
+    """A context that dispatches below ADInplaceOrView (and autograd): an op run
+    inside it skips every ADInplaceOrView kernel, this project's included."""
+    return _c()._AutoDispatchBelowADInplaceOrView()
+
+
+def disabled_torch_function():
+    """The ``__torch_function__`` of a subclass that only wants ``__torch_dispatch__``."""
+    return _c()._disabled_torch_function_impl
