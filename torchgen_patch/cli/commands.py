@@ -125,11 +125,11 @@ def gen(args) -> int:
         check_output_dir(args.out)
     if args.output_dependencies:
         check_output_file(args.output_dependencies, "output dependencies", create_dir=True)
-    _, plan, files = pipeline.generate(options(args), args.shards, args.strict)
-    if args.output_dependencies:
         out = args.out.rstrip("/") or "/"
         text = cmake_fragment("TORCHGEN_PATCH_SOURCES", out, compiled_sources(args.shards))
         text += cmake_fragment("TORCHGEN_PATCH_OUTPUTS", out, output_names(args.shards))
+    _, plan, files = pipeline.generate(options(args), args.shards, args.strict)
+    if args.output_dependencies:
         try:
             os.makedirs(os.path.dirname(os.path.abspath(args.output_dependencies)), exist_ok=True)
             write_if_changed(args.output_dependencies, text.encode())
