@@ -163,7 +163,7 @@ def imported(tc: Toolchain, identity: str | None = None):
             sys.pycache_prefix = prefix
 
 
-def _bytecode_dir(identity: str) -> str:
+def _bytecode_dir(identity: str) -> str | None:
     """Beside the result cache, not in it: emptying the result cache (a cold scan) does not
     make the checkout's torchgen compile again, as its own __pycache__ would not."""
     base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
@@ -270,7 +270,7 @@ _CONTAINERS = (dict, list, tuple)  # what a safe loader makes that can hold a co
 def _refuse_shared(path: str, es: list, what: str) -> None:
     """Refuse a list or mapping reached twice: only YAML aliases (``*name``) do that, and they can
     stand for a billion elements in a few lines ("billion laughs"), which torchgen would walk or
-    print in a message. PyTorch's yaml uses none. One pass over the containers (about 1% of a parse)."""
+    print in a message. PyTorch's yaml uses none. One pass over the containers (a few percent of a parse)."""
     seen: set[int] = set()
     for entry in es:
         todo = [entry]
