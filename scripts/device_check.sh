@@ -5,10 +5,11 @@ set -u
 OUT=${OUT:-reports/device}
 mkdir -p "$OUT"
 # scratch space of this run only (never a fixed /tmp path another account could create first);
-# the kernel cache defaults to the user's own (~/.cache/torchgen-patch, created 0700)
+# the kernel cache is the user's own (created 0700), for the commands and the tests alike
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/torchgen-patch-device.XXXXXXXX") || exit 3
 trap 'rm -rf "$WORK"' EXIT
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCHGEN_PATCH_NO_VENV=1
+export TORCHGEN_PATCH_CACHE=${TORCHGEN_PATCH_CACHE:-$HOME/.cache/torchgen-patch}
 PY=${PYTHON:-python3}
 TV=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
 log() { echo "== $*" | tee -a "$OUT/log.txt"; }
