@@ -15,17 +15,18 @@ sys.path.insert(0, HERE)
 import bench_build  # noqa: E402
 import bench_gen  # noqa: E402
 import bench_lint  # noqa: E402
+import bench_trust  # noqa: E402
 from common import ROOT, save  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("lint", "gen", "build", "call"), action="append")
+    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust"), action="append")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--report", action="store_true",
                     help="also update the committed report under reports/ (only the sections run are replaced)")
     args = ap.parse_args()
-    only = set(args.only or ("lint", "gen", "build", "call"))
+    only = set(args.only or ("lint", "gen", "build", "call", "trust"))
     results = {}
     if "lint" in only:
         print("== lint (issue 2)", flush=True)
@@ -36,6 +37,9 @@ def main() -> int:
     if "build" in only:
         print("== build (issue 4)", flush=True)
         results["build"] = bench_build.main()
+    if "trust" in only:
+        print("== trust checks in a cached install() (issue 18)", flush=True)
+        results["trust"] = bench_trust.main()
     if "call" in only:
         print("== per-call cost (issue 5)", flush=True)
         out = os.path.join(ROOT, "build", f"bench-call-{args.device}.json")

@@ -4,7 +4,12 @@
 set -u
 OUT=${OUT:-reports/device}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCHGEN_PATCH_CACHE=${TORCHGEN_PATCH_CACHE:-/tmp/tgp-cache} TORCHGEN_PATCH_NO_VENV=1
+# scratch space of this run only (never a fixed /tmp path another account could create first);
+# the kernel cache is the user's own (created 0700), for the commands and the tests alike
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/torchgen-patch-device.XXXXXXXX") || exit 3
+trap 'rm -rf "$WORK"' EXIT
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCHGEN_PATCH_NO_VENV=1
+export TORCHGEN_PATCH_CACHE=${TORCHGEN_PATCH_CACHE:-$HOME/.cache/torchgen-patch}
 PY=${PYTHON:-python3}
 TV=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
 log() { echo "== $*" | tee -a "$OUT/log.txt"; }
@@ -12,7 +17,7 @@ log "torch $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_devic
 log "lint --against-runtime on this torch's own yaml"
 { echo "\$ torchgen-patch lint --against-runtime   (torch $TV)"; $PY -m torchgen_patch lint --against-runtime 2>&1 | tail -3;
   echo; echo "\$ torchgen-patch scan | tail -1"; $PY -m torchgen_patch scan | tail -1;
-  echo; echo "\$ torchgen-patch gen --strict --out /tmp/gen"; $PY -m torchgen_patch gen --strict --out /tmp/gen 2>&1;
+  echo; echo "\$ torchgen-patch gen --strict --out \$WORK/gen"; $PY -m torchgen_patch gen --strict --out "$WORK/gen" 2>&1;
   echo; echo "\$ torchgen-patch lint --runtime --import torch.distributed.fsdp --namespace fsdp";
   $PY -m torchgen_patch lint --runtime --import torch.distributed.fsdp --namespace fsdp 2>&1; } \
   > "$OUT/lint-scan-torch$TV.txt"

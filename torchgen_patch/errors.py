@@ -24,7 +24,7 @@ class Location(NamedTuple):
     def render(self) -> str:
         if self.path is None:
             return "<unknown location>"
-        where = display_path(self.path)
+        where = printable(display_path(self.path))
         return f"{where}:{self.line}" if self.line else where
 
 
@@ -87,6 +87,15 @@ def _display(path: str, cwd: str) -> str:
     except ValueError:
         return path
     return path if rel.startswith("..") else rel
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that could end a line or hide what follows (newlines, other
+    control characters, line separators, bidirectional overrides) written as its Python escape,
+    so that a file name from input stays on its line in a message, a report or a C++ comment."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def one_line(text: str) -> str:

@@ -8,6 +8,7 @@ files, only when the content changed (torchgen's FileManager convention).
 from __future__ import annotations
 
 import os
+import stat
 
 from .errors import InputError, one_line
 
@@ -18,10 +19,18 @@ def read_bytes(path: str, what: str) -> bytes:
     if os.path.isdir(path):
         raise InputError(path, None, f"{what} is a directory, expected a file")
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
+        # O_NONBLOCK: a FIFO does not block the open; then only a regular file is read (a FIFO,
+        # a device such as /dev/zero behind a symlink, would block or never end)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise InputError(path, None, f"cannot read {what}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(path, None, f"{what} is not a regular file")
+        try:
+            return fh.read()
+        except OSError as e:
+            raise InputError(path, None, f"cannot read {what}: {e.strerror}") from None
 
 
 def decode(path: str, data: bytes, what: str) -> str:
@@ -34,6 +43,22 @@ def decode(path: str, data: bytes, what: str) -> str:
 
 def read_text(path: str, what: str) -> str:
     return decode(path, read_bytes(path, what), what)
+
+
+def private_dirs(path: str) -> None:
+    """``os.makedirs`` where every directory it creates is private to this user (0700):
+    caches hold code this tool loads, so no other account may put anything in them."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
 
 
 def atomic_write(path: str, data: bytes, durable: bool = True) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 
-from ..errors import InputError
+from ..errors import InputError, printable
 from ..files import check_output_dir, check_output_file, write_output
 from ..sources import Options
 from .parser import options
@@ -181,12 +181,12 @@ def gen(args) -> int:
         check_output_dir(args.output)
     if args.output_dependencies:
         check_output_file(args.output_dependencies, "output dependencies", create_dir=True)
-    i, plan, files = pipeline.generate(options(args), args.shards, args.strict)
-    _inputs_note(args, i.sources)
-    if args.output_dependencies:
         out = args.output.rstrip("/") or "/"
         text = cmake_fragment("TORCHGEN_PATCH_SOURCES", out, compiled_sources(args.shards))
         text += cmake_fragment("TORCHGEN_PATCH_OUTPUTS", out, output_names(args.shards))
+    i, plan, files = pipeline.generate(options(args), args.shards, args.strict)
+    _inputs_note(args, i.sources)
+    if args.output_dependencies:
         try:
             os.makedirs(os.path.dirname(os.path.abspath(args.output_dependencies)), exist_ok=True)
             write_if_changed(args.output_dependencies, text.encode())
@@ -197,7 +197,7 @@ def gen(args) -> int:
         for name in written:
             print(f"wrote {os.path.join(args.output, name)}", file=sys.stderr)
     for lo in plan.left_out:
-        _say(args, f"left out: {lo.op}: {lo.why}")
+        _say(args, f"left out: {lo.op}: {printable(lo.why)}")
     _say(args, f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
                f"{len(written)} of {len(files)} files written to {args.output}")
     return 0

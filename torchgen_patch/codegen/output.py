@@ -74,8 +74,15 @@ def _ours(path: str) -> bool:
 
 
 def cmake_fragment(var: str, out_dir: str, names: list[str]) -> str:
+    """``set(var "path" ...)``; each path a CMake quoted argument (``\\``, ``"`` and ``$`` escaped). A
+    directory name with ';' (a list separator) or a control character cannot be one: refused."""
+    bad = [c for c in out_dir if c == ";" or not c.isprintable()]
+    if bad:
+        raise InputError(out_dir, None, f"the output directory's name has {ascii(bad[0])}, which a CMake list "
+                                        "of paths cannot hold", "choose another --out directory")
+    quoted = out_dir.rstrip("/").replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
     lines = [f"set({var}"]
     for n in sorted(names):
-        lines.append(f'    "{out_dir.rstrip("/")}/{n}"')
+        lines.append(f'    "{quoted}/{n}"')
     lines.append(")")
     return "\n".join(lines) + "\n"

@@ -37,6 +37,8 @@ def load(path: str) -> list[tuple[str, str, int]]:
         doc = json.loads(text)
     except ValueError as e:
         raise InputError(path, getattr(e, "lineno", None), f"baseline is not valid JSON: {e.msg}") from None
+    except RecursionError:
+        raise InputError(path, None, "baseline is not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("accepted"), list):
         raise InputError(path, 1, f"not a torchgen-patch baseline (version {VERSION})",
                          "create one with --write-baseline")

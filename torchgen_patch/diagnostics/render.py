@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..version import __version__
-from ..errors import InputError, display_path
+from ..errors import InputError, display_path, printable
 from . import CODE, Finding
 from .rules import RULES
 
@@ -33,8 +33,8 @@ class Summary:
 
 
 def _line(f: Finding) -> str:
-    where = f"{display_path(f.path)}:{f.line}" if f.path else "torchgen-patch"
-    return f"{where}: {f.severity}: [{f.code}] {f.message}"
+    where = f"{printable(display_path(f.path))}:{f.line}" if f.path else "torchgen-patch"
+    return f"{where}: {f.severity}: [{f.code}] {printable(f.message)}"
 
 
 def _accepted(s: Summary) -> str:
@@ -128,10 +128,13 @@ def sarif(fs: list[Finding], s: Summary | None = None) -> str:
 
 
 def _uri(path: str) -> tuple[str, str | None]:
+    """A URI reference (RFC 3986): a path's '%', spaces, quotes and newlines percent-encoded."""
+    from urllib.parse import quote
+
     rel = display_path(path)
     if os.path.isabs(rel):
-        return "file://" + rel, None
-    return rel.replace(os.sep, "/"), "%SRCROOT%"
+        return "file://" + quote(rel, safe="/"), None
+    return quote(rel.replace(os.sep, "/"), safe="/"), "%SRCROOT%"
 
 
 # GitHub Actions workflow commands.

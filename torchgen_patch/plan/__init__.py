@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 
-from ..errors import InputError, Location, unknown_names
+from ..errors import InputError, Location, printable, unknown_names
 from ..scan.model import MISSING, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
 from .overlay import Overlay
 
@@ -35,7 +36,7 @@ class Kernel:
 
     @property
     def yaml_name(self) -> str:
-        return os.path.basename(self.loc.path)
+        return printable(os.path.basename(self.loc.path))  # it lands in C++ comments: one line, always
 
     @property
     def line(self) -> int:
@@ -108,7 +109,19 @@ def make_plan(scan: Scan, overlay: Overlay, strict: bool = False) -> Plan:
                 scan.torch_version)
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _check_identifiers(r: OpRecord, sig: CppSig) -> None:
+    """Argument names become C++ parameters: torchgen's schema parser does not check them."""
+    for name in [n for _, n in sig.formals] + list(sig.call_args) + [w.name for w in r.written]:
+        if not _IDENTIFIER.match(name):
+            raise InputError(r.loc.path, r.loc.line, f"{r.name}: argument name {printable(repr(name))} is not a "
+                                                     "C++ identifier", "names are letters, digits and '_'")
+
+
 def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
+    _check_identifiers(r, sig)
     xfail_devices = None
     xfail_reason = None
     if entry is not None and entry.action == "xfail":

@@ -92,16 +92,39 @@ def load_runtime(path: str) -> Overlay:
     return _parse(path, read_text(path, "overlay"), None, set(), shipped=False)
 
 
-def _parse(path: str, text: str, scan: Scan | None, templates: set[str], shipped: bool = False) -> Overlay:
-    """``scan`` None: keep the runtime entries only (the aten ones are not checked)."""
+MAX_BYTES = 128 * 1024  # about 1,500 entries, a hundred times the shipped overlay
+
+
+def _compose(path: str, text: str):
+    """The overlay's node tree. libyaml first: it bounds nesting at 1,000 levels, where the pure-Python
+    scanner is quadratic in the depth of flow collections; a file it refuses goes through the
+    pure-Python loader, whose messages (the ones overlay errors have always had) are reported."""
     import yaml
 
     from ..files import yaml_error
 
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return yaml.compose(text, Loader=fast)
+        except yaml.YAMLError as e:
+            if "maximum nesting depth" in str(e):
+                raise yaml_error(path, text, e) from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         raise yaml_error(path, text, e) from None
+    except RecursionError:  # the pure-Python composer recurses once per nesting level
+        raise InputError(path, None, "malformed YAML: nested too deeply for an overlay") from None
+
+
+def _parse(path: str, text: str, scan: Scan | None, templates: set[str], shipped: bool = False) -> Overlay:
+    """``scan`` None: keep the runtime entries only (the aten ones are not checked)."""
+    import yaml
+
+    if len(text) > MAX_BYTES:  # composing costs about a second per 100 KB
+        raise InputError(path, None, f"the overlay is {len(text):,} characters long; the limit is {MAX_BYTES:,}")
+    root = _compose(path, text)
     if root is None:
         return Overlay(path, {})
     if not isinstance(root, yaml.MappingNode):

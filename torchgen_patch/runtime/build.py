@@ -5,7 +5,10 @@ The library lands in ``<cache>/build-<key>/`` where the key hashes the
 generated sources, the flags, the compiler and the torch build. A build runs
 in a private temporary directory renamed into place only when it succeeded,
 so a crash, a compiler error or a concurrent build never leaves a
-half-written library where a later load would pick it up.
+half-written library where a later load would pick it up. The cache's
+directories are created private (0700), the finished build is made writable
+by its owner only, and its record (``build-info.json``) holds the library's
+SHA-256, which ``install()`` checks before loading it (``trust.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 
 from ..codegen import compiled_sources
 from ..errors import EnvironmentProblem, InputError, require_torch
+from ..files import private_dirs
 from ..scan.cache import directory as cache_dir
+from .trust import sha256_of
 
 # Never -Werror here: a newer compiler's new warning must not break a user's install. The
 # project's own tests add it through TORCHGEN_PATCH_EXTRA_CFLAGS (tests/conftest.py).
@@ -33,7 +38,11 @@ CFLAGS = ("-O2", "-Wall", "-Wno-unused-function")
 def default_flags() -> tuple[str, ...]:
     """CFLAGS plus the words of $TORCHGEN_PATCH_EXTRA_CFLAGS (part of the cache key, like every flag)."""
     return CFLAGS + tuple(os.environ.get("TORCHGEN_PATCH_EXTRA_CFLAGS", "").split())
+
+
 LIB_PREFIX = "torchgen_patch_kernels"
+RECORD = "build-info.json"
+RECORD_FORMAT = 2  # 2: the record holds the library's sha256 (older builds are never reused)
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ def _key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
     h.update(" ".join(flags).encode())
     h.update(compiler.encode())
     h.update(torch.__version__.encode() + torch.__file__.encode())
+    h.update(f"record-{RECORD_FORMAT}".encode())
     return h.hexdigest()
 
 
@@ -84,7 +94,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
     if _complete(final, key):
         return lib
     try:
-        os.makedirs(root, exist_ok=True)
+        private_dirs(root)
         probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe-")
         probe.close()
     except OSError as e:
@@ -103,7 +113,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
 
 def _complete(final: str, key: str) -> bool:
     try:
-        with open(os.path.join(final, "build-info.json")) as fh:
+        with open(os.path.join(final, RECORD)) as fh:
             return json.load(fh).get("key") == key
     except (OSError, ValueError):
         return False
@@ -145,9 +155,11 @@ def _compile(files, source_names, flags, name, key, final, root, verbose, log) -
             raise InputError(None, None, "the generated kernels do not compile:\n" + explain(str(e), src)) from None
         finally:
             os.environ["PATH"] = saved_path
-        with open(os.path.join(tmp, "build-info.json"), "w") as fh:
+        _owner_writable_only(tmp)
+        with open(os.path.join(tmp, RECORD), "w") as fh:
             json.dump({"key": key, "torch": torch.__version__, "library": f"{name}.so",
-                       "flags": list(flags)}, fh, indent=2, sort_keys=True)
+                       "sha256": sha256_of(os.path.join(tmp, f"{name}.so")), "flags": list(flags)},
+                      fh, indent=2, sort_keys=True)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -157,6 +169,15 @@ def _compile(files, source_names, flags, name, key, final, root, verbose, log) -
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _owner_writable_only(top: str) -> None:
+    """chmod go-w the whole build (a umask of 002 would leave it group-writable, which install refuses)."""
+    for base, dirs, names in os.walk(top):
+        for p in [base] + [os.path.join(base, n) for n in names]:
+            mode = os.lstat(p).st_mode
+            if not os.path.islink(p) and mode & 0o022:
+                os.chmod(p, mode & ~0o022 & 0o7777)
 
 
 _DIAG = re.compile(r"(?P<file>[^\s:]+\.(?:cpp|h)):(?P<line>\d+):(?:\d+:)? (?:fatal )?error: (?P<msg>.*)")

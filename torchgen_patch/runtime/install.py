@@ -129,9 +129,8 @@ def _library(library, opts: Options, plan, verbose) -> tuple[str, list[Candidate
         lib = build(render(plan, 2), plan.ops(), 2, verbose=verbose)
         library = lib.path
     d = os.path.dirname(os.path.abspath(library))
+    info = _trusted_record(library)
     try:
-        with open(os.path.join(d, "build-info.json")) as fh:
-            info = json.load(fh)
         with open(os.path.join(d, "src", "torchgen_patch_manifest.json")) as fh:
             manifest = json.load(fh)
     except (OSError, ValueError) as e:
@@ -140,6 +139,28 @@ def _library(library, opts: Options, plan, verbose) -> tuple[str, list[Candidate
         raise InputError(library, None, f"built for torch {info.get('torch')}, this is torch {torch.__version__}",
                          "rebuild with `torchgen-patch build`")
     return library, [Candidate(k["op"], k["schema"]) for k in manifest["kernels"]]
+
+
+def _trusted_record(library: str) -> dict:
+    """The build record of ``library``, once the library passed the trust checks (trust.py):
+    owned by this user (or root), writable by nobody else, the SHA-256 its build recorded."""
+    from ..scan.cache import directory as cache_dir
+    from . import trust
+    from .build import RECORD
+
+    d = os.path.dirname(os.path.abspath(library))
+    cache = os.path.realpath(cache_dir())
+    root = cache if trust.inside(os.path.realpath(d), cache) else d
+    trust.check_path(d, root, library)
+    record = os.path.join(d, RECORD)
+    try:
+        with open(record) as fh:
+            info = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
+    trust.check_path(record, root, library)
+    trust.check_library(library, info.get("sha256") if isinstance(info, dict) else None, root)
+    return info
 
 
 def _dll(path: str) -> ctypes.CDLL:
@@ -247,7 +268,8 @@ def _install_runtime(names: list[str], backend: str, verbose: bool, overlay, evi
         return rep
     from .build import build_boxed
 
-    rep.library = boxed_library or build_boxed(verbose=verbose).path  # a prebuilt one (run) is loaded as is
+    rep.library = boxed_library or build_boxed(verbose=verbose).path  # a prebuilt one (run): checked, never rebuilt
+    _trusted_record(rep.library)
     dll = _dll(rep.library)
     dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
     dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]

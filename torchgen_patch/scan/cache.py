@@ -14,7 +14,7 @@ import json
 import os
 
 from ..version import __version__
-from ..files import atomic_write
+from ..files import atomic_write, private_dirs
 
 
 def directory() -> str:
@@ -55,7 +55,7 @@ def read(name: str):
 def write(name: str, data) -> None:
     path = os.path.join(directory(), name)
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        private_dirs(os.path.dirname(path))
         atomic_write(path, json.dumps(data, separators=(",", ":")).encode(), durable=False)
     except OSError:
         pass

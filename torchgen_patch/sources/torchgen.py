@@ -16,6 +16,7 @@ object. Nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.machinery
@@ -26,8 +27,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from ..errors import EnvironmentProblem, InputError, one_line
-from ..files import yaml_error
+from ..errors import EnvironmentProblem, InputError, one_line, printable
+from ..files import private_dirs, yaml_error
 from .facts import CppSig, Facts, WrittenArg
 
 INSTALLED, CHECKOUT = "installed", "checkout"
@@ -146,7 +147,7 @@ def imported(tc: Toolchain, identity: str | None = None):
         path, prefix = list(sys.path), sys.pycache_prefix
         sys.path.insert(0, tc.path_entry)
         if tc.world == CHECKOUT:
-            sys.pycache_prefix = _bytecode_dir(key[1])
+            sys.pycache_prefix = _bytecode_dir(key[1]) or prefix
         importlib.invalidate_caches()
         _ACTIVE.append(key)
         try:
@@ -162,11 +163,19 @@ def imported(tc: Toolchain, identity: str | None = None):
             sys.pycache_prefix = prefix
 
 
-def _bytecode_dir(identity: str) -> str:
+def _bytecode_dir(identity: str) -> str | None:
     """Beside the result cache, not in it: emptying the result cache (a cold scan) does not
     make the checkout's torchgen compile again, as its own __pycache__ would not."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "torchgen-patch-bytecode", identity[:24])
+    base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                        "torchgen-patch-bytecode")
+    try:
+        private_dirs(base)
+        st = os.stat(base)
+    except OSError:
+        return None
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:  # bytecode is code: only from a private place
+        return None
+    return os.path.join(base, identity[:24])
 
 
 def _import(tc: Toolchain, name: str):
@@ -214,7 +223,7 @@ def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
     """``text`` through the toolchain's own LineLoader (``__line__`` per entry)."""
     import yaml
 
-    loader = _import(tc, "torchgen.gen").LineLoader
+    loader = _bounded(_import(tc, "torchgen.gen").LineLoader)
     try:
         es = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
@@ -226,10 +235,53 @@ def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
         raise InputError(path, line, f"malformed YAML: {what}") from None
     if not isinstance(es, list) or not es:
         raise InputError(path, 1, f"{what} must be a non-empty YAML list of entries")
+    if len(es) > MAX_ENTRIES:  # torchgen's parse costs about a millisecond an entry
+        raise InputError(path, None, f"{what} has {len(es):,} entries; the limit is {MAX_ENTRIES:,} (PyTorch's "
+                                     "own has about 2,600)")
     for e in es:
         if not isinstance(e, dict):
             raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(e).__name__}")
+    _refuse_shared(path, es, what)
     return es
+
+
+# Bounds on hostile input (tests/test_adversarial_yaml.py): several times what PyTorch's yaml needs
+MAX_ENTRIES = 10_000
+MAX_KEYS = 256  # per mapping: torchgen's loader checks duplicate keys in a list, quadratic in the keys
+
+
+@functools.lru_cache(maxsize=None)
+def _bounded(base: type) -> type:
+    """The toolchain's own loader, refusing a mapping of more than MAX_KEYS keys before it is built."""
+    import yaml
+
+    def construct_mapping(self, node, deep=False):
+        if len(node.value) > MAX_KEYS:
+            raise yaml.constructor.ConstructorError(None, None, f"a mapping of {len(node.value):,} keys (the "
+                                                    f"limit is {MAX_KEYS})", node.start_mark)
+        return base.construct_mapping(self, node, deep=deep)
+
+    return type(f"Bounded{base.__name__}", (base,), {"construct_mapping": construct_mapping})
+
+
+_CONTAINERS = (dict, list, tuple)  # what a safe loader makes that can hold a container (!!pairs: tuples)
+
+
+def _refuse_shared(path: str, es: list, what: str) -> None:
+    """Refuse a list or mapping reached twice: only YAML aliases (``*name``) do that, and they can
+    stand for a billion elements in a few lines ("billion laughs"), which torchgen would walk or
+    print in a message. PyTorch's yaml uses none. One pass over the containers (a few percent of a parse)."""
+    seen: set[int] = set()
+    for entry in es:
+        todo = [entry]
+        for node in todo:  # grows while it is walked
+            if id(node) in seen:
+                raise InputError(path, entry.get("__line__"), f"YAML aliases (*name) are not allowed in {what}",
+                                 "write the value out where it is used")
+            seen.add(id(node))
+            for v in (node.values() if type(node) is dict else node):
+                if type(v) in _CONTAINERS:
+                    todo.append(v)
 
 
 _LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
@@ -260,14 +312,24 @@ def _line_of_named_entry(msg: str, es: list) -> int | None:
     return None
 
 
+MAX_SCHEMA = 10_000
+_OPERATOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?\Z")
+
+
 def _check_duplicates(path: str, es: list) -> None:
     seen: dict[str, int] = {}
     for e in es:
         func = e.get("func")
         if not isinstance(func, str):
             raise InputError(path, e.get("__line__"), "entry has no 'func:' schema string")
-        name = func.split("(", 1)[0].strip()
         line = e.get("__line__")
+        if len(func) > MAX_SCHEMA:  # torchgen's parse of one such line takes seconds per megabyte
+            raise InputError(path, line, f"a schema of {len(func):,} characters (the limit is {MAX_SCHEMA:,}; "
+                                         "PyTorch's longest has about 500)")
+        name = func.split("(", 1)[0].strip()
+        if not _OPERATOR_NAME.match(name):  # torchgen accepts ev"il(...); C++ string literals would not
+            raise InputError(path, line, f"operator name {printable(repr(name))} is not an identifier "
+                                         "(with an optional .overload)", "names are letters, digits and '_'")
         if name in seen:
             raise InputError(path, line, f"duplicate operator '{name}'", f"first defined at line {seen[name]}")
         seen[name] = line
