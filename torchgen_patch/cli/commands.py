@@ -4,6 +4,7 @@ returns an exit code. Nothing below the CLI sees an argparse namespace."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 
@@ -162,8 +163,26 @@ def install(args) -> int:
     from ..runtime.install import install as install_kernels
 
     _needs_torch("install")
-    rep = install_kernels(args.op, backend=args.backend, options=options(args))
+    rep = install_kernels(args.op, backend=args.backend, options=options(args), build=not args.no_build)
     print(rep.summary())
+    return 0
+
+
+def wheel(args) -> int:
+    from .. import pipeline
+    from ..runtime import prebuilt
+    from ..runtime.build import build as build_library
+
+    from ..codegen.render import MANIFEST
+
+    _needs_torch("wheel")
+    check_output_dir(args.output_dir)
+    opts = Options()
+    _, plan, files = pipeline.generate(opts, 2)
+    lib = build_library(files, plan.ops(), 2)
+    manifest = json.loads(files[MANIFEST])
+    print(prebuilt.make_wheel(args.output_dir, lib.path, manifest, opts))
+    print(f"torchgen-patch: {len(plan.kernels)} kernels packed for torch {lib.torch_version}", file=sys.stderr)
     return 0
 
 
@@ -265,6 +284,6 @@ def diff(args) -> int:
 
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
-            "run": run, "diff": diff}
+            "run": run, "diff": diff, "wheel": wheel}
 
 __all__ = ["COMMANDS", "Options"]

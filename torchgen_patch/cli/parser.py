@@ -94,6 +94,12 @@ def parser() -> argparse.ArgumentParser:
     _inputs(i, checkout=False)
     i.add_argument("--backend", choices=("cpp", "python"), default="cpp")
     i.add_argument("--op", action="append", help="install only these ops (repeatable)")
+    i.add_argument("--no-build", action="store_true",
+                   help="never compile: use the installed prebuilt kernels (torchgen-patch wheel) or fail")
+
+    w = sub.add_parser("wheel", help="build the kernels for the running torch and pack them in a platform wheel "
+                                     "(torchgen-patch-kernels) that install() uses with no compiler")
+    w.add_argument("-o", "--output-dir", default=".", metavar="DIR", help="where to write the wheel (default: .)")
 
     v = sub.add_parser("verify", help="run every op of the plan and check its version bumps")
     _inputs(v, checkout=False)
