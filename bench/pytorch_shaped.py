@@ -4,7 +4,7 @@ out of its output (tests/upstream_tree.py) and compiled as a library of their ow
 and unregistered on demand (``pytorch_shaped_register`` / ``_unregister``), so that it can
 alternate with the unpatched op and this project's kernel in one process.
 
-The library is cached under build/ by the torch build and the text of its translation unit."""
+The library is cached under build/ by the torch build, the ops and this tool's source."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ PREFIX = "pytorch_shaped"
 
 def _upstream_output(work: str) -> str:
     """Run the installed torch's autograd codegen, patched with this project's fix, into work/out."""
-    from tests.upstream_tree import make_tree, run_codegen
+    from tests.trees import tree_from_installed
+    from tests.upstream_tree import run_codegen
     from torchgen_patch.upstream import patch as up
 
-    root = make_tree(os.path.join(work, "tree"))
+    root = tree_from_installed(os.path.join(work, "tree"), git=False)  # patched in place: no git needed
     target = os.path.join(root, up.TARGET)
     with open(target) as fh:
         source = fh.read()
@@ -56,7 +57,11 @@ def load(ops: list[str], log=sys.stderr) -> ctypes.CDLL:
     import torch
     from torch.utils import cpp_extension
 
-    key = hashlib.sha256("\0".join([torch.__version__, torch.version.git_version, *ops]).encode()).hexdigest()[:16]
+    from torchgen_patch.scan.cache import tool_fingerprint
+
+    # the torch build, the ops, and this tool's source (the upstream patch is part of it)
+    key = hashlib.sha256("\0".join([torch.__version__, torch.version.git_version, tool_fingerprint(), *ops])
+                         .encode()).hexdigest()[:16]
     d = os.path.join(ROOT, "build", f"bench-pytorch-shaped-{key}")
     src = os.path.join(d, "pytorch_shaped_kernels.cpp")
     if not os.path.exists(src):

@@ -24,6 +24,7 @@ def main() -> int:
     ap.add_argument("--only", choices=("lint", "gen", "build", "call", "startup"), action="append")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15, help="paired rounds of the per-call benchmark")
+    ap.add_argument("--startup-rounds", type=int, default=11, help="paired rounds of the start-up benchmark")
     ap.add_argument("--report", action="store_true",
                     help="also update the committed report under reports/ (only the sections run are replaced)")
     args = ap.parse_args()
@@ -50,7 +51,7 @@ def main() -> int:
             results["call"] = json.load(fh)
     if "startup" in only:
         print("== start-up: prebuilt wheel, warm cache, python backend vs import torch (issue 16)", flush=True)
-        results["startup"] = bench_startup.main()
+        results["startup"] = bench_startup.main(args.startup_rounds)
     from torchgen_patch.sources import installed_torch_version as torch_version
 
     name = f"bench-{args.device}-torch{torch_version().split('+')[0]}.json"

@@ -197,3 +197,15 @@ def test_two_copies_installed_are_refused_with_the_reason(wheel, tmp_path):
              str(tmp_path / "venv" / "bin"), tmp_path / "cache", extra_path=str(other))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "2 copies of torchgen-patch-kernels are installed" in r.stderr and "uninstall all but one" in r.stderr
+
+
+def test_run_patches_a_program_with_the_wheel_and_no_compiler(wheel, tmp_path, default_plan):
+    python = _venv(tmp_path / "venv", wheel)
+    cache = tmp_path / "cache"
+    code = ("import sys; from torchgen_patch.cli import main; sys.exit(main(['run', '--', sys.executable, '-c', "
+            "'import torchgen_patch; print(len(torchgen_patch.installed_ops()))']))")
+    r = _run(python, code, str(tmp_path / "venv" / "bin"), cache)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(len(default_plan.ops()))
+    assert f"{len(default_plan.ops())} kernels active (cpp), 0 refused" in r.stderr
+    assert not os.path.exists(cache / "builds")
