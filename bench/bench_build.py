@@ -17,6 +17,9 @@ from procmem import run_measured
 
 sys.path.insert(0, ROOT)
 
+BUILD_TARGET = 0.7  # clean build vs one torch/extension.h TU (a regression guard since issue 16)
+NO_CHANGE_EXTRA = 0.1  # no-change build: seconds beyond `import torch` alone
+
 
 def _extension_tu_cmd(workdir: str) -> list[str]:
     import sysconfig
@@ -56,12 +59,12 @@ def main(n: int = 2) -> list[dict]:
             shutil.rmtree(cache, ignore_errors=True)
     for what, xs, ys, unit in (("wall", ours_w, anchor_w, "s"), ("peak memory", ours_m, anchor_m, "B")):
         mx, my = statistics.median(xs), statistics.median(ys)
-        ok = mx / my <= 0.5
+        ok = mx / my <= BUILD_TARGET
         fmt = (lambda v: f"{v:.1f}s") if unit == "s" else (lambda v: f"{v / 2**20:.0f} MiB")
         print(f"clean build of all kernels vs one torch/extension.h TU, {what}: {fmt(mx)} vs {fmt(my)}  "
-              f"ratio {mx / my:.3f}  [target <= 0.50: {'met' if ok else 'NOT MET'}]", flush=True)
+              f"ratio {mx / my:.3f}  [target <= {BUILD_TARGET:.2f}: {'met' if ok else 'NOT MET'}]", flush=True)
         rows.append({"name": f"clean build vs extension.h TU ({what})", "median": mx, "anchor_median": my,
-                     "ratio": mx / my, "target": 0.5, "met": ok, "runs": n})
+                     "ratio": mx / my, "target": BUILD_TARGET, "met": ok, "runs": n})
     # no-change rebuild: the CLI (an interpreter, torch imported) and the API call alone; beside
     # the CLI, `import torch` alone, which the CLI cannot avoid (it builds against that torch)
     ws, ts = [], []
@@ -83,12 +86,13 @@ def main(n: int = 2) -> list[dict]:
     lib = build(files, plan.ops(), 2)
     api = time.perf_counter() - t
     assert not lib.built
+    ok = w - it <= NO_CHANGE_EXTRA
     print(f"no-change rebuild: CLI {w:.2f}s (interpreter and torch import included; `import torch` alone "
-          f"{it:.2f}s, ratio {w / it:.2f}), build() {api * 1000:.1f} ms  "
-          f"[target <= 2 s: {'met' if w <= 2 else 'NOT MET'}]", flush=True)
-    rows.append({"name": "no-change rebuild (CLI wall)", "seconds": w, "target": 2.0, "met": w <= 2.0,
-                 "import_torch_seconds": it, "ratio_to_import_torch": w / it})
-    rows.append({"name": "no-change rebuild (build() call)", "seconds": api, "target": 2.0, "met": api <= 2.0})
+          f"{it:.2f}s, beyond it {w - it:+.2f}s, ratio {w / it:.2f}), build() {api * 1000:.1f} ms  "
+          f"[target <= {NO_CHANGE_EXTRA} s beyond import torch: {'met' if ok else 'NOT MET'}]", flush=True)
+    rows.append({"name": "no-change rebuild (CLI wall)", "seconds": w, "target_beyond_import_torch": NO_CHANGE_EXTRA,
+                 "met": ok, "import_torch_seconds": it, "beyond_import_torch": w - it, "ratio_to_import_torch": w / it})
+    rows.append({"name": "no-change rebuild (build() call)", "seconds": api})
     shutil.rmtree(cache, ignore_errors=True)
     if saved is None:
         os.environ.pop("TORCHGEN_PATCH_CACHE", None)

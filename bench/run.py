@@ -16,17 +16,20 @@ import bench_build  # noqa: E402
 import bench_gen  # noqa: E402
 import bench_lint  # noqa: E402
 import bench_trust  # noqa: E402
+import bench_startup  # noqa: E402
 from common import ROOT, save  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust"), action="append")
+    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust", "startup"), action="append")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--rounds", type=int, default=15, help="paired rounds of the per-call benchmark")
+    ap.add_argument("--startup-rounds", type=int, default=11, help="paired rounds of the start-up benchmark")
     ap.add_argument("--report", action="store_true",
                     help="also update the committed report under reports/ (only the sections run are replaced)")
     args = ap.parse_args()
-    only = set(args.only or ("lint", "gen", "build", "call", "trust"))
+    only = set(args.only or ("lint", "gen", "build", "call", "trust", "startup"))
     results = {}
     if "lint" in only:
         print("== lint (issue 2)", flush=True)
@@ -41,15 +44,18 @@ def main() -> int:
         print("== trust checks in a cached install() (issue 18)", flush=True)
         results["trust"] = bench_trust.main()
     if "call" in only:
-        print("== per-call cost (issue 5)", flush=True)
+        print("== per-call cost: unpatched | PyTorch-shaped kernel | this project's kernel (issue 16)", flush=True)
         out = os.path.join(ROOT, "build", f"bench-call-{args.device}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         r = subprocess.run([sys.executable, os.path.join(HERE, "bench_call.py"), "--device", args.device,
-                            "--json", out], env=dict(os.environ, PYTHONPATH=ROOT))
+                            "--json", out, "--rounds", str(args.rounds)], env=dict(os.environ, PYTHONPATH=ROOT))
         if r.returncode != 0:
             return r.returncode
         with open(out) as fh:
             results["call"] = json.load(fh)
+    if "startup" in only:
+        print("== start-up: prebuilt wheel, warm cache, python backend vs import torch (issue 16)", flush=True)
+        results["startup"] = bench_startup.main(args.startup_rounds)
     from torchgen_patch.sources import installed_torch_version as torch_version
 
     name = f"bench-{args.device}-torch{torch_version().split('+')[0]}.json"

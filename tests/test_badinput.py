@@ -168,6 +168,9 @@ def test_no_traceback_in_a_real_process(tmp_path):
     (["diff", "--pytorch-root", "TREE", "-o", "OUT", "--pr-body", "/nonexistent/pr.md"],
      "/nonexistent/pr.md: error: cannot write description: directory /nonexistent does not exist"),
     (["gen", "--out", "/etc/passwd"], "/etc/passwd: error: output path exists and is not a directory"),
+    (["wheel", "-o", "/etc/passwd"], "/etc/passwd: error: output path exists and is not a directory"),
+    (["wheel", "-o", "/etc/passwd/dist"],
+     "/etc/passwd/dist: error: cannot create output directory: /etc/passwd is not a directory"),
     (["gen", "--out", "OUT", "--output-dependencies", "/etc/passwd/d.cmake"],
      "/etc/passwd: error: output path exists and is not a directory"),
 ])

@@ -239,6 +239,46 @@ def p_op(cmd):
     return probe
 
 
+def p_install_no_build(run_cli, monkeypatch, **_):
+    from torchgen_patch.runtime import install as inst
+
+    seen = []
+    monkeypatch.setattr(inst, "install", lambda ops=None, backend="cpp", **kw: seen.append(kw["build"])
+                        or inst.InstallReport(backend))
+    run_cli("install", "--no-build")
+    run_cli("install")
+    assert seen == [False, True]
+
+
+def p_wheel_output_dir(run_cli, monkeypatch, tmp_path, **_):
+    from torchgen_patch.runtime import build as b
+    from torchgen_patch.runtime import prebuilt
+
+    made = []
+    monkeypatch.setattr(b, "build", lambda files, ops, shards, **kw: b.Library("/x.so", "/", "k", "t", (), False))
+    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, lib, manifest, opts: made.append(out) or out + "/w.whl")
+    assert run_cli("wheel", "-o", tmp_path / "w")[:2] == (0, f"{tmp_path / 'w'}/w.whl\n")
+    assert run_cli("wheel")[0] == 0
+    assert made == [str(tmp_path / "w"), "."]
+    (tmp_path / "file").write_text("")
+    rc, _, err = run_cli("wheel", "-o", tmp_path / "file" / "w")
+    assert rc == 2 and err.count("\n") == 1 and "is not a directory" in err and made == [str(tmp_path / "w"), "."]
+
+
+def p_wheel_quiet_verbose(run_cli, monkeypatch, tmp_path, **_):
+    from torchgen_patch.runtime import build as b
+    from torchgen_patch.runtime import prebuilt
+
+    seen = []
+    monkeypatch.setattr(b, "build", lambda files, ops, shards, **kw: seen.append(kw["verbose"]) or
+                        b.Library("/x.so", "/", "k", "t", (), False))
+    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, lib, manifest, opts: out + "/w.whl")
+    assert "kernels packed" in run_cli("wheel", "-o", tmp_path)[2]
+    assert run_cli("wheel", "-o", tmp_path, "-q")[2] == ""
+    run_cli("wheel", "-o", tmp_path, "-v")
+    assert seen == [False, False, True]
+
+
 V = ["verify", "--backend", "python", "--op", "aten::_cummax_helper"]
 
 
@@ -449,6 +489,8 @@ PROBES = {
     ("gen", "--dry-run"): p_gen_dry_run, ("gen", "--strict"): p_gen_strict,
     ("build", "--shards"): p_build_shards, ("build", "--verbose"): p_build_verbose,
     ("install", "--backend"): p_backend("install"), ("install", "--op"): p_op("install"),
+    ("install", "--no-build"): p_install_no_build, ("wheel", "--output"): p_wheel_output_dir,
+    ("wheel", "--quiet"): p_wheel_quiet_verbose, ("wheel", "--verbose"): p_wheel_quiet_verbose,
     ("verify", "--backend"): p_backend("verify"), ("verify", "--op"): p_op("verify"),
     ("verify", "--device"): p_verify_device, ("verify", "--without-patch"): p_verify_without,
     ("verify", "--both"): p_verify_both, ("verify", "--format"): p_verify_format,

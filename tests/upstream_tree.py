@@ -52,8 +52,10 @@ def kernel_sources(out: str, fns: set[str]) -> dict[str, str]:
     return found
 
 
-def kernels_tu(out: str, new: dict[str, str]) -> str:
-    """A translation unit with the upstream codegen's new kernels and their registration."""
+def kernels_tu(out: str, new: dict[str, str], toggled: str | None = None) -> str:
+    """A translation unit with the upstream codegen's new kernels and their registration: at load
+    (a static TORCH_LIBRARY_IMPL block, as upstream), or with ``toggled`` (a C name prefix) by
+    ``extern "C"`` functions ``<toggled>_register()`` and ``<toggled>_unregister()`` instead."""
     bodies = kernel_sources(out, set(new.values()))
     missing = set(new.values()) - set(bodies)
     assert not missing, f"kernel definitions not found: {sorted(missing)}"
@@ -61,9 +63,17 @@ def kernels_tu(out: str, new: dict[str, str]) -> str:
              "#include <ATen/Operators.h>", "", "using namespace at;",
              "using torch::autograd::increment_version;", "", "namespace upstream_kernels {", ""]
     lines += [bodies[fn] for fn in sorted(bodies)]
-    lines += ["} // namespace upstream_kernels", "", "TORCH_LIBRARY_IMPL(aten, ADInplaceOrView, m) {"]
-    lines += [f'  m.impl("{op}", TORCH_FN(upstream_kernels::{fn}));' for op, fn in sorted(new.items())]
-    lines += ["}", ""]
+    lines += ["} // namespace upstream_kernels", ""]
+    impls = [f'  m.impl("{op}", TORCH_FN(upstream_kernels::{fn}));' for op, fn in sorted(new.items())]
+    if toggled is None:
+        lines += ["TORCH_LIBRARY_IMPL(aten, ADInplaceOrView, m) {", *impls, "}", ""]
+    else:
+        lines += ["#include <memory>", "", "static std::unique_ptr<torch::Library> registered;", "",
+                  f'extern "C" void {toggled}_register() {{',
+                  "  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, \"aten\", "
+                  "c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);", "  torch::Library& m = *lib;", *impls,
+                  "  registered = std::move(lib);", "}", "",
+                  f'extern "C" void {toggled}_unregister() {{ registered.reset(); }}', ""]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ returns an exit code. Nothing below the CLI sees an argparse namespace."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 
@@ -221,9 +222,30 @@ def install(args) -> int:
     from ..runtime.install import install as install_kernels
 
     _needs_torch("install")
-    rep = install_kernels(args.op, backend=args.backend, options=options(args), verbose=args.verbose)
+    rep = install_kernels(args.op, backend=args.backend, options=options(args), verbose=args.verbose,
+                          build=not args.no_build)
     if not args.quiet or rep.refused:  # -q: only what did not register
         print(rep.summary())
+    return 0
+
+
+def wheel(args) -> int:
+    from .. import pipeline
+    from ..runtime import prebuilt
+    from ..runtime.build import build as build_library
+
+    from ..codegen.render import MANIFEST
+
+    _needs_torch("wheel")
+    out = args.output or "."
+    check_output_dir(out)
+    opts = Options()
+    _, plan, files = pipeline.generate(opts, 2)
+    lib = build_library(files, plan.ops(), 2, verbose=args.verbose,
+                        log=open(os.devnull, "w") if args.quiet else sys.stderr)
+    manifest = json.loads(files[MANIFEST])
+    print(prebuilt.make_wheel(out, lib.path, manifest, opts))
+    _say(args, f"wheel: {len(plan.kernels)} kernels packed for torch {lib.torch_version}")
     return 0
 
 
@@ -349,6 +371,6 @@ def _pr_body(root: str) -> str:
                           [pr_body.measure(plan, d) for d in devices])
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
-            "run": run, "diff": diff}
+            "run": run, "diff": diff, "wheel": wheel}
 
 __all__ = ["COMMANDS", "Options"]

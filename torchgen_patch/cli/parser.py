@@ -128,7 +128,13 @@ def parser() -> argparse.ArgumentParser:
     _inputs(i, checkout=False)
     i.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
     i.add_argument("--op", action="append", help="install only these ops (repeatable)")
+    i.add_argument("--no-build", action="store_true",
+                   help="never compile: use the installed prebuilt kernels (torchgen-patch wheel) or fail")
     _output(i)
+
+    w = sub.add_parser("wheel", help="build the kernels for the running torch and pack them in a platform wheel "
+                                     "(torchgen-patch-kernels) that install() uses with no compiler")
+    _output(w, "DIR where to write the wheel (default: the current directory)")
 
     v = sub.add_parser("verify", help="run every op of the plan and check its version bumps")
     _inputs(v, checkout=False)

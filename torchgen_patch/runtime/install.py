@@ -16,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import InputError, require_torch, unknown_names
+from ..errors import EnvironmentProblem, InputError, require_torch, unknown_names
 from ..sources import Options
 
 _LOCK = threading.Lock()
@@ -33,10 +33,16 @@ class InstallReport:
     registered: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)  # installed earlier by torchgen-patch
     refused: dict[str, str] = field(default_factory=dict)  # op -> why
+    prebuilt: str | None = None  # the installed prebuilt kernels used (their version), if any
+    prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used
 
     def summary(self) -> str:
         lines = [f"torchgen-patch install ({self.backend}): {len(self.registered)} registered, "
                  f"{len(self.already)} already active, {len(self.refused)} refused"]
+        if self.prebuilt:
+            lines.append(f"  prebuilt: {self.prebuilt} ({self.library})")
+        if self.prebuilt_unused:
+            lines.append(f"  prebuilt kernels not used: {self.prebuilt_unused}")
         for op, why in sorted(self.refused.items()):
             lines.append(f"  refused {op}: {why}")
         return "\n".join(lines)
@@ -74,7 +80,7 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
             native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
             no_overlay: bool = False, no_cache: bool = False, runtime_ops: list[str] | None = None,
             verbose: bool = False, options: Options | None = None, plan=None,
-            evidence: bool = False, boxed_library: str | None = None) -> InstallReport:
+            evidence: bool = False, boxed_library: str | None = None, build: bool = True) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
 
     ``runtime_ops``: operators of any namespace found in the live registry
@@ -85,6 +91,9 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
     ``plan`` (plan.Plan), when given, is used instead of making one.
     ``evidence`` (runtime ops, Python backend): also record which written arguments each call
     really changed; read it with ``evidence()`` ("declared written, never changed").
+    With neither ``library`` nor ``plan``, installed prebuilt kernels (``torchgen-patch wheel``)
+    are used when they match this torch exactly; else the report says why not and the cached
+    build is used, unless ``build=False``, which refuses instead (InputError).
     """
     opts = options or Options(native_functions, tags, None, overlay, no_overlay, no_cache)
     if backend not in ("cpp", "python"):
@@ -102,8 +111,34 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
                 _, plan = make(opts)
             cands = [Candidate(k.op, k.schema, k.written) for k in plan.kernels]
             return _install_python(_select(cands, ops))
-        lib_path, cands = _library(library, opts, plan, verbose)
-        return _install_cpp(lib_path, _select(cands, ops))
+        prebuilt, unused = (None, None) if library or plan else _prebuilt(opts, build)
+        if prebuilt is not None:
+            rep = _install_cpp(prebuilt.library, _select([Candidate(*k) for k in prebuilt.kernels()], ops))
+            rep.prebuilt = prebuilt.version
+            return rep
+        try:
+            lib_path, cands = _library(library, opts, plan, verbose)
+        except EnvironmentProblem as e:  # no compiler, say: the prebuilt kernels' reason is the useful part
+            if unused is None:
+                raise
+            raise EnvironmentProblem(f"{e.message}; the installed prebuilt kernels were not used: {unused}",
+                                     e.hint) from None
+        rep = _install_cpp(lib_path, _select(cands, ops))
+        rep.prebuilt_unused = unused
+        return rep
+
+
+def _prebuilt(opts: Options, build: bool):
+    """(prebuilt kernels to use, why installed ones are not used); with ``build=False`` no usable
+    prebuilt kernels is an error."""
+    from .prebuilt import DIST, lookup
+
+    found, why = lookup(opts)
+    if found is None and not build:
+        raise InputError(None, None, f"no usable prebuilt kernels: {why or DIST + ' is not installed'}; "
+                                     "and building was ruled out (build=False, --no-build)",
+                         f"pip install the {DIST} wheel made for this torch (`torchgen-patch wheel`)")
+    return found, why
 
 
 def _select(cands: list[Candidate], ops: list[str] | None) -> list[Candidate]:

@@ -51,9 +51,12 @@ def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[s
     if backend == "cpp":
         from ..codegen import render
         from .build import build, build_boxed
+        from .prebuilt import lookup
 
         log = open(os.devnull, "w") if quiet else sys.stderr
-        spec["library"] = build(render(plan, 2), plan.ops(), 2, verbose=verbose, log=log).path
+        # installed prebuilt kernels that fit: each process finds them itself (library None), nothing compiles
+        spec["library"] = None if lookup(opts)[0] else build(render(plan, 2), plan.ops(), 2, verbose=verbose,
+                                                             log=log).path
         if runtime_ops:
             spec["boxed"] = build_boxed(verbose=verbose, log=log).path
     user = os.environ.get("PYTHONPATH")

@@ -1,0 +1,115 @@
+"""Start-up: `python -c "import torch, torchgen_patch; torchgen_patch.install()"` with (a) the
+prebuilt kernels wheel installed, in a fresh venv that has this torch and no compiler on PATH,
+(b) a warm build cache, (c) the Python backend; each paired with `python -c "import torch"`
+run by the same interpreter in the same environment, in one run (rounds alternate the order).
+
+Target: (a) <= 1.1x `import torch` alone."""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import ROOT, _env
+
+TARGET = 1.1
+ANCHOR = "import torch"
+# each configuration checks that it ran the way it is named (an assert costs nothing measurable)
+CODE = {
+    "prebuilt wheel, no compiler on PATH": "import shutil, torch, torchgen_patch\n"
+                                           "assert not shutil.which('c++') and not shutil.which('g++')\n"
+                                           "r = torchgen_patch.install(build=False)\n"
+                                           "assert r.prebuilt and len(r.registered) > 100, r.summary()",
+    "warm build cache": "import torch, torchgen_patch\n"
+                        "r = torchgen_patch.install()\n"
+                        "assert not r.prebuilt and len(r.registered) > 100, r.summary()",
+    "python backend": "import torch, torchgen_patch\n"
+                      "r = torchgen_patch.install(backend='python')\n"
+                      "assert len(r.registered) > 100, r.summary()",
+}
+
+
+def _wall(python: str, code: str, env: dict, cpu: list | None = None) -> float:
+    """Wall seconds of one process; its CPU seconds (user + system) appended to ``cpu``: on a loaded
+    machine they move far less than the wall time does."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    dt = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-3000:])
+    if cpu is not None:
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return dt
+
+
+def _prebuilt_venv(work: str) -> str:
+    """A fresh venv seeing this torch (a .pth to its site-packages) with the kernels wheel pip-installed."""
+    import torch
+
+    dist = os.path.join(work, "dist")
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "wheel", "-o", dist], capture_output=True, text=True,
+                       env=_env(PYTHONPATH=ROOT), cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    venv = os.path.join(work, "venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    site = os.path.join(venv, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    with open(os.path.join(site, "same-torch.pth"), "w") as fh:
+        fh.write(os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))) + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", os.path.join(venv, "bin", "python"), "install", "-q",
+                    "--no-deps", "--no-index", "--disable-pip-version-check", r.stdout.strip()], check=True)
+    return os.path.join(venv, "bin", "python")
+
+
+def main(rounds: int = 7) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="tgp-startup-") as work:
+        venv_python = _prebuilt_venv(work)
+        setups = {
+            "prebuilt wheel, no compiler on PATH": (venv_python, _env(
+                PYTHONPATH=ROOT, PATH=os.path.dirname(venv_python),
+                TORCHGEN_PATCH_CACHE=os.path.join(work, "empty-cache"))),
+            "warm build cache": (sys.executable, _env(PYTHONPATH=ROOT)),
+            "python backend": (sys.executable, _env(PYTHONPATH=ROOT)),
+        }
+        for name, (python, env) in setups.items():  # warm-up: caches filled, pages in
+            _wall(python, CODE[name], env)
+            _wall(python, ANCHOR, env)
+        times = {name: ([], [], [], []) for name in setups}
+        for i in range(rounds):
+            for name, (python, env) in setups.items():
+                ours, anchor, ours_cpu, anchor_cpu = times[name]
+                if i % 2 == 0:
+                    anchor.append(_wall(python, ANCHOR, env, anchor_cpu))
+                    ours.append(_wall(python, CODE[name], env, ours_cpu))
+                else:
+                    ours.append(_wall(python, CODE[name], env, ours_cpu))
+                    anchor.append(_wall(python, ANCHOR, env, anchor_cpu))
+    rows = []
+    for name, (ours, anchor, ours_cpu, anchor_cpu) in times.items():
+        ratios = sorted(o / a for o, a in zip(ours, anchor))
+        cpu_ratio = statistics.median(o / a for o, a in zip(ours_cpu, anchor_cpu))
+        row = {"name": f"start-up, {name}, vs import torch", "median_s": statistics.median(ours),
+               "anchor_median_s": statistics.median(anchor), "ratio": statistics.median(ratios),
+               "ratio_min": ratios[0], "ratio_max": ratios[-1], "runs": rounds,
+               "cpu_s": statistics.median(ours_cpu), "anchor_cpu_s": statistics.median(anchor_cpu),
+               "cpu_ratio": cpu_ratio,
+               "target": TARGET if name.startswith("prebuilt") else None}
+        row["met"] = None if row["target"] is None else row["ratio"] <= TARGET
+        verdict = "" if row["met"] is None else f"  [target <= {TARGET}: {'met' if row['met'] else 'NOT MET'}]"
+        print(f"start-up, {name}: {row['median_s']:.2f}s vs import torch {row['anchor_median_s']:.2f}s  ratio "
+              f"{row['ratio']:.3f} (median of {rounds} paired, {ratios[0]:.3f}-{ratios[-1]:.3f}); CPU time "
+              f"{row['cpu_s']:.2f}s vs {row['anchor_cpu_s']:.2f}s, ratio {cpu_ratio:.3f}{verdict}",
+              flush=True)
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The prebuilt kernels wheel (`torchgen-patch wheel`), end to end: built with pip, installed
+into a fresh venv that has the same torch and no compiler on PATH, where install() registers
+every op without compiling; a wheel for another torch build, a damaged or missing library, two
+copies installed: refused with the reason (build=False) or the cached build instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.build
+
+
+def _site(venv) -> str:
+    return str(venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages")
+
+
+def _venv(path, wheel) -> str:
+    """A fresh venv (no pip, no compiler) that sees this torch (a .pth to its site-packages, whose own
+    .pth files stay unread) and has the kernels wheel installed by pip; returns its python."""
+    import torch
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    with open(os.path.join(_site(path), "same-torch.pth"), "w") as fh:
+        fh.write(os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))) + "\n")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"), "install", "-q",
+                        "--no-deps", "--no-index", "--disable-pip-version-check", str(wheel)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return str(path / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "wheel", "-o", str(out)], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=ROOT, MAX_JOBS="2"), timeout=1800)
+    assert r.returncode == 0, r.stderr
+    path = r.stdout.strip()
+    assert os.path.dirname(path) == str(out) and os.listdir(out) == [os.path.basename(path)]
+    return path
+
+
+def _run(python, code, path, cache, extra_path=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("CXX", "CC", "PYTHONPATH")}
+    env.update(PATH=path, TORCHGEN_PATCH_CACHE=str(cache),
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, extra_path) if p))
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, cwd=str(cache.parent),
+                          timeout=600)
+
+
+def test_wheel_names_the_torch_build_and_records_the_library(wheel, default_plan):
+    import torch
+
+    from torchgen_patch.runtime import prebuilt
+
+    name = os.path.basename(wheel)
+    here = prebuilt.torch_identity()
+    assert name.startswith(f"torchgen_patch_kernels-{prebuilt.wheel_version(here)}-cp3")
+    assert name.endswith("_x86_64.whl") or name.endswith("_aarch64.whl")  # a platform wheel
+    variant = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
+    abi = "cxx11abi" if torch.compiled_with_cxx11_abi() else "precxx11abi"
+    assert prebuilt.wheel_version(here) == (f"{prebuilt.__version__}+torch{torch.__version__.split('+')[0]}."
+                                            f"{variant}.{abi}.g{torch.version.git_version[:10]}")
+    with zipfile.ZipFile(wheel) as z:
+        rec = json.loads(z.read(f"{prebuilt.PACKAGE}/{prebuilt.RECORD}"))
+        lib = z.read(f"{prebuilt.PACKAGE}/{rec['library']}")
+        assert "Root-Is-Purelib: false" in z.read(next(n for n in z.namelist() if n.endswith("/WHEEL"))).decode()
+    import hashlib
+
+    assert hashlib.sha256(lib).hexdigest() == rec["sha256"]
+    assert rec["torch"] == here and rec["torchgen_patch"] == prebuilt.__version__
+    assert [k["op"] for k in rec["plan"]["kernels"]] == default_plan.ops()
+
+
+NO_COMPILER = """
+import json, os, shutil, torch, torchgen_patch
+from torchgen_patch.errors import InputError
+from torchgen_patch.runtime import prebuilt
+assert not any(shutil.which(c) for c in ("c++", "g++", "gcc", "cc", "clang++", "ninja")), os.environ["PATH"]
+res = {}
+rep = torchgen_patch.install(build=False)
+x = torch.randn(2, 2); a, b = torch.empty(2, 1), torch.empty(2, 1)
+torch.split_with_sizes_copy(x, [1, 1], dim=1, out=[a, b])
+res["ok"] = {"registered": rep.registered, "refused": rep.refused, "prebuilt": rep.prebuilt,
+             "library": rep.library, "versions": [a._version, b._version]}
+torchgen_patch.uninstall()
+where = os.path.dirname(rep.library)
+rec_path = os.path.join(where, prebuilt.RECORD)
+good_rec, good_lib = open(rec_path).read(), open(rep.library, "rb").read()
+
+def replace(path, data):  # a new file: the loaded library's mapping must not change under this process
+    open(path + ".new", "wb").write(data)
+    os.replace(path + ".new", path)
+
+def attempt(name):
+    try:
+        torchgen_patch.install(build=False)
+        res[name] = "installed"
+    except InputError as e:
+        res[name] = [e.exit_code, str(e), torchgen_patch.installed_ops()]
+    torchgen_patch.uninstall()
+
+for field, value in (("version", "2.13.0+doctored"), ("git_version", "0" * 40), ("cxx11_abi", "flip")):
+    rec = json.loads(good_rec)
+    rec["torch"][field] = (not rec["torch"][field]) if value == "flip" else value
+    open(rec_path, "w").write(json.dumps(rec))
+    attempt(field)
+open(rec_path, "w").write(good_rec)
+replace(rep.library, good_lib[:4096] + bytes(64) + good_lib[4160:])
+attempt("damaged")
+os.remove(rep.library)
+attempt("missing")
+replace(rep.library, good_lib)
+open(rec_path, "w").write("{not json")
+attempt("record")
+open(rec_path, "w").write(good_rec)
+print(json.dumps(res))
+"""
+
+
+def test_fresh_venv_without_a_compiler_registers_every_op_from_the_wheel(wheel, tmp_path, default_plan):
+    python = _venv(tmp_path / "venv", wheel)
+    cache = tmp_path / "cache"  # empty: nothing can come from a cached build
+    r = _run(python, NO_COMPILER, str(tmp_path / "venv" / "bin"), cache)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    ok = res["ok"]
+    assert sorted(ok["registered"]) == default_plan.ops() and ok["refused"] == {}
+    assert ok["library"].startswith(_site(tmp_path / "venv")) and ok["prebuilt"] in os.path.basename(wheel)
+    assert ok["versions"] == [1, 1]
+    assert not os.path.exists(cache / "builds")  # nothing compiled, nothing built
+    for field in ("version", "git_version", "cxx11_abi"):
+        code, msg, active = res[field]
+        assert code == 2 and active == [] and "\n" not in msg, res[field]
+        assert f"was built for another torch build: {field} " in msg and "build=False" in msg, msg
+    import torch
+
+    assert f"version '2.13.0+doctored' (this torch: '{torch.__version__}')" in res["version"][1]
+    assert "is not the library that was built" in res["damaged"][1] and res["damaged"][2] == []
+    assert "No such file or directory" in res["missing"][1] and res["missing"][2] == []
+    assert "record.json is missing or damaged" in res["record"][1] and res["record"][2] == []
+
+
+FALLBACK = """
+import json, torchgen_patch
+rep = torchgen_patch.install()
+print(json.dumps({"n": len(rep.registered), "unused": rep.prebuilt_unused, "prebuilt": rep.prebuilt,
+                  "library": rep.library, "summary": rep.summary()}))
+"""
+
+
+def test_another_torch_build_falls_back_to_the_cache_or_is_refused_by_no_build(wheel, tmp_path, default_plan,
+                                                                                library):
+    python = _venv(tmp_path / "venv", wheel)
+    rec_path = os.path.join(_site(tmp_path / "venv"), "torchgen_patch_kernels", "record.json")
+    rec = json.load(open(rec_path))
+    rec["torch"]["version"] = "2.13.0+doctored"
+    json.dump(rec, open(rec_path, "w"))
+    cache = tmp_path / "cache"
+    shutil.copytree(library.directory, cache / "builds" / os.path.basename(library.directory), symlinks=True)
+    r = _run(python, FALLBACK, os.environ["PATH"], cache)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["n"] == len(default_plan.ops()) and res["prebuilt"] is None
+    assert res["library"].startswith(str(cache / "builds"))  # the cached build, not compiled again
+    assert "version '2.13.0+doctored'" in res["unused"] and "prebuilt kernels not used:" in res["summary"]
+    # the CLI, told not to build: one line, exit 2, the reason
+    r = _run(python, "import sys; from torchgen_patch.cli import main; sys.exit(main(['install', '--no-build']))",
+             os.environ["PATH"], cache)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("torchgen-patch: error: no usable prebuilt kernels: torchgen-patch-kernels ")
+    assert "built for another torch build: version '2.13.0+doctored'" in r.stderr
+    # and with no compiler on PATH and no cache, the fallback fails naming the same reason (exit 3)
+    r = _run(python, "import sys; from torchgen_patch.cli import main; sys.exit(main(['install']))",
+             str(tmp_path / "venv" / "bin"), tmp_path / "empty")
+    assert r.returncode == 3 and r.stderr.count("\n") == 1, r.stderr
+    assert "no C++ compiler" in r.stderr and "version '2.13.0+doctored'" in r.stderr
+
+
+def test_two_copies_installed_are_refused_with_the_reason(wheel, tmp_path):
+    python = _venv(tmp_path / "venv", wheel)
+    other = tmp_path / "other"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                        str(other), wheel], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = _run(python, "import sys; from torchgen_patch.cli import main; sys.exit(main(['install', '--no-build']))",
+             str(tmp_path / "venv" / "bin"), tmp_path / "cache", extra_path=str(other))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "2 copies of torchgen-patch-kernels are installed" in r.stderr and "uninstall all but one" in r.stderr
+
+
+def test_run_patches_a_program_with_the_wheel_and_no_compiler(wheel, tmp_path, default_plan):
+    python = _venv(tmp_path / "venv", wheel)
+    cache = tmp_path / "cache"
+    code = ("import sys; from torchgen_patch.cli import main; sys.exit(main(['run', '--', sys.executable, '-c', "
+            "'import torchgen_patch; print(len(torchgen_patch.installed_ops()))']))")
+    r = _run(python, code, str(tmp_path / "venv" / "bin"), cache)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(len(default_plan.ops()))
+    assert f"{len(default_plan.ops())} kernels active (cpp), 0 refused" in r.stderr
+    assert not os.path.exists(cache / "builds")

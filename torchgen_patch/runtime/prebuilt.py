@@ -1,0 +1,212 @@
+"""Prebuilt kernels: a platform wheel (``torchgen-patch-kernels``) holding the compiled library
+for one torch build and the plan it was built from, so that machines without a compiler (a
+cluster's nodes, a production image) install the kernels without building them.
+
+``make_wheel`` packs a finished build with setuptools through ``pip wheel``; ``lookup`` finds an
+installed one and says why it may not be used: another torch build (version, git hash, C++
+ABI, CUDA), another torchgen-patch, other inputs, a missing or damaged library, two copies
+installed. The library's SHA-256 is in the wheel's record and checked before it is loaded
+(``library_problem``: the same checks as a cached build's, runtime/trust.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from ..errors import EnvironmentProblem, InputError, require_torch
+from ..sources import Options, overlay_path
+from ..version import __version__
+from .trust import check_library, sha256_of
+
+DIST = "torchgen-patch-kernels"
+PACKAGE = "torchgen_patch_kernels"
+RECORD = "record.json"
+FORMAT = 1
+IDENTITY = ("version", "git_version", "cxx11_abi", "cuda")  # what must match the running torch exactly
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    library: str
+    version: str  # the wheel's version
+    record: dict
+
+    def kernels(self) -> list[tuple[str, str]]:
+        """(op, schema) of every kernel in the library."""
+        return [(k["op"], k["schema"]) for k in self.record["plan"]["kernels"]]
+
+
+def torch_identity() -> dict:
+    """The running torch build, as the wheel records it."""
+    torch = require_torch("prebuilt kernels")
+    return {"version": torch.__version__, "git_version": torch.version.git_version,
+            "cxx11_abi": bool(torch.compiled_with_cxx11_abi()), "cuda": torch.version.cuda}
+
+
+def wheel_version(identity: dict) -> str:
+    """``<torchgen-patch version>+torch<version>.<cpu|cuXY>.<cxx11abi|precxx11abi>.g<hash>``
+    (a PEP 440 local version naming the torch build)."""
+    base = identity["version"].split("+")[0]
+    variant = "cu" + identity["cuda"].replace(".", "") if identity["cuda"] else "cpu"
+    abi = "cxx11abi" if identity["cxx11_abi"] else "precxx11abi"
+    local = f"torch{base}.{variant}.{abi}.g{(identity['git_version'] or 'unknown')[:10]}"
+    return f"{__version__}+" + re.sub(r"[^a-z0-9.]+", ".", local.lower())
+
+
+def overlay_sha256(opts: Options) -> str | None:
+    path = overlay_path(opts)
+    try:
+        return None if path is None else sha256_of(path)
+    except OSError:
+        return f"unreadable: {path}"  # matches no record; the plan reports the overlay itself
+
+
+def library_problem(path: str, sha256: str, root: str) -> str | None:
+    """Why the library at ``path`` must not be loaded, or None: the same rules as a cached build's
+    (trust.check_library: owner and modes from ``root``, the wheel's package directory, down; a
+    regular file; the SHA-256 the wheel recorded)."""
+    try:
+        check_library(path, sha256, root)
+    except EnvironmentProblem as e:
+        return e.message
+    except OSError as e:
+        return f"its library {path} cannot be read ({e.strerror})"
+    return None
+
+
+def record(library: str, manifest: dict, opts: Options) -> dict:
+    """What the wheel says about itself: torch build, library and its digest, inputs, plan."""
+    return {"format": FORMAT, "torchgen_patch": __version__, "torch": torch_identity(),
+            "library": os.path.basename(library), "sha256": sha256_of(library),
+            "overlay_sha256": overlay_sha256(opts), "plan": manifest}
+
+
+_PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "{version}"
+description = "ADInplaceOrView kernels prebuilt by torchgen-patch for torch {torch}"
+requires-python = ">={python}"
+
+[tool.setuptools]
+packages = ["{package}"]
+
+[tool.setuptools.package-data]
+{package} = ["*.so", "{record}"]
+"""
+
+# a library inside makes it a platform wheel (cpXY-cpXY-<platform>), never a py3-none-any one
+_SETUP = """\
+from setuptools import setup
+from setuptools.dist import Distribution
+
+
+class PlatformDistribution(Distribution):
+    def has_ext_modules(self):
+        return True
+
+
+setup(distclass=PlatformDistribution)
+"""
+
+
+def make_wheel(out_dir: str, library: str, manifest: dict, opts: Options, log=sys.stderr) -> str:
+    """Pack ``library`` (a finished build) and ``manifest`` (its plan) into a wheel in ``out_dir``;
+    returns the wheel's path. Built by setuptools through ``pip wheel``, with no network (no build
+    isolation) and a fixed SOURCE_DATE_EPOCH, so the same build gives the same wheel bytes."""
+    rec = record(library, manifest, opts)
+    version = wheel_version(rec["torch"])
+    with tempfile.TemporaryDirectory(prefix="tgp-wheel-") as tmp:
+        project, pkg, dist = (os.path.join(tmp, p) for p in ("project", os.path.join("project", PACKAGE), "dist"))
+        os.makedirs(pkg)
+        with open(os.path.join(project, "pyproject.toml"), "w") as fh:
+            fh.write(_PYPROJECT.format(dist=DIST, version=version, torch=rec["torch"]["version"], package=PACKAGE,
+                                       record=RECORD, python=f"{sys.version_info[0]}.{sys.version_info[1]}"))
+        with open(os.path.join(project, "setup.py"), "w") as fh:
+            fh.write(_SETUP)
+        with open(os.path.join(pkg, "__init__.py"), "w") as fh:
+            fh.write(f'"""Prebuilt torchgen-patch kernels; torchgen_patch.install() finds them ({RECORD})."""\n')
+        with open(os.path.join(pkg, RECORD), "w") as fh:
+            json.dump(rec, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        shutil.copyfile(library, os.path.join(pkg, rec["library"]))
+        print(f"torchgen-patch: packing {DIST} {version} with pip wheel ...", file=log, flush=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                            "--disable-pip-version-check", "-q", "-w", dist, project], capture_output=True, text=True,
+                           env=dict(os.environ, SOURCE_DATE_EPOCH="315532800"), cwd=tmp)
+        wheels = sorted(os.listdir(dist)) if os.path.isdir(dist) else []
+        if r.returncode != 0 or len(wheels) != 1:
+            tail = " ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+            raise EnvironmentProblem(f"pip wheel could not pack the kernels: {tail or 'no wheel made'}",
+                                     "this Python needs pip and setuptools>=64")
+        target = os.path.join(out_dir, wheels[0])
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            part = tempfile.NamedTemporaryFile(dir=out_dir, prefix=".tmp-", suffix=".whl", delete=False)
+            part.close()
+            shutil.copyfile(os.path.join(dist, wheels[0]), part.name)
+            os.replace(part.name, target)
+        except OSError as e:
+            raise InputError(out_dir, None, f"cannot write the wheel: {e.strerror}") from None
+    return target
+
+
+def _installed() -> list:
+    """Every installed copy of the kernels distribution on sys.path (by location and version)."""
+    from importlib import metadata
+
+    found = {}
+    for d in metadata.distributions(name=DIST):
+        key = (os.path.realpath(str(d.locate_file(PACKAGE))), d.version)
+        found.setdefault(key, d)
+    return [found[k] for k in sorted(found)]
+
+
+def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
+    """The installed prebuilt kernels if they may serve ``opts`` in this torch: (prebuilt, None);
+    else (None, why not), or (None, None) when none is installed."""
+    dists = _installed()
+    if not dists:
+        return None, None
+    if len(dists) > 1:
+        copies = ", ".join(f"{d.version} in {d.locate_file('')}" for d in dists)
+        return None, f"{len(dists)} copies of {DIST} are installed ({copies}): uninstall all but one"
+    dist = dists[0]
+    where = str(dist.locate_file(PACKAGE))
+    name = f"{DIST} {dist.version}"
+    try:
+        with open(os.path.join(where, RECORD), encoding="utf-8") as fh:
+            rec = json.load(fh)
+        torch, lib, digest, kernels = rec["torch"], rec["library"], rec["sha256"], rec["plan"]["kernels"]
+        fmt = rec["format"]
+        _ = [(k["op"], k["schema"]) for k in kernels]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"{name}: its {RECORD} is missing or damaged ({type(e).__name__}: {e})"
+    if fmt != FORMAT:
+        return None, f"{name}: record format {fmt}, this torchgen-patch reads {FORMAT}"
+    here = torch_identity()
+    differ = [f"{k} {torch.get(k)!r} (this torch: {here[k]!r})" for k in IDENTITY if torch.get(k) != here[k]]
+    if differ:
+        return None, f"{name} was built for another torch build: " + "; ".join(differ)
+    if rec.get("torchgen_patch") != __version__:
+        return None, f"{name} was made by torchgen-patch {rec.get('torchgen_patch')}, this is {__version__}"
+    if opts.native_functions or opts.tags or opts.pytorch_root:
+        return None, f"{name} holds the kernels of the installed torch's own yaml; other inputs were asked for"
+    if rec.get("overlay_sha256") != overlay_sha256(opts):
+        return None, f"{name} was built with another overlay than the one asked for"
+    path = os.path.join(where, os.path.basename(lib))
+    problem = library_problem(path, digest, where)
+    if problem:
+        return None, f"{name}: {problem}"
+    return Prebuilt(path, dist.version, rec), None
