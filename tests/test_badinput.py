@@ -73,6 +73,8 @@ def _snapshot(d):
 @pytest.mark.parametrize("cmd", ["lint", "gen"])
 def test_bad_native_functions(tmp_path, run_cli, name, cmd):
     data, expected = YAML_CASES[name]
+    if name == "inplace_must_return_self" and _installed_torchgen_accepts("foo_(Tensor(a!) self) -> ()"):
+        pytest.skip("this torch's torchgen accepts an in-place op that returns nothing (torch 2.4's does): not bad input")
     native = _case_files(tmp_path, name, data)
     out = tmp_path / "out"
     out.mkdir()
@@ -84,6 +86,16 @@ def test_bad_native_functions(tmp_path, run_cli, name, cmd):
     assert stdout == ""
     assert stderr == expected.replace("N:", f"{native}:", 1) + "\n"
     assert _snapshot(out) == before
+
+
+def _installed_torchgen_accepts(schema: str) -> bool:
+    from torchgen.model import FunctionSchema
+
+    try:
+        FunctionSchema.parse(schema)
+    except AssertionError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -297,7 +297,7 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
             where = os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")
             raise InputError(where, None, f"the {_whose(tc)} autograd codegen does not have the shape this tool "
                                           f"asks: {type(e).__name__}: {one_line(e)}",
-                             "known to work: the codegen of torch 2.11, 2.13 and 2.14") from None
+                             "known to work: the codegen of torch 2.4 to 2.14") from None
 
 
 @contextlib.contextmanager
