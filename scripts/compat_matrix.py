@@ -204,17 +204,38 @@ def failed_files(text: str) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^(?:FAILED|ERROR) (tests/[\w/]+\.py)", text, re.M)}
 
 
+def combined(text: str) -> tuple[dict[str, int] | None, set[str], int]:
+    """(counts, files with failures, tests rerun) of a report: a full run, then optionally sections
+    headed `# rerun ...` that rerun the tests that failed before them (after a fix): their
+    results replace those of the failed tests."""
+    parts = re.split(r"^# rerun\b.*$", text, flags=re.M)
+    counts, bad, rerun = pytest_summary(parts[0]), failed_files(parts[0]), 0
+    for part in parts[1:]:
+        again = pytest_summary(part)
+        if counts is None or again is None:
+            return None, set(), 0
+        redone = sum(counts.pop(k, 0) for k in _FAILING)
+        if sum(again.values()) != redone:  # a rerun must be of exactly the tests that failed
+            return None, set(), 0
+        rerun += redone
+        for k, n in again.items():
+            counts[k] = counts.get(k, 0) + n
+        bad = failed_files(part)
+    return counts, bad, rerun
+
+
+_FAILING = ("failed", "error", "errors")
+
+
 def runtime(release: str) -> dict | None:
     path = os.path.join(REPORTS, f"pytest-torch{release}.txt")
     if release in CUDA_REPORTS or not os.path.isfile(path):
         return None
-    text = open(path, encoding="utf-8").read()
-    counts = pytest_summary(text)
+    counts, bad, rerun = combined(open(path, encoding="utf-8").read())
     if counts is None:
         return None
-    bad = failed_files(text)
     areas = {a: not (bad & set(files)) for a, files in AREAS.items()}
-    return {"report": os.path.basename(path), "counts": counts, "areas": areas}
+    return {"report": os.path.basename(path), "counts": counts, "areas": areas, "rerun": rerun}
 
 
 def cuda(release: str) -> dict | None:
@@ -259,7 +280,8 @@ def readme_table(data: dict) -> str:
         build = verify = suite = "not run"
         if rt:
             build, verify = _mark(rt["areas"]["build + install"]), _mark(rt["areas"]["verify CPU"])
-            suite = f"{_counts_text(rt['counts'])} ([report](reports/{rt['report']}))"
+            again = f"; {rt['rerun']} rerun after a fix" if rt["rerun"] else ""
+            suite = f"{_counts_text(rt['counts'])} ([report](reports/{rt['report']}){again})"
         cuda_cell = (f"{cu['device']}: {_counts_text(cu['counts'])} ([report](reports/{cu['report']}))"
                      if cu else "not measured")
         if cu and not rt:

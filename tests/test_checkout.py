@@ -266,7 +266,7 @@ def test_commands_that_need_torch_say_so(notorch, tree213, argv, what):
     r = tgp(notorch, *[tree213 if a == "TREE" else a for a in argv])
     assert (r.returncode, r.stdout) == (3, ""), r.stderr
     assert r.stderr == (f"torchgen-patch: error: {what} needs torch, and this Python has none (hint: pip install "
-                        "'torch>=2.11' (or torchgen-patch[torch]); scan, lint, gen and diff on a checkout "
+                        "'torch>=2.4' (or torchgen-patch[torch]); scan, lint, gen and diff on a checkout "
                         "(--pytorch-root) work without it)\n")
 
 

@@ -84,3 +84,14 @@ def test_torch_lower_bound_is_the_oldest_release_with_evidence(data):
     assert bound == ".".join(run[0].split(".")[:2])
     later = [r for r in data["releases"] if cm._key(r) >= cm._key(run[0]) and "not_checked" not in data["releases"][r]]
     assert all(cm.static_cell(data["releases"][r]).startswith("ok") for r in later)
+
+
+def test_a_rerun_replaces_the_results_of_the_failed_tests():
+    text = ("..F.F.s\nFAILED tests/test_verify.py::a\nFAILED tests/test_build.py::b\n"
+            "2 failed, 4 passed, 1 skipped in 9.0s\n"
+            "# rerun of the failed tests above\n.s\nSKIPPED [1] tests/test_build.py:3: why\n1 passed, 1 skipped in 1.0s\n")
+    assert cm.combined(text) == ({"passed": 5, "skipped": 2}, set(), 2)
+    still = text.replace("1 passed, 1 skipped in 1.0s", "FAILED tests/test_verify.py::a\n1 failed, 1 skipped in 1.0s")
+    assert cm.combined(still) == ({"failed": 1, "passed": 4, "skipped": 2}, {"tests/test_verify.py"}, 2)
+    # a rerun of other tests than the failed ones is not taken
+    assert cm.combined(text.replace("1 passed, 1 skipped", "3 passed"))[0] is None
