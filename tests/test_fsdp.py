@@ -26,7 +26,10 @@ if patched:
 backend = "nccl" if device == "cuda" else "gloo"
 dist.init_process_group(backend, init_method="tcp://127.0.0.1:" + sys.argv[3], rank=0, world_size=1)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # releases whose FSDP2 is only under _composable (torch 2.4)
+    from torch.distributed._composable.fsdp import fully_shard
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
 mesh = init_device_mesh(device, (1,))
