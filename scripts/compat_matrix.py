@@ -86,8 +86,23 @@ def fetch_wheel(python: str, release: str, into: str) -> tuple[str | None, str]:
     hits = sorted(f for f in os.listdir(into) if f.startswith("torch-") and f.endswith(".whl"))
     if r.returncode != 0 or not hits:
         errors = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.startswith("ERROR")]
-        return None, errors[0] if errors else f"pip download exited {r.returncode}"
+        why = errors[0] if errors else f"pip download exited {r.returncode}"
+        cap = _torch_constraint(python)
+        return None, f"pip here is constrained ({cap}): {why}" if cap else why
     return os.path.join(into, hits[0]), ""
+
+
+def _torch_constraint(python: str) -> str | None:
+    """`FILE: torch<=X` when pip's configured constraints file caps torch, else None."""
+    r = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    m = re.search(r"^[\w:.-]*\.constraint='?([^'\n]+)'?$", r.stdout, re.M)
+    path = m.group(1) if m else ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            caps = [ln.strip() for ln in f if re.match(r"\s*torch\s*[<>=!~]", ln)]
+    except OSError:
+        return None
+    return f"`{path}`: `{caps[0]}`" if caps else None
 
 
 # ---------------------------------------------------------------------------

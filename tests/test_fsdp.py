@@ -2,6 +2,7 @@
 without the patch (FSDP2 hides the counter of its own copy op on purpose)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -55,6 +56,10 @@ print(json.dumps(losses))
 def _train(device, patched, port):
     r = subprocess.run([sys.executable, "-c", SCRIPT, device, "1" if patched else "0", str(port)],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)
+    cuda_only = re.search(r"^(\[rank\d+\]: )?RuntimeError: .*(CUDA|NVIDIA driver)", r.stderr, re.M)
+    if r.returncode != 0 and not patched and device == "cpu" and cuda_only:
+        # unpatched, FSDP2 itself fails: torch 2.4's makes CUDA streams on any device
+        pytest.skip("this torch's FSDP2 needs a CUDA device even on CPU (torch 2.4's does)")
     assert r.returncode == 0, r.stderr[-3000:]
     import json
 
