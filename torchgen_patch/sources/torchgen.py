@@ -188,12 +188,17 @@ def _import(tc: Toolchain, name: str):
     return module
 
 
-def _where(tc: Toolchain, name: str, exc: BaseException) -> tuple[str, int | None]:
-    """The toolchain's own file and line where the import failed (the innermost frame in it)."""
+def _frames_inside(tc: Toolchain, exc: BaseException) -> list:
+    """The traceback's frames in the toolchain's own files, outermost first."""
     import traceback
 
-    inside = [f for f in traceback.extract_tb(exc.__traceback__)
-              if os.path.abspath(f.filename).startswith(tc.path_entry + os.sep)]
+    return [f for f in traceback.extract_tb(exc.__traceback__)
+            if os.path.abspath(f.filename).startswith(tc.path_entry + os.sep)]
+
+
+def _where(tc: Toolchain, name: str, exc: BaseException) -> tuple[str, int | None]:
+    """The toolchain's own file and line where the import failed (the innermost frame in it)."""
+    inside = _frames_inside(tc, exc)
     if inside:
         return inside[-1].filename, inside[-1].lineno
     p = os.path.join(tc.path_entry, *name.split("."))
@@ -237,7 +242,7 @@ _LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
 
 def _rejected(tc: Toolchain, path: str, exc: BaseException, es: list | None = None,
               who: str = "torchgen") -> InputError:
-    msg = str(exc.args[0]) if exc.args else type(exc).__name__
+    msg = str(exc.args[0]) if exc.args and str(exc.args[0]) else _failed_check(tc, exc)
     m = _LOC.search(msg)
     line = int(m.group("line")) if m else _line_of_named_entry(msg, es or [])
     first = one_line(msg)
@@ -245,6 +250,16 @@ def _rejected(tc: Toolchain, path: str, exc: BaseException, es: list | None = No
         first = type(exc).__name__
     return InputError(path, line, f"the {_whose(tc)} {who} rejected this file: {first}",
                       "is the yaml from a torch release this torchgen can read?")
+
+
+def _failed_check(tc: Toolchain, exc: BaseException) -> str:
+    """An exception without a message: older torchgens (torch 2.4's) check schemas with bare
+    asserts; their own source line says what failed."""
+    inside = _frames_inside(tc, exc)
+    if inside and inside[-1].line:
+        f = inside[-1]
+        return f"failed check `{f.line.strip()}` ({os.path.relpath(f.filename, tc.path_entry)}:{f.lineno})"
+    return type(exc).__name__
 
 
 def _whose(tc: Toolchain) -> str:
