@@ -242,24 +242,33 @@ _LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
 
 def _rejected(tc: Toolchain, path: str, exc: BaseException, es: list | None = None,
               who: str = "torchgen") -> InputError:
-    msg = str(exc.args[0]) if exc.args and str(exc.args[0]) else _failed_check(tc, exc)
+    msg = str(exc.args[0]) if exc.args else ""
     m = _LOC.search(msg)
     line = int(m.group("line")) if m else _line_of_named_entry(msg, es or [])
-    first = one_line(msg)
-    if first.startswith("in ") and _LOC.match(first):
-        first = type(exc).__name__
+    first = one_line(msg) if msg.strip() else ""
+    if not first or (first.startswith("in ") and _LOC.match(first)):  # no message of its own
+        first = _failed_check(tc, exc)
     return InputError(path, line, f"the {_whose(tc)} {who} rejected this file: {first}",
                       "is the yaml from a torch release this torchgen can read?")
 
 
 def _failed_check(tc: Toolchain, exc: BaseException) -> str:
-    """An exception without a message: older torchgens (torch 2.4's) check schemas with bare
-    asserts; their own source line says what failed."""
+    """An exception without a message of its own (torchgen adds only where it was parsing):
+    older torchgens (torch 2.4's) check schemas with bare asserts; the failed check's own
+    source line says what failed. Its type where there is no such line."""
+    import linecache
+
     inside = _frames_inside(tc, exc)
-    if inside and inside[-1].line:
-        f = inside[-1]
-        return f"failed check `{f.line.strip()}` ({os.path.relpath(f.filename, tc.path_entry)}:{f.lineno})"
-    return type(exc).__name__
+    if not inside or not inside[-1].line:
+        return type(exc).__name__
+    f = inside[-1]
+    lines = [f.line.strip()]  # a check spread over lines: back to its `assert` (a few lines at most)
+    for n in range(f.lineno - 1, max(f.lineno - 6, 0), -1):
+        if lines[0].startswith("assert"):
+            break
+        lines.insert(0, linecache.getline(f.filename, n).strip())
+    check = " ".join(lines) if lines[0].startswith("assert") else lines[-1]
+    return f"failed check `{check}` ({os.path.relpath(f.filename, tc.path_entry)}:{f.lineno})"
 
 
 def _whose(tc: Toolchain) -> str:
