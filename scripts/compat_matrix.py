@@ -221,7 +221,7 @@ def failed_files(text: str) -> set[str]:
 
 
 def combined(text: str) -> tuple[dict[str, int] | None, set[str], int]:
-    """(counts, files with failures, tests rerun) of a report: a full run, then optionally sections
+    """(counts, files with failures, tests that failed in the full run) of a report: a full run, then optionally sections
     headed `# rerun ...` that rerun the tests that failed before them (after a fix): their
     results replace those of the failed tests."""
     parts = re.split(r"^# rerun\b.*$", text, flags=re.M)
@@ -233,7 +233,7 @@ def combined(text: str) -> tuple[dict[str, int] | None, set[str], int]:
         redone = sum(counts.pop(k, 0) for k in _FAILING)
         if sum(again.values()) != redone:  # a rerun must be of exactly the tests that failed
             return None, set(), 0
-        rerun += redone
+        rerun = rerun or redone  # how many failed in the full run
         for k, n in again.items():
             counts[k] = counts.get(k, 0) + n
         bad = failed_files(part)
@@ -299,7 +299,7 @@ def readme_table(data: dict) -> str:
         build = verify = suite = "not run"
         if rt:
             build, verify = _mark(rt["areas"]["build + install"]), _mark(rt["areas"]["verify CPU"])
-            again = f"; {rt['rerun']} rerun after a fix" if rt["rerun"] else ""
+            again = f"; {rt['rerun']} failed at first, rerun after fixes" if rt["rerun"] else ""
             suite = f"{_counts_text(rt['counts'])} ([report](reports/{rt['report']}){again})"
         cuda_cell = (f"{cu['device']}: {_counts_text(cu['counts'])} ([report](reports/{cu['report']}))"
                      if cu else "not measured")
