@@ -89,6 +89,6 @@ test-torch:
 	$(TV)/bin/python -m pip install -q --no-cache-dir torch==$(TORCH) -r $(TV)/requirements.txt
 	$(TV)/bin/python -m pip install -q --no-deps -e .
 	mkdir -p build
-	{ echo "# make test-torch TORCH=$(TORCH) (torch $$($(TV)/bin/python -c 'import torch; print(torch.__version__)'), run on CPU; no GPU on this machine)"; \
+	{ echo "# make test-torch TORCH=$(TORCH) (torch $$($(TV)/bin/python -c 'import torch; print(torch.__version__)'), run on CPU at commit $$(git describe --always --dirty); no GPU on this machine)"; \
 	  TORCHGEN_PATCH_CACHE=$(CURDIR)/.cache/torchgen-patch-$(TORCH) $(TV)/bin/python -m pytest -q -ra -p no:cacheprovider; } \
 		> build/pytest-torch$(TORCH).txt 2>&1; rc=$$?; tail -30 build/pytest-torch$(TORCH).txt; exit $$rc
