@@ -243,26 +243,28 @@ def combined(text: str) -> tuple[dict[str, int] | None, set[str], int]:
 _FAILING = ("failed", "error", "errors")
 
 
-def runtime(release: str) -> dict | None:
-    path = os.path.join(REPORTS, f"pytest-torch{release}.txt")
-    if release in CUDA_REPORTS or not os.path.isfile(path):
-        return None
-    counts, bad, rerun = combined(open(path, encoding="utf-8").read())
+def _suite(name: str) -> dict | None:
+    """A committed pytest report: its combined counts, and per area whether any test of it failed."""
+    counts, bad, rerun = combined(open(os.path.join(REPORTS, name), encoding="utf-8").read())
     if counts is None:
         return None
     areas = {a: not (bad & set(files)) for a, files in AREAS.items()}
-    return {"report": os.path.basename(path), "counts": counts, "areas": areas, "rerun": rerun}
+    return {"report": name, "counts": counts, "areas": areas, "rerun": rerun}
+
+
+def runtime(release: str) -> dict | None:
+    name = f"pytest-torch{release}.txt"
+    if release in CUDA_REPORTS or not os.path.isfile(os.path.join(REPORTS, name)):
+        return None
+    return _suite(name)
 
 
 def cuda(release: str) -> dict | None:
     if release not in CUDA_REPORTS:
         return None
     name, device = CUDA_REPORTS[release]
-    counts, bad, rerun = combined(open(os.path.join(REPORTS, name), encoding="utf-8").read())
-    if counts is None:
-        return None
-    areas = {a: not (bad & set(files)) for a, files in AREAS.items()}
-    return {"report": name, "device": device, "counts": counts, "areas": areas, "rerun": rerun}
+    suite = _suite(name)
+    return dict(suite, device=device) if suite else None
 
 
 # ---------------------------------------------------------------------------
