@@ -110,9 +110,7 @@ def test_runtime_refusals():
 @pytest.mark.build
 @NO_FSDP2_OPS
 def test_fsdp2_trains_identically_with_its_ops_patched(library):
-    from tests.test_fsdp import _free_port
-
-    import json
+    from tests.test_fsdp import _free_port, _train
 
     script = open(os.path.join(ROOT, "tests", "test_fsdp.py")).read()
     code = script[script.index('SCRIPT = r"""') + len('SCRIPT = r"""'):script.index('""".replace')]
@@ -120,12 +118,7 @@ def test_fsdp2_trains_identically_with_its_ops_patched(library):
         "    rep = torchgen_patch.install()",
         f"    import {FSDP2}\n"
         f"    rep = torchgen_patch.install(runtime_ops={FSDP2_OPS!r})")
-    losses = []
-    for patched in ("0", "1"):
-        r = subprocess.run([sys.executable, "-c", code, "cpu", patched, str(_free_port())], capture_output=True,
-                           text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        losses.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    losses = [_train("cpu", patched, _free_port(), script=code) for patched in (False, True)]
     assert losses[0] == losses[1] and len(losses[0]) == 5
 
 
