@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit
+.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch
 
 setup: $(STAMP)
 
@@ -72,3 +72,25 @@ audit: setup
 	$(BIN)/python scripts/ecosystem_audit.py --site $(AUDIT_SITE) > build/ecosystem-audit.md
 	@if [ "$(REPORT)" = 1 ]; then cp build/ecosystem-audit.md reports/ecosystem-audit-torch2.13.md; echo "updated reports/ecosystem-audit-torch2.13.md"; else echo "wrote build/ecosystem-audit.md"; fi
 
+
+# The compatibility matrix (reports/compat-matrix.md): every torch release from 2.4 to the newest
+# the index serves, checked from its wheel (downloaded one at a time, never installed, deleted
+# after). Writes build/; REPORT=1 writes reports/ and the README table.
+matrix: setup
+	$(BIN)/python scripts/compat_matrix.py $(if $(filter 1,$(REPORT)),--report) $(MATRIX_ARGS)
+
+# The suite on any release, on CPU: `make test-torch TORCH=2.6.0` (a venv of its own, .venv-2.6.0,
+# 3-5 GB with the CUDA libraries; remove it after), with a kernel cache of its own. Writes
+# build/pytest-torch$(TORCH).txt; committed as reports/pytest-torch$(TORCH).txt it fills the
+# matrix's runtime columns.
+TV := .venv-$(TORCH)
+test-torch:
+	@test -n "$(TORCH)" || { echo "error: give TORCH=X.Y.Z" >&2; exit 2; }
+	test -x $(TV)/bin/python || $(PYTHON) -m venv $(TV)
+	grep -v '^torch==' requirements-torch2.14.txt > $(TV)/requirements.txt
+	$(TV)/bin/python -m pip install -q --no-cache-dir torch==$(TORCH) -r $(TV)/requirements.txt
+	$(TV)/bin/python -m pip install -q --no-deps -e .
+	mkdir -p build
+	{ echo "# make test-torch TORCH=$(TORCH) (torch $$($(TV)/bin/python -c 'import torch; print(torch.__version__)'), run on CPU at commit $$(git describe --always --dirty); no GPU on this machine)"; \
+	  TORCHGEN_PATCH_CACHE=$(CURDIR)/.cache/torchgen-patch-$(TORCH) $(TV)/bin/python -m pytest -q -ra -p no:cacheprovider; } \
+		> build/pytest-torch$(TORCH).txt 2>&1; rc=$$?; tail -30 build/pytest-torch$(TORCH).txt; exit $$rc

@@ -2,6 +2,7 @@
 without the patch (FSDP2 hides the counter of its own copy op on purpose)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,10 @@ if patched:
 backend = "nccl" if device == "cuda" else "gloo"
 dist.init_process_group(backend, init_method="tcp://127.0.0.1:" + sys.argv[3], rank=0, world_size=1)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # releases whose FSDP2 is only under _composable (torch 2.4)
+    from torch.distributed._composable.fsdp import fully_shard
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
 mesh = init_device_mesh(device, (1,))
@@ -49,9 +53,16 @@ print(json.dumps(losses))
 """.replace("ROOT", repr(ROOT))
 
 
-def _train(device, patched, port):
-    r = subprocess.run([sys.executable, "-c", SCRIPT, device, "1" if patched else "0", str(port)],
+def _train(device, patched, port, script=SCRIPT):
+    r = subprocess.run([sys.executable, "-c", script, device, "1" if patched else "0", str(port)],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)
+    if r.returncode != 0 and not patched and device == "cpu":
+        # unpatched, FSDP2 itself fails inside torch: this release's FSDP2 cannot train
+        # on CPU (torch 2.4's makes CUDA streams; 2.6's calls Stream.record_event, which CPU lacks)
+        frames = [f.replace(os.sep, "/") for f in re.findall(r'File "([^"]+)", line \d+', r.stderr)]
+        error = (re.findall(r"^(?:\[rank\d+\]: )?(\w+(?:Error|Exception): .*)$", r.stderr, re.M) or [""])[-1]
+        if frames and "/torch/" in frames[-1] and any("/torch/distributed/" in f for f in frames) and error:
+            pytest.skip(f"this torch's FSDP2 cannot train on CPU: {error[:120]}")
     assert r.returncode == 0, r.stderr[-3000:]
     import json
 

@@ -11,9 +11,13 @@ import torch
 import tests.custom_ops  # noqa: F401  (defines tgp_test::*)
 import torchgen_patch
 from tests.conftest import ROOT
+from tests.support import fsdp2
+from torchgen_patch.runtime.dispatcher import registered_at
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 OPS = ["tgp_test::write_one", "tgp_test::write_list", "tgp_test::write_opt"]
+FSDP2, FSDP2_OPS = fsdp2()
+NO_FSDP2_OPS = pytest.mark.skipif(not FSDP2_OPS, reason=f"this torch's FSDP2 ({FSDP2}) defines no fsdp:: operators")
 
 
 def test_runtime_lint_finds_the_custom_ops(run_cli):
@@ -25,11 +29,16 @@ def test_runtime_lint_finds_the_custom_ops(run_cli):
 
     assert sorted(re.search(r"\[VERSIONCOUNTER\] (\S+): writes out and has no ADInplaceOrView kernel", line)
                   .group(1) for line in lines[:-1]) == sorted(OPS)
-    assert all(os.path.join("tests", "custom_ops.py") in line for line in lines[:-1])
+    # defined before the lint ran (this module imports them): the location is the dispatcher's
+    # record of the library's creation, which torch 2.4 gets wrong ("/dev/null:241", an import
+    # frame): there the location is unknown, never a wrong file
+    recorded = os.path.isfile(registered_at("tgp_test::write_one")[0])
+    assert all((os.path.join("tests", "custom_ops.py") in line) == recorded for line in lines[:-1])
 
 
+@NO_FSDP2_OPS
 def test_runtime_lint_finds_fsdp_op(run_cli):
-    rc, out, _ = run_cli("lint", "--runtime", "--import", "torch.distributed.fsdp", "--namespace", "fsdp",
+    rc, out, _ = run_cli("lint", "--runtime", "--import", FSDP2, "--namespace", "fsdp",
                          "--format", "json")
     import json
 
@@ -58,8 +67,6 @@ def _calls(device):
 
 
 def _fsdp_call(device):
-    import torch.distributed.fsdp  # noqa: F401
-
     x = torch.randn(2, 2, device=device)
     y, z = torch.empty(2, 1, device=device), torch.empty(2, 1, device=device)
     torch.ops.fsdp.split_with_sizes_copy(x, [1, 1], dim=1, out=[y, z])
@@ -70,14 +77,15 @@ def _fsdp_call(device):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[CUDA, pytest.mark.cuda])])
 def test_boxed_kernel_bumps_exactly_once(backend, device):
     assert _calls(device) == (0, [0, 0], 0)
+    fsdp = FSDP2_OPS[:1]  # [] where FSDP2 has no ops of its own (torch 2.4): the custom ops alone
     # FSDP2's op calls aten's split_with_sizes_copy.out, which bumps on CPU (through copy_)
     # and not on CUDA: the original report, one level down
-    assert _fsdp_call(device) == ((1, 1) if device == "cpu" else (0, 0))
-    rep = torchgen_patch.install(runtime_ops=OPS + ["fsdp::split_with_sizes_copy"], backend=backend)
+    assert not fsdp or _fsdp_call(device) == ((1, 1) if device == "cpu" else (0, 0))
+    rep = torchgen_patch.install(runtime_ops=OPS + fsdp, backend=backend)
     try:
-        assert sorted(rep.registered) == sorted(OPS + ["fsdp::split_with_sizes_copy"]) and not rep.refused
+        assert sorted(rep.registered) == sorted(OPS + fsdp) and not rep.refused
         assert _calls(device) == (1, [1, 1], 1)
-        assert _fsdp_call(device) == (1, 1)
+        assert not fsdp or _fsdp_call(device) == (1, 1)
         again = torchgen_patch.install(runtime_ops=OPS, backend=backend)
         assert again.registered == [] and sorted(again.already) == sorted(OPS)
     finally:
@@ -100,24 +108,17 @@ def test_runtime_refusals():
 
 
 @pytest.mark.build
+@NO_FSDP2_OPS
 def test_fsdp2_trains_identically_with_its_ops_patched(library):
-    from tests.test_fsdp import _free_port
-
-    import json
+    from tests.test_fsdp import _free_port, _train
 
     script = open(os.path.join(ROOT, "tests", "test_fsdp.py")).read()
     code = script[script.index('SCRIPT = r"""') + len('SCRIPT = r"""'):script.index('""".replace')]
     code = code.replace("ROOT", repr(ROOT)).replace(
         "    rep = torchgen_patch.install()",
-        "    import torch.distributed.fsdp\n"
-        "    rep = torchgen_patch.install(runtime_ops=['fsdp::split_with_sizes_copy', 'fsdp::chunk_cat', "
-        "'fsdp::copy_'])")
-    losses = []
-    for patched in ("0", "1"):
-        r = subprocess.run([sys.executable, "-c", code, "cpu", patched, str(_free_port())], capture_output=True,
-                           text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        losses.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        f"    import {FSDP2}\n"
+        f"    rep = torchgen_patch.install(runtime_ops={FSDP2_OPS!r})")
+    losses = [_train("cpu", patched, _free_port(), script=code) for patched in (False, True)]
     assert losses[0] == losses[1] and len(losses[0]) == 5
 
 

@@ -112,6 +112,6 @@ def require_torch(what: str):
         import torch
     except ImportError:
         raise EnvironmentProblem(f"{what} needs torch, and this Python has none",
-                                 "pip install 'torch>=2.11' (or torchgen-patch[torch]); scan, lint, gen and "
+                                 "pip install 'torch>=2.4' (or torchgen-patch[torch]); scan, lint, gen and "
                                  "diff on a checkout (--pytorch-root) work without it") from None
     return torch

@@ -197,12 +197,17 @@ def _import(tc: Toolchain, name: str):
     return module
 
 
-def _where(tc: Toolchain, name: str, exc: BaseException) -> tuple[str, int | None]:
-    """The toolchain's own file and line where the import failed (the innermost frame in it)."""
+def _frames_inside(tc: Toolchain, exc: BaseException) -> list:
+    """The traceback's frames in the toolchain's own files, outermost first."""
     import traceback
 
-    inside = [f for f in traceback.extract_tb(exc.__traceback__)
-              if os.path.abspath(f.filename).startswith(tc.path_entry + os.sep)]
+    return [f for f in traceback.extract_tb(exc.__traceback__)
+            if os.path.abspath(f.filename).startswith(tc.path_entry + os.sep)]
+
+
+def _where(tc: Toolchain, name: str, exc: BaseException) -> tuple[str, int | None]:
+    """The toolchain's own file and line where the import failed (the innermost frame in it)."""
+    inside = _frames_inside(tc, exc)
     if inside:
         return inside[-1].filename, inside[-1].lineno
     p = os.path.join(tc.path_entry, *name.split("."))
@@ -289,14 +294,33 @@ _LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
 
 def _rejected(tc: Toolchain, path: str, exc: BaseException, es: list | None = None,
               who: str = "torchgen") -> InputError:
-    msg = str(exc.args[0]) if exc.args else type(exc).__name__
+    msg = str(exc.args[0]) if exc.args else ""
     m = _LOC.search(msg)
     line = int(m.group("line")) if m else _line_of_named_entry(msg, es or [])
-    first = one_line(msg)
-    if first.startswith("in ") and _LOC.match(first):
-        first = type(exc).__name__
+    first = one_line(msg) if msg.strip() else ""
+    if not first or (first.startswith("in ") and _LOC.match(first)):  # no message of its own
+        first = _failed_check(tc, exc)
     return InputError(path, line, f"the {_whose(tc)} {who} rejected this file: {first}",
                       "is the yaml from a torch release this torchgen can read?")
+
+
+def _failed_check(tc: Toolchain, exc: BaseException) -> str:
+    """An exception without a message of its own (torchgen adds only where it was parsing):
+    older torchgens (torch 2.4's) check schemas with bare asserts; the failed check's own
+    source line says what failed. Its type where there is no such line."""
+    import linecache
+
+    inside = _frames_inside(tc, exc)
+    if not inside or not inside[-1].line:
+        return type(exc).__name__
+    f = inside[-1]
+    lines = [f.line.strip()]  # a check spread over lines: back to its `assert` (a few lines at most)
+    for n in range(f.lineno - 1, max(f.lineno - 6, 0), -1):
+        if lines[0].startswith("assert"):
+            break
+        lines.insert(0, linecache.getline(f.filename, n).strip())
+    check = " ".join(lines) if lines[0].startswith("assert") else lines[-1]
+    return f"failed check `{check}` ({os.path.relpath(f.filename, tc.path_entry)}:{f.lineno})"
 
 
 def _whose(tc: Toolchain) -> str:
@@ -359,7 +383,7 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
             where = os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")
             raise InputError(where, None, f"the {_whose(tc)} autograd codegen does not have the shape this tool "
                                           f"asks: {type(e).__name__}: {one_line(e)}",
-                             "known to work: the codegen of torch 2.11, 2.13 and 2.14") from None
+                             "known to work: the codegen of torch 2.4 to 2.14") from None
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 The edit is made on the file's real content, located by structure (Python's
 ``ast``), not by line numbers; when the file no longer has the shape the edit
 expects, it fails naming what is missing. Known to work: the codegen shipped
-with torch 2.11 and 2.13 (tests) and 2.14 (scripts/check_other_release.sh).
+with every torch from 2.4 to 2.14 (reports/compat-matrix.md, scripts/compat_matrix.py).
 
 Modes:
 - ``fix``: emit and register ADInplaceOrView kernels for ops that mutate
@@ -41,7 +41,7 @@ TARGET = "tools/autograd/gen_inplace_or_view_type.py"
 # test_autograd_fallback.py); it depends on nothing but torch's own test utilities.
 TEST_FILE = "test/test_autograd_inplace_or_view.py"
 MARKER = "torchgen-patch"
-KNOWN_GOOD = "torch 2.11, 2.13 and 2.14"
+KNOWN_GOOD = "torch 2.4 to 2.14"
 
 FIX_HELPERS = _inject("fix_helpers.py.in")
 
