@@ -50,7 +50,9 @@ def test_wrapper_counters_miss_unpatched_and_move_once_patched(matrices):
 def test_dtensor_counters_move_once_patched_and_unrunnable_ops_are_not_run(matrices):
     before, after = matrices
     b, a = before["dtensor"], after["dtensor"]
-    assert ISSUE_OPS <= {op for op, r in b.items() if r.verdict == verify.MISS}
+    # where this release's DTensor has no sharding strategy for one (torch 2.11: _foreach_lerp_.List) it is NOT_RUN
+    unrun = {op for op, r in b.items() if r.verdict == verify.NOT_RUN and "does not have a sharding" in r.message}
+    assert ISSUE_OPS - unrun <= {op for op, r in b.items() if r.verdict == verify.MISS}
     assert {r.verdict for r in a.values()} <= {verify.PASS, verify.NOT_RUN}
     for op, r in a.items():
         if r.verdict == verify.NOT_RUN:

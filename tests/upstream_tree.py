@@ -84,8 +84,8 @@ def run_test_file(root: str, patched: bool, *args: str, site: str | None = None)
     env = {k: v for k, v in os.environ.items() if k != "CI"}  # CI=1 makes common_utils act as PyTorch's CI
     prefix = [sys.executable, "-m", "torchgen_patch", "run", "--"] if patched else []
     paths = ([site] if site else []) + ([ROOT] if patched else [])
-    if paths:
-        env["PYTHONPATH"] = os.pathsep.join(paths)
+    if paths:  # the caller's own entries (a site of test dependencies, say) kept after ours
+        env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.run([*prefix, sys.executable, os.path.basename(TEST_FILE), "-v", *args],
                           cwd=os.path.join(root, os.path.dirname(TEST_FILE)), env=env, capture_output=True,
                           text=True, timeout=1800)

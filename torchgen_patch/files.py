@@ -138,6 +138,31 @@ def display(path: str) -> str:
     return display_path(path)
 
 
+MAX_DEPTH = 64  # PyTorch's yaml nests 3 levels; libyaml's own limit, where it has one, is 1,000
+
+
+def check_depth(path: str, text: str, what: str) -> None:
+    """Refuse ``text`` nested more than MAX_DEPTH collections deep, before anything composes it:
+    a loader's composer recurses once per level, and PyYAML's C one on a libyaml without a depth
+    limit (seen on the GPU machine: Python 3.12, torch 2.11's environment) dies with SIGSEGV. The
+    parser's events come from a state machine, not recursion; walking them costs about a fifth
+    of a load."""
+    import yaml
+
+    depth = 0
+    try:
+        for ev in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if isinstance(ev, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise InputError(path, ev.start_mark.line + 1, f"malformed YAML: {what} nested more than "
+                                     f"{MAX_DEPTH} levels deep (exceeded maximum nesting depth)")
+            elif isinstance(ev, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return  # the loader reports it, in its own words
+
+
 def yaml_error(path: str, text: str, e) -> InputError:
     """A PyYAML error as an InputError at its line (MarkedYAMLError or ReaderError)."""
     import yaml

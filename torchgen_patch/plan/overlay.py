@@ -101,8 +101,9 @@ def _compose(path: str, text: str):
     pure-Python loader, whose messages (the ones overlay errors have always had) are reported."""
     import yaml
 
-    from ..files import yaml_error
+    from ..files import check_depth, yaml_error
 
+    check_depth(path, text, "the overlay")
     fast = getattr(yaml, "CSafeLoader", None)
     if fast is not None:
         try:

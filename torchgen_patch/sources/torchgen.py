@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import EnvironmentProblem, InputError, one_line, printable
-from ..files import private_dirs, yaml_error
+from ..files import check_depth, private_dirs, yaml_error
 from .facts import CppSig, Facts, WrittenArg
 
 INSTALLED, CHECKOUT = "installed", "checkout"
@@ -229,6 +229,7 @@ def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
     import yaml
 
     loader = _bounded(_import(tc, "torchgen.gen").LineLoader)
+    check_depth(path, text, what)
     try:
         es = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
