@@ -24,7 +24,9 @@ TARGET = 1.02
 
 def main() -> int:
     import torch
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torchgen_patch.checks.subclass import dtensor_api
+
+    Shard, distribute_tensor = dtensor_api().Shard, dtensor_api().distribute_tensor
 
     import torchgen_patch
     from torchgen_patch.checks.subclass import one_rank_mesh

@@ -52,7 +52,12 @@ def worker(device: str, patched: bool, out: str) -> None:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    import importlib
+
+    sys.path.insert(0, ROOT)
+    from tests.support import fsdp2
+
+    fully_shard = importlib.import_module(fsdp2()[0]).fully_shard
 
     mesh = init_device_mesh(device, (2,))
     losses = {}

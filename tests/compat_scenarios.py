@@ -260,7 +260,9 @@ def views_of_one_base(device):
 
 @scenario
 def dtensor(device):
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torchgen_patch.checks.subclass import dtensor_api
+
+    Replicate, Shard, distribute_tensor = dtensor_api().Replicate, dtensor_api().Shard, dtensor_api().distribute_tensor
 
     from torchgen_patch.checks.subclass import one_rank_mesh
 

@@ -27,7 +27,9 @@ def mesh():
 
 def _step_between_forward_and_backward(opt_cls, mode, mesh) -> str:
     """'silent' when backward used the stepped parameters, 'raises' when autograd refused."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torchgen_patch.checks.subclass import dtensor_api
+
+    Replicate, Shard, distribute_tensor = dtensor_api().Replicate, dtensor_api().Shard, dtensor_api().distribute_tensor
 
     torch.manual_seed(0)
     w = torch.nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)]))

@@ -102,6 +102,15 @@ def one_rank_mesh(device: str, timeout_s: int = PG_TIMEOUT_S):
         dist.destroy_process_group()
 
 
+def dtensor_api():
+    """DTensor's module: torch.distributed.tensor, or torch.distributed._tensor in releases whose
+    public module lacks the API (torch 2.4)."""
+    import importlib
+
+    public = importlib.import_module("torch.distributed.tensor")
+    return public if hasattr(public, "Replicate") else importlib.import_module("torch.distributed._tensor")
+
+
 def placements(subclass: str) -> tuple[str, ...]:
     """The placements tried in order ("" for subclasses without any)."""
     return ("Shard(0)", "Replicate()") if subclass == "dtensor" else ("",)
@@ -115,7 +124,8 @@ def wrap(sample, subclass: str, mesh=None, placement: str = ""):
         Wrapper = wrapper_type()
         one = Wrapper
     else:
-        from torch.distributed.tensor import DTensor, Replicate, Shard
+        api = dtensor_api()
+        DTensor, Replicate, Shard = api.DTensor, api.Replicate, api.Shard
 
         def one(t):
             p = Shard(0) if placement.startswith("Shard") and t.dim() > 0 else Replicate()

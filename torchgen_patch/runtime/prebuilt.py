@@ -90,7 +90,7 @@ def record(library: str, manifest: dict, opts: Options) -> dict:
 
 _PYPROJECT = """\
 [build-system]
-requires = ["setuptools>=64"]
+requires = ["setuptools>=70.1"]
 build-backend = "setuptools.build_meta"
 
 [project]
@@ -149,7 +149,7 @@ def make_wheel(out_dir: str, library: str, manifest: dict, opts: Options, log=sy
         if r.returncode != 0 or len(wheels) != 1:
             tail = " ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
             raise EnvironmentProblem(f"pip wheel could not pack the kernels: {tail or 'no wheel made'}",
-                                     "this Python needs pip and setuptools>=64")
+                                     "this Python needs pip and setuptools>=70.1 (bdist_wheel built in), or the wheel package")
         target = os.path.join(out_dir, wheels[0])
         try:
             os.makedirs(out_dir, exist_ok=True)
