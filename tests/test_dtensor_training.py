@@ -17,11 +17,25 @@ pytestmark = [pytest.mark.build, pytest.mark.skipif(not torch.distributed.is_ava
 MODIFIED = "modified by an inplace operation"
 
 
+def _model_runs_or_skip(mesh) -> None:
+    """Skip, quoting torch, where this release's DTensor cannot run the tests' model on one rank
+    unpatched (torch 2.4.1: IndexError inside its own mm sharding strategy)."""
+    from torchgen_patch.checks.subclass import dtensor_api
+
+    api = dtensor_api()
+    try:
+        x = api.distribute_tensor(torch.randn(2, 4), mesh, [api.Replicate()])
+        (x @ api.distribute_tensor(torch.randn(4, 4), mesh, [api.Shard(0)])).sum()
+    except Exception as e:  # noqa: BLE001 — whatever torch raised, quoted
+        pytest.skip(f"this torch's DTensor cannot run the model on one rank, unpatched: {type(e).__name__}: {e}")
+
+
 @pytest.fixture(scope="module")
 def mesh():
     from torchgen_patch.checks.subclass import one_rank_mesh
 
     with one_rank_mesh("cpu") as m:
+        _model_runs_or_skip(m)
         yield m
 
 
@@ -80,6 +94,9 @@ def test_fsdp2_two_ranks_identical_losses(library, tmp_path, device):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fsdp2_two_ranks.py"), "--device", device,
                         "--report", str(rep)], capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONPATH=ROOT))
+    if "error: torchrun (unpatched) exited" in r.stderr:  # FSDP2 itself fails here, before any patch
+        errors = [line for line in r.stderr.splitlines() if "Error:" in line and "ChildFailedError" not in line]
+        pytest.skip(f"this torch's FSDP2 cannot train on {device} unpatched: {(errors or ['?'])[-1][:160]}")
     assert r.returncode == 0, r.stderr[-3000:]
     text = rep.read_text()
     assert "identical: **yes**" in text and f"backend `{'nccl' if device == 'cuda' else 'gloo'}`" in text
