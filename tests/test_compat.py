@@ -48,6 +48,9 @@ ALLOWED = {
     ("views_of_one_base", "v0"): (2, 1),
     ("views_of_one_base", "v1"): (2, 1),
 }
+# Scenarios a release's own torch cannot run, patched or not (measured): torch 2.4.1's DTensor fails
+# inside its own mm sharding strategy on one rank (IndexError), before any op of the plan runs.
+UNRUNNABLE = {"2.4.1": ("dtensor",)}
 # Where a device's patched value differs from ALLOWED's (measured; reports/compat-cuda-torch2.11.0.md).
 DEVICE_PATCHED = {
     ("cuda", "views_of_one_base", "base"): 2, ("cuda", "views_of_one_base", "v0"): 2,
@@ -113,10 +116,14 @@ def test_the_patch_changes_version_counters_and_nothing_else(library, device, tm
         with open(os.environ["COMPAT_REPORT"], "w") as f:
             f.write(_report(device, before, after, diffs))
     assert set(diffs) <= set(ALLOWED), sorted(set(diffs) - set(ALLOWED))
+    # a scenario this release's torch cannot run at all, unpatched as patched (the same exception: _same above)
+    unrunnable = {k for k in UNRUNNABLE.get(torch.__version__.split("+")[0], ()) if "raises" in before[k]}
     for key, (unpatched, patched) in ALLOWED.items():
+        if key[0] in unrunnable:
+            continue
         assert after[key[0]]["versions"][key[1]] == DEVICE_PATCHED.get((device, *key), patched), key
         if device == "cpu" and torch_is("2.13"):
             assert diffs.get(key) == (unpatched, patched), key
     for k, first in RAISE_IN_BOTH.items():
         assert before[k]["raises"].startswith(first), before[k]
-    assert not [k for k in before if "raises" in before[k] and k not in RAISE_IN_BOTH]
+    assert not [k for k in before if "raises" in before[k] and k not in RAISE_IN_BOTH and k not in unrunnable]

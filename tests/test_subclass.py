@@ -50,6 +50,9 @@ def test_wrapper_counters_miss_unpatched_and_move_once_patched(matrices):
 def test_dtensor_counters_move_once_patched_and_unrunnable_ops_are_not_run(matrices):
     before, after = matrices
     b, a = before["dtensor"], after["dtensor"]
+    broken = [b[op].message for op in sorted(ISSUE_OPS) if b[op].verdict == verify.ERROR]
+    if len(broken) == len(ISSUE_OPS):  # torch 2.4.1: its DTensor fails these inside torch, unpatched
+        pytest.skip(f"this torch's DTensor cannot run the issue's ops on one rank, unpatched: {broken[0][:160]}")
     # where this release's DTensor has no sharding strategy for one (torch 2.11: _foreach_lerp_.List) it is NOT_RUN
     unrun = {op for op, r in b.items() if r.verdict == verify.NOT_RUN and "does not have a sharding" in r.message}
     assert ISSUE_OPS - unrun <= {op for op, r in b.items() if r.verdict == verify.MISS}
