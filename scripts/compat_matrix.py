@@ -212,7 +212,8 @@ def pytest_summary(text: str) -> dict[str, int] | None:
     for line in reversed(text.splitlines()):
         m = _SUMMARY.match(line.strip())
         if m:
-            return {k: int(n) for n, k in re.findall(r"(\d+) (\w+)", m.group(1))}
+            return {k: int(n) for n, k in re.findall(r"(\d+) (\w+)", m.group(1))
+                    if k not in ("warning", "warnings")}  # not tests: a rerun's warnings never count
     return None
 
 

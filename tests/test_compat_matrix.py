@@ -42,6 +42,7 @@ def test_last_patch_of_each_release_from_2_4():
     ("==== 3 failed, 290 passed, 15 skipped, 1 error in 12.50s ====",
      {"failed": 3, "passed": 290, "skipped": 15, "error": 1}),
     ("======================== 37 passed in 122.95s (0:02:02) ========================", {"passed": 37}),
+    ("1 failed, 9 passed, 12 skipped, 4 warnings in 338.93s (0:05:38)", {"failed": 1, "passed": 9, "skipped": 12}),
 ])
 def test_pytest_summary_lines(line, expected):
     assert cm.pytest_summary(f"....\nsome output\n{line}\n") == expected
