@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 # find the ops, generate their kernels, build them and check every op before/after.
 # Each step prints one summary line; the full reports land in build/.
 run: setup
+	@mkdir -p build
 	@$(BIN)/torchgen-patch lint --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
 	@$(BIN)/torchgen-patch gen --strict -o $(OUT) --output-dependencies $(OUT).cmake
 	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md
