@@ -35,8 +35,7 @@ def _emit(args, text: str, what: str) -> None:
     """The command's result: into -o/--output when given, else to stdout."""
     if getattr(args, "output", None):
         write_output(args.output, text.encode(), what)
-        if not args.quiet:
-            print(f"{what}: {args.output}", file=sys.stderr)
+        _say(args, f"{what}: {args.output}")
     else:
         sys.stdout.write(text)
 
