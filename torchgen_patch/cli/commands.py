@@ -264,7 +264,7 @@ def verify(args) -> int:
     opts = options(args)
     _, plan = pipeline.plan(opts)
     ops = plan.pick(args.op)
-    xfails = {k.op: k.xfail_devices for k in plan.kernels if k.xfail_devices is not None}
+    xfails = plan.xfails()
     subclasses = SUBCLASSES if args.subclass == "all" else (args.subclass,)
     runs: dict[str, list] = {}
     if args.without_patch or args.both:

@@ -71,6 +71,10 @@ class Plan:
     def kernel(self, op: str) -> Kernel | None:
         return next((k for k in self.kernels if k.op == op), None)
 
+    def xfails(self) -> dict[str, tuple[str, ...]]:
+        """op -> the devices the overlay expects it to fail on (empty: every device)."""
+        return {k.op: k.xfail_devices for k in self.kernels if k.xfail_devices is not None}
+
     def pick(self, ops: list[str] | None) -> list[str]:
         """``ops`` (all when None), sorted; an op the plan lacks is an error that says
         why it is not there (left out, and the reason) or which planned op was meant."""

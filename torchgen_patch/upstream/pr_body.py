@@ -42,7 +42,7 @@ def measure(plan, device: str) -> Measurement:
     from ..runtime.install import install
 
     ops = plan.ops()
-    xfails = {k.op: k.xfail_devices for k in plan.kernels if k.xfail_devices is not None}
+    xfails = plan.xfails()
     before = v.run(ops, device, False, xfails)
     report = install(ops, backend="cpp", plan=plan)
     after = v.run(ops, device, True, xfails)
