@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
 # Each stage may import only the stages before it.
-ORDER = ["errors", "files", "version", "sources", "scan", "plan", "codegen", "pipeline", "runtime", "diagnostics",
+ORDER = ["errors", "files", "version", "cache", "sources", "scan", "plan", "codegen", "pipeline", "runtime", "diagnostics",
          "checks", "upstream", "cli", "(top)", "__main__"]
 
 

@@ -3,6 +3,7 @@ returns an exit code. Nothing below the CLI sees an argparse namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -68,6 +69,15 @@ def _progress(args, what: str):
         sys.stderr.flush()
 
     return show
+
+
+def notes(args):
+    """-v: the cache's notes (an entry ignored and rebuilt, a stale build removed) on stderr."""
+    from .. import cache
+
+    if not getattr(args, "verbose", False):
+        return contextlib.nullcontext()
+    return cache.notes_to(lambda text: print(f"note: {text}", file=sys.stderr, flush=True))
 
 
 def _needs_torch(what: str) -> None:

@@ -13,16 +13,27 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import EnvironmentProblem, InputError, require_torch, unknown_names
+from ..errors import EnvironmentProblem, InputError, one_line, require_torch, unknown_names
 from ..sources import Options
 
 _LOCK = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    """A child forked while another thread held the lock would wait for it forever: it starts free."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 _INSTALLED: dict[str, str] = {}  # op -> backend
 _HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
-_CDLLS: dict[str, ctypes.CDLL] = {}
+_CDLLS: dict[tuple[int, int], ctypes.CDLL] = {}  # (st_dev, st_ino) of the file loaded -> its handle
+_FDS: list[int] = []  # the checked descriptors the loaded libraries were opened from (kept open)
 _EVIDENCE = None  # pykernel.Evidence of the runtime ops installed with evidence=True
 
 
@@ -113,7 +124,8 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
             return _install_python(_select(cands, ops))
         prebuilt, unused = (None, None) if library or plan else _prebuilt(opts, build)
         if prebuilt is not None:
-            rep = _install_cpp(prebuilt.library, _select([Candidate(*k) for k in prebuilt.kernels()], ops))
+            rep = _install_cpp(prebuilt.library, _select([Candidate(*k) for k in prebuilt.kernels()], ops),
+                               lambda: _load(prebuilt.library, prebuilt.sha256, prebuilt.root))
             rep.prebuilt = prebuilt.version
             return rep
         try:
@@ -163,48 +175,92 @@ def _library(library, opts: Options, plan, verbose) -> tuple[str, list[Candidate
             _, plan = make(opts)
         lib = build(render(plan, 2), plan.ops(), 2, verbose=verbose)
         library = lib.path
-    d = os.path.dirname(os.path.abspath(library))
-    info = _trusted_record(library)
-    try:
-        with open(os.path.join(d, "src", "torchgen_patch_manifest.json")) as fh:
-            manifest = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
+    info, root = _trusted_record(library)
+    manifest = _checked_json(os.path.join(os.path.dirname(os.path.abspath(library)), "src",
+                                          "torchgen_patch_manifest.json"), root, library)
     if info.get("torch") != torch.__version__:
         raise InputError(library, None, f"built for torch {info.get('torch')}, this is torch {torch.__version__}",
                          "rebuild with `torchgen-patch build`")
-    return library, [Candidate(k["op"], k["schema"]) for k in manifest["kernels"]]
+    try:
+        return library, [Candidate(k["op"], k["schema"]) for k in manifest["kernels"]]
+    except (KeyError, TypeError) as e:
+        raise InputError(library, None, f"not a complete torchgen-patch build (its manifest lacks {e})") from None
 
 
-def _trusted_record(library: str) -> dict:
-    """The build record of ``library``, once the library passed the trust checks (trust.py):
-    owned by this user (or root), writable by nobody else, the SHA-256 its build recorded."""
-    from ..scan.cache import directory as cache_dir
+def _root_of(library: str) -> str:
+    """Where the strict trust rule starts for ``library``: the cache root when it is inside it."""
+    from ..cache import directory as cache_dir
     from . import trust
-    from .build import RECORD
 
     d = os.path.dirname(os.path.abspath(library))
     cache = os.path.realpath(cache_dir())
-    root = cache if trust.inside(os.path.realpath(d), cache) else d
-    trust.check_path(d, root, library)
-    record = os.path.join(d, RECORD)
+    return cache if trust.inside(os.path.realpath(d), cache) else d
+
+
+def _checked_json(path: str, root: str, library: str):
+    """The JSON in ``path``, read from a descriptor opened without following symlinks and checked
+    like the library (owner, modes, every directory from ``root`` down)."""
+    from . import trust
+
     try:
-        with open(record) as fh:
-            info = json.load(fh)
+        fd = trust.open_library(path, root, library)
+    except EnvironmentProblem as e:
+        if "cannot check" in e.message or "cannot open" in e.message:
+            raise InputError(library, None, f"not a complete torchgen-patch build ({os.path.basename(path)} "
+                                            "is missing)") from None
+        raise
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ValueError("not a regular file")
+            return json.loads(fh.read())
     except (OSError, ValueError) as e:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
-    trust.check_path(record, root, library)
-    trust.check_library(library, info.get("sha256") if isinstance(info, dict) else None, root)
-    return info
+        raise InputError(library, None, f"not a complete torchgen-patch build ({os.path.basename(path)}: "
+                                        f"{e})") from None
 
 
-def _dll(path: str) -> ctypes.CDLL:
-    """The library at ``path``, loaded once (loading registers nothing by itself)."""
-    dll = _CDLLS.get(path)
-    if dll is None:
-        dll = ctypes.CDLL(path)
-        _CDLLS[path] = dll
+def _trusted_record(library: str) -> tuple[dict, str]:
+    """(the build record of ``library``, the trust root), once the record passed the trust checks
+    (trust.py): owned by this user (or root), writable by nobody else, read without following a
+    symlink. The library itself is checked when it is loaded (``_load``)."""
+    from .build import RECORD
+
+    root = _root_of(library)
+    info = _checked_json(os.path.join(os.path.dirname(os.path.abspath(library)), RECORD), root, library)
+    if not isinstance(info, dict):
+        raise InputError(library, None, f"not a complete torchgen-patch build ({RECORD} is no mapping)")
+    return info, root
+
+
+def _dlopen(name: str) -> ctypes.CDLL:
+    return ctypes.CDLL(name)
+
+
+def _load(path: str, sha256: str | None, root: str) -> ctypes.CDLL:
+    """The library at ``path``, checked (trust.check_library) and loaded from the very descriptor that
+    was checked, once per file; the descriptor stays open while the library is loaded."""
+    from . import trust
+
+    fd = trust.check_library(path, sha256, root)
+    st = os.fstat(fd)
+    dll = _CDLLS.get((st.st_dev, st.st_ino))
+    if dll is not None:
+        os.close(fd)
+        return dll
+    try:
+        dll = _dlopen(trust.loadable(fd))
+    except OSError as e:
+        os.close(fd)
+        raise EnvironmentProblem(f"cannot load {path}: {one_line(str(e))}",
+                                 f"remove {os.path.dirname(path)} and build again (torchgen-patch build)") from None
+    _CDLLS[(st.st_dev, st.st_ino)] = dll
+    _FDS.append(fd)
     return dll
+
+
+def _load_built(library: str) -> ctypes.CDLL:
+    info, root = _trusted_record(library)
+    return _load(library, info.get("sha256"), root)
 
 
 def _c_names(names: list[str]):
@@ -224,12 +280,13 @@ def _python_kernel(op: str, written, evidence=None) -> object:
     return lib
 
 
-def _install_cpp(path: str, cands: list[Candidate]) -> InstallReport:
+def _install_cpp(path: str, cands: list[Candidate], load=None) -> InstallReport:
+    """``load``: () -> the checked, loaded library (default: a torchgen-patch build at ``path``)."""
     rep = InstallReport("cpp", library=path)
     ok, rep.already, rep.refused = check(cands)
     if not ok:
         return rep
-    dll = _dll(path)
+    dll = load() if load else _load_built(path)
     dll.torchgen_patch_register.restype = ctypes.c_int64
     dll.torchgen_patch_register.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
     n = dll.torchgen_patch_register(_c_names([c.op.split("::", 1)[1] for c in ok]), len(ok))
@@ -304,8 +361,7 @@ def _install_runtime(names: list[str], backend: str, verbose: bool, overlay, evi
     from .build import build_boxed
 
     rep.library = boxed_library or build_boxed(verbose=verbose).path  # a prebuilt one (run): checked, never rebuilt
-    _trusted_record(rep.library)
-    dll = _dll(rep.library)
+    dll = _load_built(rep.library)
     dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
     dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
     by_ns: dict[str, list[str]] = {}

@@ -21,6 +21,8 @@ import json
 import os
 import sys
 
+from .. import cache
+
 ENV = "TORCHGEN_PATCH_RUN"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +62,10 @@ def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[s
         if runtime_ops:
             spec["boxed"] = build_boxed(verbose=verbose, log=log).path
     user = os.environ.get("PYTHONPATH")
-    return {ENV: json.dumps(spec), "PYTHONPATH": SITE if user is None else SITE + os.pathsep + user}
+    env = {ENV: json.dumps(spec), "PYTHONPATH": SITE if user is None else SITE + os.pathsep + user}
+    if os.environ.get(cache.ENV):  # absolute: a process that starts in another directory finds the same cache
+        env[cache.ENV] = cache.directory()
+    return env
 
 
 def startup(site_file: str) -> None:
