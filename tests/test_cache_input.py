@@ -21,6 +21,7 @@ from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
 from torchgen_patch.runtime import install as installer
 from torchgen_patch.runtime import trust
+from tests.test_trust import cached  # noqa: F401  (the fixture: a private cache holding the session's build)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another account needs root")
@@ -53,6 +54,13 @@ def _edit(entry: str, change) -> None:
 def _same_tree(a, b) -> bool:
     return sorted(os.listdir(a)) == sorted(os.listdir(b)) and all(
         open(os.path.join(a, n), "rb").read() == open(os.path.join(b, n), "rb").read() for n in os.listdir(a))
+
+
+def test_what_a_scan_writes_passes_its_own_validation(warm, tmp_path):
+    """A warm re-run uses its entries (no note): the checks refuse what is wrong, not what is normal."""
+    c, entry, clean = warm
+    r = _cli("gen", "-v", "-o", tmp_path / "out", cache_dir=c)
+    assert r.returncode == 0 and "note:" not in r.stderr, r.stderr
 
 
 def test_a_cached_type_with_cpp_in_it_never_reaches_the_generated_kernels(warm, tmp_path):
@@ -162,20 +170,6 @@ def test_a_relative_cache_path_is_made_absolute_once(tmp_path, monkeypatch):
 
 # ---- libraries: load what was checked ---------------------------------------------------------------
 
-@pytest.fixture
-def cached(tmp_path, monkeypatch, library):
-    root = tmp_path / "cache"
-    builds = root / "builds"
-    private_dirs(str(builds))
-    copy = builds / os.path.basename(library.directory)
-    shutil.copytree(library.directory, copy, symlinks=True)
-    os.chmod(copy, 0o700)
-    monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(root))
-    monkeypatch.delenv(trust.OWNERS_ENV, raising=False)
-    yield root, str(copy / os.path.basename(library.path))
-    torchgen_patch.uninstall()
-
-
 def _mapped_inodes() -> set[int]:
     out = set()
     for line in open("/proc/self/maps"):
@@ -276,3 +270,80 @@ def test_nothing_is_compiled_into_a_directory_of_another_account(tmp_path):
         build.build(files, [], 1, root=str(root))
     assert e.value.message.startswith(f"{root} is owned by ")
     assert os.listdir(root) == [n for n in os.listdir(root) if n.startswith(".probe-")] == []
+
+
+@pytest.mark.build
+def test_a_no_change_build_renders_nothing_and_a_damaged_index_costs_only_time(library):
+    """The library is found by the hash of its inputs: an unchanged `build` neither plans nor renders
+    (no jinja2 imported); a damaged or foreign index entry is ignored and written again."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+
+    def build(*flags):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "torchgen_patch", "build", *flags],
+                           capture_output=True, text=True, env=env, cwd=ROOT)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert r.stdout.strip() == library.path
+        return {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+
+    build()
+    assert "jinja2" not in build()
+    for entry in glob.glob(os.path.join(cache.directory(), "library-*.json")):
+        with open(entry, "w") as fh:
+            json.dump({"library": "/etc/passwd"}, fh)
+    assert "jinja2" in build()  # planned and rendered again: the index named no build of the cache
+    assert "jinja2" not in build()
+
+
+SECOND = "tgp-second"
+
+
+def _second_account() -> int:
+    """A real second local account (made with useradd, once), for what another user's process does."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(SECOND).pw_uid
+    except KeyError:
+        pass
+    if shutil.which("useradd") is None:
+        pytest.skip("useradd is not installed")
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SECOND],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"useradd failed: {r.stderr.strip()}")
+    return pwd.getpwnam(SECOND).pw_uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making and acting as a second account needs root")
+def test_a_cache_another_account_prepared_is_refused_and_not_written_through(warm, tmp_path):
+    """Another account makes the cache directory first (in a shared sticky /tmp) and plants an entry
+    with C++ in it: gen refuses the whole cache, reads nothing from it and writes nothing into it."""
+    import tempfile
+
+    uid = _second_account()
+    c, entry, clean = warm
+    shared = tempfile.mkdtemp(prefix="tgp-shared-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o1777)
+        theirs = os.path.join(shared, "cache")
+        planted = json.load(open(entry))
+        planted["cpp"]["aten::_cummax_helper"]["formals"][-1][0] = INJECTED
+        pid = os.fork()
+        if pid == 0:  # the other account's process
+            try:
+                os.setuid(uid)
+                os.mkdir(theirs, 0o755)
+                with open(os.path.join(theirs, os.path.basename(entry)), "w") as fh:
+                    json.dump(planted, fh)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert os.stat(theirs).st_uid == uid
+        before = sorted(os.listdir(theirs))
+        r = _cli("gen", "-o", tmp_path / "out", cache_dir=theirs)
+        assert r.returncode == 3 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"torchgen-patch: error: {theirs} is owned by {SECOND} (uid {uid})")
+        assert sorted(os.listdir(theirs)) == before and not os.path.exists(tmp_path / "out")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -93,7 +93,8 @@ def _cached_entries(data, scan: Scan, templates: set[str]) -> dict[str, Entry]:
     out = {}
     for e in data["entries"]:
         entry = Entry(**dict(e, devices=tuple(e["devices"])))
-        ok = (isinstance(entry.op, str) and scan.get(entry.op) is not None and type(entry.line) is int
+        ok = (isinstance(entry.op, str) and (scan.get(entry.op) is not None or not entry.op.startswith("aten::"))
+              and type(entry.line) is int
               and entry.action in ACTIONS and (entry.template is None or entry.template in templates)
               and all(d in DEVICES for d in entry.devices)
               and (entry.reason is None or isinstance(entry.reason, str)))

@@ -51,14 +51,13 @@ def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[s
         import_modules(imports)
         spec["runtime_ops"] = expand_patterns(runtime_ops)
     if backend == "cpp":
-        from ..codegen import render
-        from .build import build, build_boxed
-        from .prebuilt import lookup
+        from . import library
+        from .build import build_boxed
 
         log = open(os.devnull, "w") if quiet else sys.stderr
         # installed prebuilt kernels that fit: each process finds them itself (library None), nothing compiles
-        spec["library"] = None if lookup(opts)[0] else build(render(plan, 2), plan.ops(), 2, verbose=verbose,
-                                                             log=log).path
+        art = library(opts, plan=plan, verbose=verbose, log=log)
+        spec["library"] = None if art.origin == "prebuilt" else art.path
         if runtime_ops:
             spec["boxed"] = build_boxed(verbose=verbose, log=log).path
     user = os.environ.get("PYTHONPATH")

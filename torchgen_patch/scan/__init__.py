@@ -16,11 +16,20 @@ from .model import CppSig, OpRecord, Scan
 __all__ = ["scan", "Scan"]
 
 
-def scan(sources: Sources, use_cache: bool = True) -> Scan:
+def key_of(sources: Sources) -> str:
+    """The content key of everything that decides the scan of ``sources`` (what ``Scan.key`` will be)."""
+    return _keyed(sources)[3]
+
+
+def _keyed(sources: Sources) -> tuple[bytes, bytes, str, str]:
     native_b = read_bytes(sources.native, "native_functions.yaml")
     tags_b = read_bytes(sources.tags, "tags.yaml")
     identity = sources.toolchain.identity()
-    k = cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
+    return native_b, tags_b, identity, cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
+
+
+def scan(sources: Sources, use_cache: bool = True) -> Scan:
+    native_b, tags_b, identity, k = _keyed(sources)
     name = f"scan-{k[:32]}.json"
     if use_cache:
         cached = _from_cache(cache.read(name), sources, k, name)

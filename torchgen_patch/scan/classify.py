@@ -97,9 +97,10 @@ def validate(records, cpp: dict, facts: list) -> None:
         f = Facts(r.name, r.schema, r.loc.path, r.loc.line, r.kind, r.written, r.returns, extra[0], extra[1],
                   r.composite_implicit, r.manual, None)
         _check(verdict_of(f) == (r.verdict, r.reason), f"{r.name}: verdict {r.verdict!r} is not what its facts give")
-    names = {r.name for r in records}
+    candidates = {r.name for r, extra in zip(records, facts)
+                  if r.written and not r.returns and not extra[0] and r.kind in ("inplace", "out", "mutable")}
+    _check(set(cpp) == candidates, "the C++ signatures are not those of the kernel candidates")
     for op, sig in cpp.items():
-        _check(op in names, f"signature of an unknown operator {op!r}")
         _check(isinstance(sig.formals, tuple) and all(len(x) == 2 and cpp_type_ok(x[0]) and isinstance(x[1], str)
                                                       and _IDENT.match(x[1]) for x in sig.formals),
                f"{op}: C++ parameter")
