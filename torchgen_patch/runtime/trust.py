@@ -10,7 +10,11 @@ process, so before ``install()`` loads one (a cached build, the boxed library a
 - every directory above ``root`` is owned the same way and, when others may
   write it, carries the sticky bit (``/tmp``: nobody can rename what is yours);
 - the library is a regular file whose SHA-256 is the one its build recorded,
-  so a truncated copy or an edited file is never loaded.
+  so a truncated copy or an edited file is never loaded;
+- what is loaded is what was checked: the path is opened once, component by component
+  without following symlinks (a symlink on the way only when a trusted account owns it),
+  every check runs on the open descriptors, and the library is loaded from that
+  descriptor (``loadable``), so replacing the path after the check changes nothing.
 
 A failure is an ``EnvironmentProblem`` (exit 3) naming the path and the fix;
 nothing is rebuilt in its place. See SECURITY.md.
@@ -22,7 +26,8 @@ import hashlib
 import os
 import stat
 
-from ..cache import OWNERS_ENV, inside, owner_name as _owner, problem, trusted_uids
+from ..cache import OWNERS_ENV, inside, problem, trusted_uids
+from ..cache import owner_name as _owner  # noqa: F401  (the name the tests use)
 from ..cache import check_path as _check_path
 from ..errors import EnvironmentProblem
 
