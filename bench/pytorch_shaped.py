@@ -57,7 +57,7 @@ def load(ops: list[str], log=sys.stderr) -> ctypes.CDLL:
     import torch
     from torch.utils import cpp_extension
 
-    from torchgen_patch.scan.cache import tool_fingerprint
+    from torchgen_patch.cache import tool_fingerprint
 
     # the torch build, the ops, and this tool's source (the upstream patch is part of it)
     key = hashlib.sha256("\0".join([torch.__version__, torch.version.git_version, tool_fingerprint(), *ops])

@@ -41,7 +41,7 @@ def main() -> int:
         print("== build (issue 4)", flush=True)
         results["build"] = bench_build.main()
     if "trust" in only:
-        print("== trust checks in a cached install() (issue 18)", flush=True)
+        print("== the cache and library checks in a cached install() vs before them", flush=True)
         results["trust"] = bench_trust.main()
     if "call" in only:
         print("== per-call cost: unpatched | PyTorch-shaped kernel | this project's kernel (issue 16)", flush=True)

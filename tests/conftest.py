@@ -49,12 +49,11 @@ def run_cli(capsys):
 
 @pytest.fixture(scope="session")
 def library(default_plan):
-    """The full plan for the installed torch, compiled once per session (cached by content)."""
-    from torchgen_patch.codegen import render
-    from torchgen_patch.runtime.build import build
+    """The full plan for the installed torch, compiled once per session (cached by content): the
+    runtime's one composer, as every command gets it (runtime.Artifact)."""
+    from torchgen_patch.runtime import library as compose
 
-    files = render(default_plan, 2)
-    return build(files, default_plan.ops(), 2)
+    return compose(Options(), plan=default_plan, prebuilt=False)
 
 
 @pytest.fixture

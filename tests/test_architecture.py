@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
 # Each stage may import only the stages before it.
-ORDER = ["errors", "files", "version", "sources", "scan", "plan", "codegen", "pipeline", "runtime", "diagnostics",
+ORDER = ["errors", "files", "version", "cache", "sources", "scan", "plan", "codegen", "pipeline", "runtime", "diagnostics",
          "checks", "upstream", "cli", "(top)", "__main__"]
 
 
@@ -122,3 +122,25 @@ def test_readme_layout_names_every_module():
         if f"`{name}`" not in row and not (name == "__init__.py" and row):
             missing.append(rel)
     assert missing == []
+
+
+def test_one_composer_sequences_plan_render_build():
+    """plan → render → build appears once in the package: the runtime's ``library()``; every command,
+    the Python API and the tests' own library fixture go through it."""
+    renders = r"\bfrom \.\.?(codegen|codegen\.render) import [^\n]*\brender\b"
+    builds = r"\bfrom \.(build|\.runtime\.build) import [^\n]*\bbuild\b"
+    both = _sources_matching(renders) & _sources_matching(builds)
+    assert both == {"runtime/__init__.py"}
+    conftest = open(os.path.join(ROOT, "tests", "conftest.py"), encoding="utf-8").read()
+    assert "runtime.build import build" not in conftest and "import library as compose" in conftest
+
+
+def test_install_is_a_thin_facade_and_registration_takes_an_artifact():
+    import inspect
+
+    from torchgen_patch.runtime import install as inst
+
+    assert len(inspect.signature(inst.install).parameters) <= 6
+    assert list(inspect.signature(inst.register).parameters) == ["artifact", "ops", "backend"]
+    # live-registry operators are planned in the plan stage, not decided in the runtime
+    assert _sources_matching(r"already has an ADInplaceOrView kernel\"") == {"plan/__init__.py"}

@@ -251,11 +251,10 @@ def p_install_no_build(run_cli, monkeypatch, **_):
 
 
 def p_wheel_output_dir(run_cli, monkeypatch, tmp_path, **_):
-    from torchgen_patch.runtime import build as b
     from torchgen_patch.runtime import prebuilt
 
     made = []
-    monkeypatch.setattr(b, "build", lambda files, ops, shards, **kw: b.Library("/x.so", "/", "k", "t", (), False))
+    _stub_build(monkeypatch)
     monkeypatch.setattr(prebuilt, "make_wheel", lambda out, lib, manifest, opts: made.append(out) or out + "/w.whl")
     assert run_cli("wheel", "-o", tmp_path / "w")[:2] == (0, f"{tmp_path / 'w'}/w.whl\n")
     assert run_cli("wheel")[0] == 0
@@ -266,17 +265,14 @@ def p_wheel_output_dir(run_cli, monkeypatch, tmp_path, **_):
 
 
 def p_wheel_quiet_verbose(run_cli, monkeypatch, tmp_path, **_):
-    from torchgen_patch.runtime import build as b
     from torchgen_patch.runtime import prebuilt
 
-    seen = []
-    monkeypatch.setattr(b, "build", lambda files, ops, shards, **kw: seen.append(kw["verbose"]) or
-                        b.Library("/x.so", "/", "k", "t", (), False))
+    calls = _stub_build(monkeypatch)
     monkeypatch.setattr(prebuilt, "make_wheel", lambda out, lib, manifest, opts: out + "/w.whl")
     assert "kernels packed" in run_cli("wheel", "-o", tmp_path)[2]
     assert run_cli("wheel", "-o", tmp_path, "-q")[2] == ""
     run_cli("wheel", "-o", tmp_path, "-v")
-    assert seen == [False, False, True]
+    assert [c["verbose"] for c in calls] == [False, False, True]
 
 
 V = ["verify", "--backend", "python", "--op", "aten::_cummax_helper"]
@@ -535,6 +531,7 @@ def test_flag_is_honoured(cmd, flag, run_cli, monkeypatch, subset, tree, tmp_pat
 
 
 def _stub_build(monkeypatch):
+    from torchgen_patch import runtime
     from torchgen_patch.runtime import build as b
 
     calls = []
@@ -543,7 +540,13 @@ def _stub_build(monkeypatch):
         calls.append({"files": sorted(files), "ops": list(ops), "shards": shards, "verbose": verbose})
         return b.Library("/x.so", "/", "k", "t", tuple(ops), False)
 
+    def fake_artifact(path, origin="given"):  # the composer's checks of the (fake) build it got
+        ops = calls[-1]["ops"] if calls else []
+        return runtime.Artifact(path, "0" * 64, "t", tuple((op, "") for op in ops), origin, "/", {})
+
     monkeypatch.setattr(b, "build", fake)
+    monkeypatch.setattr(runtime, "artifact_at", fake_artifact)
+    monkeypatch.setattr(runtime, "_indexed", lambda index: None)  # every call reaches the (fake) build
     return calls
 
 

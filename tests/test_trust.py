@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
 from torchgen_patch.runtime import trust
-from torchgen_patch.scan import cache
+from torchgen_patch import cache
 
 pytestmark = pytest.mark.build
 NOBODY = 65534  # an account that is neither this user nor root
@@ -58,9 +58,10 @@ def test_install_loads_a_private_cached_build(cached, default_plan):
 def test_group_writable_cache_is_refused(cached, default_plan):
     root, lib = cached
     os.chmod(root, 0o770)
+    # refused at the cache root, before anything is built or loaded there
     assert _refusal(default_plan) == (
-        f"torchgen-patch: error: {root} is writable by its group (mode 0770): they could replace the library, "
-        f"so torchgen-patch does not load {lib} (hint: chmod go-w {root})")
+        f"torchgen-patch: error: {root} is writable by its group (mode 0770): they could replace what is there, "
+        f"so torchgen-patch uses no cache under {root} (hint: chmod go-w {root})")
 
 
 @pytest.mark.parametrize("where", ["library", "build directory"])

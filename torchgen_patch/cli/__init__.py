@@ -24,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     if program is not None:
         args.program = program
     try:
-        from .commands import COMMANDS
+        from .commands import COMMANDS, notes
 
-        return COMMANDS[args.cmd](args)
+        with notes(args):
+            return COMMANDS[args.cmd](args)
     except InputError as e:
         if getattr(args, "format", None) == "lintrunner":  # lintrunner's protocol: a message, exit 0
             from ..diagnostics.render import lintrunner_failure

@@ -3,6 +3,7 @@ returns an exit code. Nothing below the CLI sees an argparse namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -68,6 +69,15 @@ def _progress(args, what: str):
         sys.stderr.flush()
 
     return show
+
+
+def notes(args):
+    """-v: the cache's notes (an entry ignored and rebuilt, a stale build removed) on stderr."""
+    from .. import cache
+
+    if not getattr(args, "verbose", False):
+        return contextlib.nullcontext()
+    return cache.notes_to(lambda text: print(f"note: {text}", file=sys.stderr, flush=True))
 
 
 def _needs_torch(what: str) -> None:
@@ -205,15 +215,15 @@ def gen(args) -> int:
 
 def build(args) -> int:
     from .. import pipeline
-    from ..runtime.build import build as build_library
+    from ..runtime import library
 
     _needs_torch("build")
     pipeline.check_shards(args.shards)
-    _, plan, files = pipeline.generate(options(args), args.shards)
-    lib = build_library(files, plan.ops(), args.shards, verbose=args.verbose,
-                        log=open(os.devnull, "w") if args.quiet else sys.stderr)
-    print(lib.path)
-    _say(args, f"build: {len(plan.kernels)} kernels; {'built' if lib.built else 'up to date (cache hit)'}")
+    art = library(options(args), shards=args.shards, prebuilt=False, verbose=args.verbose,
+                  log=open(os.devnull, "w") if args.quiet else sys.stderr)
+    print(art.path)
+    _say(args, f"build: {len(art.kernels)} kernels; "
+               f"{'built' if art.origin == 'build' else 'up to date (cache hit)'}")
     return 0
 
 
@@ -229,22 +239,15 @@ def install(args) -> int:
 
 
 def wheel(args) -> int:
-    from .. import pipeline
-    from ..runtime import prebuilt
-    from ..runtime.build import build as build_library
-
-    from ..codegen.render import MANIFEST
+    from ..runtime import library, prebuilt
 
     _needs_torch("wheel")
     out = args.output or "."
     check_output_dir(out)
     opts = Options()
-    _, plan, files = pipeline.generate(opts, 2)
-    lib = build_library(files, plan.ops(), 2, verbose=args.verbose,
-                        log=open(os.devnull, "w") if args.quiet else sys.stderr)
-    manifest = json.loads(files[MANIFEST])
-    print(prebuilt.make_wheel(out, lib.path, manifest, opts))
-    _say(args, f"wheel: {len(plan.kernels)} kernels packed for torch {lib.torch_version}")
+    art = library(opts, prebuilt=False, verbose=args.verbose, log=open(os.devnull, "w") if args.quiet else sys.stderr)
+    print(prebuilt.make_wheel(out, art.path, art.manifest, opts))
+    _say(args, f"wheel: {len(art.kernels)} kernels packed for torch {art.torch}")
     return 0
 
 

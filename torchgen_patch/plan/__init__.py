@@ -145,3 +145,53 @@ def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
         xfail_devices=xfail_devices,
         xfail_reason=xfail_reason,
     )
+
+
+# ---- operators of the live registry (any namespace): their own plan -------------------------------
+
+@dataclass(frozen=True)
+class LiveOp:
+    """What the running process's registry says about one operator (gathered by runtime/registry)."""
+
+    name: str  # ns::op.overload
+    schema: str | None  # None: no such operator in this process
+    written: tuple[str, ...]
+    view: bool
+    has_kernel: bool  # an ADInplaceOrView kernel is registered already
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """The live-registry operators to serve with the boxed kernel, and the others with the reason."""
+
+    ops: tuple[LiveOp, ...]  # to register, in the order asked
+    already: tuple[str, ...]  # installed earlier by torchgen-patch
+    refused: dict[str, str]  # op -> why
+
+
+def plan_runtime(names: list[str], overlay: Overlay, live, installed: set[str]) -> RuntimePlan:
+    """Decide for each of ``names`` (exact ``ns::op.overload`` names): the overlay's skips, what
+    ``installed`` already holds, and what ``live(name) -> LiveOp`` says rules a kernel out."""
+    ops, already, refused = [], [], {}
+    for name in names:
+        if "::" not in name:
+            raise InputError(None, None, f"runtime op '{name}' needs its namespace ('ns::op.overload')")
+        entry = overlay.get(name)
+        if entry is not None and entry.action == "skip":
+            refused[name] = f"skipped by the overlay ({os.path.basename(overlay.path)}:{entry.line}): {entry.reason}"
+            continue
+        if name in installed:
+            already.append(name)
+            continue
+        op = live(name)
+        if op.schema is None:
+            refused[name] = "this process has no such operator (import the module that defines it first)"
+        elif not op.written:
+            refused[name] = "its schema writes no argument"
+        elif op.view:
+            refused[name] = "a view: its kernel must set up the view, which this one does not"
+        elif op.has_kernel:
+            refused[name] = "already has an ADInplaceOrView kernel"
+        else:
+            ops.append(op)
+    return RuntimePlan(tuple(ops), tuple(already), refused)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..files import read_text
-from ..scan import cache
+from .. import cache
 from ..scan.model import MISSING, UNSUPPORTED, Scan
 from ..sources import Sources
 
@@ -74,16 +74,34 @@ def load(sources: Sources, scan: Scan, templates: set[str]) -> Overlay:
     h = hashlib.sha256((scan.key + "\0" + ",".join(sorted(templates)) + "\0" + text).encode())
     name = f"overlay-{'shipped-' if shipped else ''}{h.hexdigest()[:32]}.json"
     cached = cache.read(name)
-    if isinstance(cached, dict) and cached.get("overlay") == 1:
+    if cached is not None:
         try:
-            return Overlay(path, {e["op"]: Entry(**dict(e, devices=tuple(e["devices"]))) for e in cached["entries"]})
-        except (TypeError, KeyError, ValueError):  # a damaged entry: parse again
-            pass
+            return Overlay(path, _cached_entries(cached, scan, templates))
+        except (TypeError, KeyError, ValueError, AttributeError) as e:  # damaged or edited: parse again
+            cache.invalid(name, f"{type(e).__name__}: {e}")
     result = _parse(path, text, scan, templates, shipped)
     from dataclasses import asdict
 
     cache.write(name, {"overlay": 1, "entries": [asdict(e) for e in result.entries.values()]})
     return result
+
+
+def _cached_entries(data, scan: Scan, templates: set[str]) -> dict[str, Entry]:
+    """The entries of a cached overlay, each field checked as the parser would have (a cache is input)."""
+    if not isinstance(data, dict) or data.get("overlay") != 1:
+        raise ValueError("not an overlay entry of this version")
+    out = {}
+    for e in data["entries"]:
+        entry = Entry(**dict(e, devices=tuple(e["devices"])))
+        ok = (isinstance(entry.op, str) and (scan.get(entry.op) is not None or not entry.op.startswith("aten::"))
+              and type(entry.line) is int
+              and entry.action in ACTIONS and (entry.template is None or entry.template in templates)
+              and all(d in DEVICES for d in entry.devices)
+              and (entry.reason is None or isinstance(entry.reason, str)))
+        if not ok:
+            raise ValueError(f"entry {entry.op!r} is not one the overlay's parser makes")
+        out[entry.op] = entry
+    return out
 
 
 def load_runtime(path: str) -> Overlay:

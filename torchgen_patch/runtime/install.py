@@ -11,18 +11,28 @@ kernel — so PyTorch never warns about overriding a kernel.
 from __future__ import annotations
 
 import ctypes
-import json
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import EnvironmentProblem, InputError, require_torch, unknown_names
+from ..errors import EnvironmentProblem, InputError, one_line, require_torch, unknown_names
 from ..sources import Options
 
 _LOCK = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    """A child forked while another thread held the lock would wait for it forever: it starts free."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 _INSTALLED: dict[str, str] = {}  # op -> backend
 _HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
-_CDLLS: dict[str, ctypes.CDLL] = {}
+_CDLLS: dict[tuple[int, int], ctypes.CDLL] = {}  # (st_dev, st_ino) of the file loaded -> its handle
+_FDS: list[int] = []  # the checked descriptors the loaded libraries were opened from (kept open)
 _EVIDENCE = None  # pykernel.Evidence of the runtime ops installed with evidence=True
 
 
@@ -76,33 +86,58 @@ def check(candidates: list[Candidate]) -> tuple[list[Candidate], list[str], dict
     return ok, already, refused
 
 
-def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str | None = None,
-            native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
-            no_overlay: bool = False, no_cache: bool = False, runtime_ops: list[str] | None = None,
-            verbose: bool = False, options: Options | None = None, plan=None,
-            evidence: bool = False, boxed_library: str | None = None, build: bool = True) -> InstallReport:
+@dataclass(frozen=True)
+class InstallOptions:
+    """How ``install()`` works, beyond which ops and backend: one value instead of a keyword each."""
+
+    library: str | None = None  # a torchgen-patch build to load (else the prebuilt kernels or the cache's)
+    runtime_ops: tuple[str, ...] | list[str] | None = None  # live-registry operators (names or ns::patterns)
+    verbose: bool = False
+    evidence: bool = False  # runtime ops, Python backend: record which written arguments each call changed
+    boxed_library: str | None = None  # a built boxed library (run's children): checked, never rebuilt
+    build: bool = True  # False: no usable prebuilt kernels is an error, nothing compiles
+
+
+_SOURCE_KEYWORDS = ("native_functions", "tags", "overlay", "no_overlay", "no_cache")
+
+
+def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Options | None = None, plan=None,
+            how: InstallOptions | None = None, **keywords) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
+
+    ``options`` (sources.Options): the inputs; ``plan`` (plan.Plan), when given, is used instead
+    of making one; ``how`` (InstallOptions), or its fields as keywords (``library=``,
+    ``runtime_ops=``, ``verbose=``, ``evidence=``, ``boxed_library=``, ``build=``); and, when
+    ``options`` is not given, its input fields as keywords (``native_functions=``, ``tags=``,
+    ``overlay=``, ``no_overlay=``, ``no_cache=``).
 
     ``runtime_ops``: operators of any namespace found in the live registry
     (``torchgen-patch lint --runtime``), served by one boxed kernel that reads
     their schemas at call time; given alone, only those are installed.
     Loading twice is a no-op: ops already installed are reported as such.
-    ``options`` (sources.Options) replaces the input keywords when given;
-    ``plan`` (plan.Plan), when given, is used instead of making one.
     ``evidence`` (runtime ops, Python backend): also record which written arguments each call
     really changed; read it with ``evidence()`` ("declared written, never changed").
     With neither ``library`` nor ``plan``, installed prebuilt kernels (``torchgen-patch wheel``)
     are used when they match this torch exactly; else the report says why not and the cached
     build is used, unless ``build=False``, which refuses instead (InputError).
     """
-    opts = options or Options(native_functions, tags, None, overlay, no_overlay, no_cache)
+    sources = {k: keywords.pop(k) for k in _SOURCE_KEYWORDS if k in keywords}
+    unknown = sorted(set(keywords) - {f.name for f in dataclasses.fields(InstallOptions)})
+    if unknown:
+        raise TypeError(f"install() got unexpected keyword arguments: {', '.join(unknown)}")
+    how = dataclasses.replace(how or InstallOptions(), **keywords)
+    opts = options or Options(**sources)
     if backend not in ("cpp", "python"):
         raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
-    if runtime_ops is not None and ops is None and library is None:
-        if evidence and backend != "python":
+    if how.runtime_ops is not None and ops is None and how.library is None:
+        if how.evidence and backend != "python":
             raise InputError(None, None, "evidence=True records in the Python kernel", "use backend='python'")
+        from ..plan import plan_runtime
+
         with _LOCK:
-            return _install_runtime(runtime_ops, backend, verbose, runtime_overlay(opts), evidence, boxed_library)
+            todo = plan_runtime(expand_patterns(list(how.runtime_ops)), runtime_overlay(opts), live_op,
+                                set(_INSTALLED))
+            return _install_runtime(todo, backend, how)
     with _LOCK:
         if backend == "python":
             if plan is None:
@@ -111,34 +146,24 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
                 _, plan = make(opts)
             cands = [Candidate(k.op, k.schema, k.written) for k in plan.kernels]
             return _install_python(_select(cands, ops))
-        prebuilt, unused = (None, None) if library or plan else _prebuilt(opts, build)
-        if prebuilt is not None:
-            rep = _install_cpp(prebuilt.library, _select([Candidate(*k) for k in prebuilt.kernels()], ops))
-            rep.prebuilt = prebuilt.version
-            return rep
-        try:
-            lib_path, cands = _library(library, opts, plan, verbose)
-        except EnvironmentProblem as e:  # no compiler, say: the prebuilt kernels' reason is the useful part
-            if unused is None:
-                raise
-            raise EnvironmentProblem(f"{e.message}; the installed prebuilt kernels were not used: {unused}",
-                                     e.hint) from None
-        rep = _install_cpp(lib_path, _select(cands, ops))
-        rep.prebuilt_unused = unused
-        return rep
+        from . import artifact_at, library
+
+        art = artifact_at(how.library) if how.library else \
+            library(opts, plan=plan, build=how.build, prebuilt=plan is None, verbose=how.verbose)
+        return register(art, ops)
 
 
-def _prebuilt(opts: Options, build: bool):
-    """(prebuilt kernels to use, why installed ones are not used); with ``build=False`` no usable
-    prebuilt kernels is an error."""
-    from .prebuilt import DIST, lookup
-
-    found, why = lookup(opts)
-    if found is None and not build:
-        raise InputError(None, None, f"no usable prebuilt kernels: {why or DIST + ' is not installed'}; "
-                                     "and building was ruled out (build=False, --no-build)",
-                         f"pip install the {DIST} wheel made for this torch (`torchgen-patch wheel`)")
-    return found, why
+def register(artifact, ops: list[str] | None = None, backend: str = "cpp") -> InstallReport:
+    """Register the kernels of ``artifact`` (runtime.Artifact; ``ops``: a subset), from the library
+    loaded from the very descriptor its checks ran on (trust.check_library)."""
+    if backend != "cpp":
+        raise InputError(None, None, f"an artifact is a compiled library: backend '{backend}' does not load one",
+                         "use install(backend='python') for the Python kernels")
+    rep = _install_cpp(artifact.path, _select([Candidate(op, schema) for op, schema in artifact.kernels], ops),
+                       lambda: _load(artifact.path, artifact.sha256, artifact.root))
+    rep.prebuilt = artifact.prebuilt
+    rep.prebuilt_unused = artifact.prebuilt_unused
+    return rep
 
 
 def _select(cands: list[Candidate], ops: list[str] | None) -> list[Candidate]:
@@ -151,60 +176,40 @@ def _select(cands: list[Candidate], ops: list[str] | None) -> list[Candidate]:
     return [by[o] for o in ops]
 
 
-def _library(library, opts: Options, plan, verbose) -> tuple[str, list[Candidate]]:
-    torch = require_torch("installing the kernels")
-    if library is None:
-        from ..codegen import render
-        from .build import build
-
-        if plan is None:
-            from ..pipeline import plan as make
-
-            _, plan = make(opts)
-        lib = build(render(plan, 2), plan.ops(), 2, verbose=verbose)
-        library = lib.path
-    d = os.path.dirname(os.path.abspath(library))
-    info = _trusted_record(library)
-    try:
-        with open(os.path.join(d, "src", "torchgen_patch_manifest.json")) as fh:
-            manifest = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
-    if info.get("torch") != torch.__version__:
-        raise InputError(library, None, f"built for torch {info.get('torch')}, this is torch {torch.__version__}",
-                         "rebuild with `torchgen-patch build`")
-    return library, [Candidate(k["op"], k["schema"]) for k in manifest["kernels"]]
+def _dlopen(name: str) -> ctypes.CDLL:
+    return ctypes.CDLL(name)
 
 
-def _trusted_record(library: str) -> dict:
-    """The build record of ``library``, once the library passed the trust checks (trust.py):
-    owned by this user (or root), writable by nobody else, the SHA-256 its build recorded."""
-    from ..scan.cache import directory as cache_dir
+def _load(path: str, sha256: str | None, root: str) -> ctypes.CDLL:
+    """The library at ``path``, checked (trust.check_library) and loaded from the very descriptor that
+    was checked, once per file; the descriptor stays open while the library is loaded."""
     from . import trust
+
+    fd = trust.check_library(path, sha256, root)
+    st = os.fstat(fd)
+    dll = _CDLLS.get((st.st_dev, st.st_ino))
+    if dll is not None:
+        os.close(fd)
+        return dll
+    try:
+        dll = _dlopen(trust.loadable(fd))
+    except OSError as e:
+        os.close(fd)
+        raise EnvironmentProblem(f"cannot load {path}: {one_line(str(e))}",
+                                 f"remove {os.path.dirname(path)} and build again (torchgen-patch build)") from None
+    _CDLLS[(st.st_dev, st.st_ino)] = dll
+    _FDS.append(fd)
+    return dll
+
+
+def _load_built(library: str) -> ctypes.CDLL:
+    """A build of torchgen-patch (the boxed library, say), its record read through the trust checks."""
+    from . import _checked_json, _root_of
     from .build import RECORD
 
     d = os.path.dirname(os.path.abspath(library))
-    cache = os.path.realpath(cache_dir())
-    root = cache if trust.inside(os.path.realpath(d), cache) else d
-    trust.check_path(d, root, library)
-    record = os.path.join(d, RECORD)
-    try:
-        with open(record) as fh:
-            info = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({e})") from None
-    trust.check_path(record, root, library)
-    trust.check_library(library, info.get("sha256") if isinstance(info, dict) else None, root)
-    return info
-
-
-def _dll(path: str) -> ctypes.CDLL:
-    """The library at ``path``, loaded once (loading registers nothing by itself)."""
-    dll = _CDLLS.get(path)
-    if dll is None:
-        dll = ctypes.CDLL(path)
-        _CDLLS[path] = dll
-    return dll
+    info = _checked_json(os.path.join(d, RECORD), _root_of(d), library)
+    return _load(library, info.get("sha256") if isinstance(info, dict) else None, _root_of(d))
 
 
 def _c_names(names: list[str]):
@@ -224,12 +229,13 @@ def _python_kernel(op: str, written, evidence=None) -> object:
     return lib
 
 
-def _install_cpp(path: str, cands: list[Candidate]) -> InstallReport:
+def _install_cpp(path: str, cands: list[Candidate], load=None) -> InstallReport:
+    """``load``: () -> the checked, loaded library (default: a torchgen-patch build at ``path``)."""
     rep = InstallReport("cpp", library=path)
     ok, rep.already, rep.refused = check(cands)
     if not ok:
         return rep
-    dll = _dll(path)
+    dll = load() if load else _load_built(path)
     dll.torchgen_patch_register.restype = ctypes.c_int64
     dll.torchgen_patch_register.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
     n = dll.torchgen_patch_register(_c_names([c.op.split("::", 1)[1] for c in ok]), len(ok))
@@ -260,57 +266,45 @@ def runtime_overlay(opts: Options):
     return ov.load_runtime(path) if path else ov.empty()
 
 
-def _install_runtime(names: list[str], backend: str, verbose: bool, overlay, evidence: bool = False,
-                     boxed_library: str | None = None) -> InstallReport:
-    global _EVIDENCE
+def live_op(name: str):
+    """What this process's registry says about ``name``, for the plan of runtime ops."""
+    from ..plan import LiveOp
     from . import dispatcher as d
 
-    rep = InstallReport(backend)
-    todo = []
-    for name in expand_patterns(names):
-        if "::" not in name:
-            raise InputError(None, None, f"runtime op '{name}' needs its namespace ('ns::op.overload')")
-        entry = overlay.get(name)
-        if entry is not None and entry.action == "skip":
-            rep.refused[name] = f"skipped by the overlay ({os.path.basename(overlay.path)}:{entry.line}): " \
-                                f"{entry.reason}"
-            continue
-        if name in _INSTALLED:
-            rep.already.append(name)
-            continue
-        schema = d.schema_of(name)
-        if schema is None:
-            rep.refused[name] = "this process has no such operator (import the module that defines it first)"
-        elif not d.written_args(schema):
-            rep.refused[name] = "its schema writes no argument"
-        elif d.is_view(schema):
-            rep.refused[name] = "a view: its kernel must set up the view, which this one does not"
-        elif d.has_kernel(name, "ADInplaceOrView"):
-            rep.refused[name] = "already has an ADInplaceOrView kernel"
-        else:
-            todo.append((name, schema))
-    if not todo:
+    schema = d.schema_of(name)
+    if schema is None:
+        return LiveOp(name, None, (), False, False)
+    return LiveOp(name, str(schema), tuple(d.written_args(schema)), d.is_view(schema),
+                  d.has_kernel(name, "ADInplaceOrView"))
+
+
+def _install_runtime(todo, backend: str, how: InstallOptions) -> InstallReport:
+    """Register the runtime plan ``todo`` (plan.RuntimePlan)."""
+    global _EVIDENCE
+
+    rep = InstallReport(backend, already=list(todo.already), refused=dict(todo.refused))
+    if not todo.ops:
         return rep
     if backend == "python":
-        if evidence:
+        if how.evidence:
             from .pykernel import Evidence
 
             _EVIDENCE = _EVIDENCE or Evidence()
-        for name, schema in todo:
-            _HANDLES.append(_python_kernel(name, list(d.written_args(schema)), _EVIDENCE if evidence else None))
-            _INSTALLED[name] = "python"
-            rep.registered.append(name)
+        for op in todo.ops:
+            _HANDLES.append(_python_kernel(op.name, list(op.written), _EVIDENCE if how.evidence else None))
+            _INSTALLED[op.name] = "python"
+            rep.registered.append(op.name)
         return rep
     from .build import build_boxed
 
-    rep.library = boxed_library or build_boxed(verbose=verbose).path  # a prebuilt one (run): checked, never rebuilt
-    _trusted_record(rep.library)
-    dll = _dll(rep.library)
+    # a prebuilt one (run's children): checked, never rebuilt
+    rep.library = how.boxed_library or build_boxed(verbose=how.verbose).path
+    dll = _load_built(rep.library)
     dll.torchgen_patch_boxed_register.restype = ctypes.c_int64
     dll.torchgen_patch_boxed_register.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
     by_ns: dict[str, list[str]] = {}
-    for name, _ in todo:
-        ns, rest = name.split("::", 1)
+    for op in todo.ops:
+        ns, rest = op.name.split("::", 1)
         by_ns.setdefault(ns, []).append(rest)
     for ns, rests in sorted(by_ns.items()):
         dll.torchgen_patch_boxed_register(ns.encode(), _c_names(rests), len(rests))

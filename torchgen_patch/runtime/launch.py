@@ -21,6 +21,8 @@ import json
 import os
 import sys
 
+from .. import cache
+
 ENV = "TORCHGEN_PATCH_RUN"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,18 +51,20 @@ def prepare(plan, opts, backend: str, ops: list[str] | None, runtime_ops: list[s
         import_modules(imports)
         spec["runtime_ops"] = expand_patterns(runtime_ops)
     if backend == "cpp":
-        from ..codegen import render
-        from .build import build, build_boxed
-        from .prebuilt import lookup
+        from . import library
+        from .build import build_boxed
 
         log = open(os.devnull, "w") if quiet else sys.stderr
         # installed prebuilt kernels that fit: each process finds them itself (library None), nothing compiles
-        spec["library"] = None if lookup(opts)[0] else build(render(plan, 2), plan.ops(), 2, verbose=verbose,
-                                                             log=log).path
+        art = library(opts, plan=plan, verbose=verbose, log=log)
+        spec["library"] = None if art.origin == "prebuilt" else art.path
         if runtime_ops:
             spec["boxed"] = build_boxed(verbose=verbose, log=log).path
     user = os.environ.get("PYTHONPATH")
-    return {ENV: json.dumps(spec), "PYTHONPATH": SITE if user is None else SITE + os.pathsep + user}
+    env = {ENV: json.dumps(spec), "PYTHONPATH": SITE if user is None else SITE + os.pathsep + user}
+    if os.environ.get(cache.ENV):  # absolute: a process that starts in another directory finds the same cache
+        env[cache.ENV] = cache.directory()
+    return env
 
 
 def startup(site_file: str) -> None:

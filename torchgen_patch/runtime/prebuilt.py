@@ -37,6 +37,8 @@ class Prebuilt:
     library: str
     version: str  # the wheel's version
     record: dict
+    sha256: str  # the library's, as the wheel recorded it (checked again when it is loaded)
+    root: str  # the package directory: where the strict trust rule starts
 
     def kernels(self) -> list[tuple[str, str]]:
         """(op, schema) of every kernel in the library."""
@@ -73,7 +75,7 @@ def library_problem(path: str, sha256: str, root: str) -> str | None:
     (trust.check_library: owner and modes from ``root``, the wheel's package directory, down; a
     regular file; the SHA-256 the wheel recorded)."""
     try:
-        check_library(path, sha256, root)
+        os.close(check_library(path, sha256, root))
     except EnvironmentProblem as e:
         return e.message
     except OSError as e:
@@ -151,15 +153,39 @@ def make_wheel(out_dir: str, library: str, manifest: dict, opts: Options, log=sy
             raise EnvironmentProblem(f"pip wheel could not pack the kernels: {tail or 'no wheel made'}",
                                      "this Python needs pip and setuptools>=70.1 (bdist_wheel built in), or the wheel package")
         target = os.path.join(out_dir, wheels[0])
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-            part = tempfile.NamedTemporaryFile(dir=out_dir, prefix=".tmp-", suffix=".whl", delete=False)
-            part.close()
-            shutil.copyfile(os.path.join(dist, wheels[0]), part.name)
-            os.replace(part.name, target)
-        except OSError as e:
-            raise InputError(out_dir, None, f"cannot write the wheel: {e.strerror}") from None
+        _publish(os.path.join(dist, wheels[0]), target, out_dir)
     return target
+
+
+def _publish(made: str, target: str, out_dir: str) -> None:
+    """Copy the wheel to ``target`` whole or not at all (a partial copy on a full disk is removed),
+    with the modes the umask gives a new file (another account, a CI user, may pip install it)."""
+    import errno
+
+    part = None
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        fd, part = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".whl")
+        with os.fdopen(fd, "wb") as out, open(made, "rb") as src:
+            shutil.copyfileobj(src, out)
+            out.flush()
+            os.fsync(out.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(part, 0o666 & ~umask)
+        os.replace(part, target)
+        part = None
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise EnvironmentProblem(f"no space left on the device of {out_dir}: the wheel was not written",
+                                     "free some space, or give another -o directory") from None
+        raise InputError(out_dir, None, f"cannot write the wheel: {e.strerror}") from None
+    finally:
+        if part is not None:
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
 
 
 def _installed() -> list:
@@ -209,4 +235,4 @@ def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
     problem = library_problem(path, digest, where)
     if problem:
         return None, f"{name}: {problem}"
-    return Prebuilt(path, dist.version, rec), None
+    return Prebuilt(path, dist.version, rec, digest, where), None

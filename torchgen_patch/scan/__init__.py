@@ -9,21 +9,30 @@ from __future__ import annotations
 
 from ..files import decode, read_bytes
 from ..sources import Sources
-from . import cache
-from .classify import record
+from .. import cache
+from .classify import record, validate
 from .model import CppSig, OpRecord, Scan
 
 __all__ = ["scan", "Scan"]
 
 
-def scan(sources: Sources, use_cache: bool = True) -> Scan:
+def key_of(sources: Sources) -> str:
+    """The content key of everything that decides the scan of ``sources`` (what ``Scan.key`` will be)."""
+    return _keyed(sources)[3]
+
+
+def _keyed(sources: Sources) -> tuple[bytes, bytes, str, str]:
     native_b = read_bytes(sources.native, "native_functions.yaml")
     tags_b = read_bytes(sources.tags, "tags.yaml")
     identity = sources.toolchain.identity()
-    k = cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
+    return native_b, tags_b, identity, cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
+
+
+def scan(sources: Sources, use_cache: bool = True) -> Scan:
+    native_b, tags_b, identity, k = _keyed(sources)
     name = f"scan-{k[:32]}.json"
     if use_cache:
-        cached = _from_cache(cache.read(name), sources, k)
+        cached = _from_cache(cache.read(name), sources, k, name)
         if cached is not None:
             return cached
     from ..sources import torchgen
@@ -31,24 +40,30 @@ def scan(sources: Sources, use_cache: bool = True) -> Scan:
     native = decode(sources.native, native_b, "native_functions.yaml")
     tags = decode(sources.tags, tags_b, "tags.yaml")
     facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags, identity)
-    records = tuple(sorted((record(f) for f in facts), key=lambda r: r.name))
+    facts = sorted(facts, key=lambda f: f.name)
+    records = tuple(record(f) for f in facts)
     cpp = {f.name: f.cpp for f in facts if f.cpp is not None}
     result = Scan(sources, records, dict(sorted(cpp.items())), k)
     if use_cache:
         # the cache is keyed by content, not by path: the caller's path is attached on reading
-        cache.write(name, {"records": [r.to_row() for r in records],
+        cache.write(name, {"records": [r.to_row() for r in records], "facts": [[f.view, f.generates] for f in facts],
                            "cpp": {op: c.to_json() for op, c in result.cpp.items()}})
     return result
 
 
-def _from_cache(data, sources: Sources, k: str) -> Scan | None:
-    """The cached scan, or None when the entry is missing or not what this version writes
-    (damaged, truncated, edited by hand): a bad cache costs a re-parse, never a wrong answer."""
+def _from_cache(data, sources: Sources, k: str, name: str) -> Scan | None:
+    """The cached scan, or None when the entry is missing or fails validation (damaged, truncated,
+    edited by hand or by someone else): a bad cache costs a re-parse, never a wrong answer. Every
+    string that the codegen writes into C++ passes the checks of ``validate`` first."""
+    if data is None:
+        return None
     try:
         records = tuple(OpRecord.from_row(r, sources.native) for r in data["records"])
         cpp = {op: CppSig.from_json(c) for op, c in data["cpp"].items()}
-        if not records or not all(isinstance(r.name, str) and isinstance(r.verdict, str) for r in records):
-            return None
+        if not records:
+            raise ValueError("no records")
+        validate(records, cpp, data["facts"])
         return Scan(sources, records, cpp, k)
-    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError) as e:
+        cache.invalid(name, f"{type(e).__name__}: {e}")
         return None

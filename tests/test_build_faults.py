@@ -1,0 +1,216 @@
+"""Faults while building and installing: one line and the right exit code, never a traceback, and
+nothing left behind (a damaged record is rebuilt, a killed build's directory is removed by the next
+run, its compilers end with it, a wheel is written whole or not at all)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from torchgen_patch.errors import EnvironmentProblem
+from torchgen_patch.runtime import build
+from torchgen_patch.runtime import install as installer
+
+pytestmark = pytest.mark.build
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+def _files(tmp_path):
+    from tests.test_build import _fixture_library
+
+    return _fixture_library(tmp_path)[1]
+
+
+def _cli(*argv, env=None, cwd=ROOT):
+    e = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "torchgen_patch", *map(str, argv)], capture_output=True, text=True,
+                          env=e, cwd=cwd)
+
+
+@pytest.mark.parametrize("argv", [["build"], ["install"], ["run", "--", "true"]])
+def test_a_compiler_that_fails_is_one_line_exit_3(tmp_path, argv):
+    # a fresh cache, so that nothing is found already built
+    r = _cli(*argv, env={"CXX": "/bin/false", "TORCHGEN_PATCH_CACHE": str(tmp_path / "c")})
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1] == ("torchgen-patch: error: the C++ compiler /bin/false does not run: "
+                                         "'/bin/false --version' exits 1 (hint: install g++ (or set CXX), or use "
+                                         "install(backend='python'))")
+    assert not os.path.isdir(tmp_path / "c" / "builds") or os.listdir(tmp_path / "c" / "builds") == []
+
+
+def test_no_ninja_is_said_before_compiling(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+    monkeypatch.setattr(build, "_ninja", lambda: (_ for _ in ()).throw(
+        EnvironmentProblem("ninja is not installed (torch.utils.cpp_extension builds with it)", "pip install ninja")))
+    log = open(tmp_path / "log", "w")
+    with pytest.raises(EnvironmentProblem, match="ninja is not installed"):
+        build.build(files, [], 1, root=str(tmp_path / "b"), log=log)
+    log.close()
+    assert open(tmp_path / "log").read() == ""
+
+
+def test_a_damaged_build_record_is_rebuilt_cleanly(tmp_path):
+    files = _files(tmp_path)
+    root = str(tmp_path / "b")
+    lib = build.build(files, [], 1, root=root)
+    for damage in ("{", ""):
+        with open(os.path.join(lib.directory, build.RECORD), "w") as fh:
+            fh.write(damage)
+        again = build.build(files, [], 1, root=root)
+        assert again.built and again.path == lib.path
+        assert build.build(files, [], 1, root=root).built is False
+        assert sorted(os.listdir(root)) == sorted([os.path.basename(lib.directory),
+                                                   os.path.basename(lib.directory) + ".lock"])
+
+
+@needs_root
+def test_a_full_disk_is_an_environment_problem_and_leaves_nothing(tmp_path):
+    files = _files(tmp_path)
+    root = tmp_path / "tiny"
+    root.mkdir(mode=0o700)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k,mode=0700", "tmpfs", str(root)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(EnvironmentProblem) as e:
+            build.build(files, [], 1, root=str(root), log=open(os.devnull, "w"))
+        assert e.value.message == f"no space left on the device of {root} while building the kernels"
+        assert [n for n in os.listdir(root) if not n.endswith(".lock")] == []
+    finally:
+        subprocess.run(["umount", "-l", str(root)])
+
+
+@needs_root
+def test_a_wheel_on_a_full_disk_is_not_written_at_all(tmp_path):
+    from torchgen_patch.runtime import prebuilt
+
+    made = tmp_path / "made.whl"
+    made.write_bytes(os.urandom(1 << 20))
+    out = tmp_path / "out"
+    out.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(out)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(EnvironmentProblem, match="no space left"):
+            prebuilt._publish(str(made), str(out / "x.whl"), str(out))
+        assert os.listdir(out) == []
+    finally:
+        subprocess.run(["umount", "-l", str(out)])
+
+
+def test_a_wheel_gets_the_modes_of_the_umask(tmp_path):
+    from torchgen_patch.runtime import prebuilt
+
+    made = tmp_path / "made.whl"
+    made.write_bytes(b"PK")
+    old = os.umask(0o022)
+    try:
+        prebuilt._publish(str(made), str(tmp_path / "x.whl"), str(tmp_path))
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "x.whl").st_mode & 0o777 == 0o644
+
+
+def test_install_in_a_child_forked_while_another_thread_installs(tmp_path):
+    """The install lock is held by another thread at fork: the child must not wait for it forever."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with installer._LOCK:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if installer._LOCK.acquire(timeout=10) else 1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the install lock")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        t.join()
+
+
+def _compilers_in(path: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if path in cmd and ("ninja" in cmd or "cc1plus" in cmd or "c++" in cmd or "g++" in cmd):
+            out.append(int(pid))
+    return out
+
+
+def _start_build(tmp_path, root):
+    import json
+
+    files = _files(tmp_path)
+    json.dump({k: v.decode("latin1") for k, v in files.items()}, open(tmp_path / "f.json", "w"))
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); import json; from torchgen_patch.runtime import build;"
+            f"files = {{k: v.encode('latin1') for k, v in json.load(open({str(tmp_path / 'f.json')!r})).items()}};"
+            f"build.build(files, [], 1, root={root!r})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    assert "compiling" in line, line + proc.stderr.read()
+    deadline = time.monotonic() + 60
+    while not _compilers_in(root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _compilers_in(root), "the build never started its compilers"
+    return files, proc
+
+
+def _gone(root: str, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while _compilers_in(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _compilers_in(root)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_killed_build_ends_its_compilers_and_the_next_run_cleans_up(tmp_path, sig):
+    root = str(tmp_path / "b")
+    files, proc = _start_build(tmp_path, root)
+    proc.send_signal(sig)
+    rc = proc.wait(60)
+    err = proc.stderr.read()
+    assert rc == {signal.SIGTERM: 143, signal.SIGINT: -2, signal.SIGKILL: -9}[sig], err
+    if sig == signal.SIGTERM:
+        assert "Traceback" not in err
+    assert _gone(root), "compilers kept running after the build was stopped"
+    if sig != signal.SIGKILL:  # the run removes its own temporary directory on the way out
+        assert not [n for n in os.listdir(root) if n.startswith(".build-")]
+    lib = build.build(files, [], 1, root=root)  # the next run: removes what a killed one left, builds
+    assert lib.built
+    assert sorted(os.listdir(root)) == sorted([os.path.basename(lib.directory),
+                                               os.path.basename(lib.directory) + ".lock"])
+
+
+def test_run_hands_its_children_an_absolute_cache(tmp_path, monkeypatch, default_plan):
+    from torchgen_patch.runtime import launch
+    from torchgen_patch.sources import Options
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHGEN_PATCH_CACHE", "relative-cache")
+    env = launch.prepare(default_plan, Options(), "python", None, [], [])
+    assert env["TORCHGEN_PATCH_CACHE"] == str(tmp_path / "relative-cache")
