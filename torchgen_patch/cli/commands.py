@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..errors import InputError, printable
-from ..files import check_output_dir, check_output_file, write_output
+from ..files import STDOUT, check_output_dir, check_output_file, write_output
 from ..sources import Options
 from .parser import options
 
@@ -25,17 +25,28 @@ def _drifts(scan) -> int:
     return 1 if drifts else 0
 
 
+def _run_inputs(args) -> list[str]:
+    """Every path this run reads: no output may be one of them."""
+    from ..sources import input_paths
+
+    paths = input_paths(options(args))
+    for y in getattr(args, "paths", None) or []:
+        paths += [y, os.path.join(os.path.dirname(y), "tags.yaml")]
+    return paths + [getattr(args, "baseline", None) or ""]
+
+
 def _outputs_ok(args, what: str) -> None:
     """Check -o/--output before any work, so a bad path costs nothing and writes nothing."""
     if getattr(args, "output", None):
-        check_output_file(args.output, what)
+        check_output_file(args.output, what, inputs=_run_inputs(args))
 
 
 def _emit(args, text: str, what: str) -> None:
     """The command's result: into -o/--output when given, else to stdout."""
     if getattr(args, "output", None):
-        write_output(args.output, text.encode(), what)
-        _say(args, f"{what}: {args.output}")
+        write_output(args.output, text.encode(), what, inputs=_run_inputs(args))
+        if args.output != STDOUT:
+            _say(args, f"{what}: {args.output}")
     else:
         sys.stdout.write(text)
 
@@ -105,7 +116,7 @@ def lint(args) -> int:
     if args.write_baseline:
         if args.output:
             raise InputError(None, None, "--write-baseline writes the baseline, not a report: drop -o/--output")
-        check_output_file(args.write_baseline, "baseline")
+        check_output_file(args.write_baseline, "baseline", inputs=_run_inputs(args))
     _outputs_ok(args, "lint report")
     runs = []
     if args.runtime:
@@ -148,7 +159,7 @@ def lint(args) -> int:
         planned = set(plan.ops())
         fs = [f for f in fs if not (f.rule == MISSING.id and f.op in planned)] + check(plan, args.generated)
     if args.write_baseline:
-        write_output(args.write_baseline, baseline.render(fs).encode(), "baseline")
+        write_output(args.write_baseline, baseline.render(fs).encode(), "baseline", inputs=_run_inputs(args))
         print(f"wrote {len(fs)} finding(s) to {args.write_baseline}", file=sys.stderr)
         return 0
     if args.baseline:
@@ -171,27 +182,24 @@ def lint(args) -> int:
 def gen(args) -> int:
     from .. import pipeline
     from ..codegen import cmake_fragment, compiled_sources, output_names, write_all
-    from ..files import write_if_changed
 
     if args.dry_run and not args.output_dependencies:
         raise InputError(None, None, "--dry-run writes only the --output-dependencies file: give one")
     pipeline.check_shards(args.shards)
     # every output checked before any work, so a bad one costs nothing and writes nothing
+    inputs = _run_inputs(args)
     if not args.dry_run:
-        check_output_dir(args.output)
+        check_output_dir(args.output, inputs)
     if args.output_dependencies:
-        check_output_file(args.output_dependencies, "output dependencies", create_dir=True)
+        check_output_file(args.output_dependencies, "output dependencies", create_dir=True, inputs=inputs)
         out = args.output.rstrip("/") or "/"
         text = cmake_fragment("TORCHGEN_PATCH_SOURCES", out, compiled_sources(args.shards))
         text += cmake_fragment("TORCHGEN_PATCH_OUTPUTS", out, output_names(args.shards))
     i, plan, files = pipeline.generate(options(args), args.shards, args.strict)
     _inputs_note(args, i.sources)
     if args.output_dependencies:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(args.output_dependencies)), exist_ok=True)
-            write_if_changed(args.output_dependencies, text.encode())
-        except OSError as e:
-            raise InputError(args.output_dependencies, None, f"cannot write: {e.strerror}") from None
+        write_output(args.output_dependencies, text.encode(), "output dependencies", inputs, if_changed=True,
+                     create_dir=True)
     written = [] if args.dry_run else write_all(args.output, files)
     if args.verbose:
         for name in written:
@@ -237,7 +245,7 @@ def wheel(args) -> int:
 
     _needs_torch("wheel")
     out = args.output or "."
-    check_output_dir(out)
+    check_output_dir(out, _run_inputs(args))
     opts = Options()
     _, plan, files = pipeline.generate(opts, 2)
     lib = build_library(files, plan.ops(), 2, verbose=args.verbose,
@@ -338,7 +346,7 @@ def diff(args) -> int:
     if args.pr_body:
         if args.check or args.mode != "fix":
             raise InputError(None, None, "--pr-body goes with --mode fix, without --check")
-        check_output_file(args.pr_body, "description")
+        check_output_file(args.pr_body, "description", inputs=_run_inputs(args))
         _needs_torch("--pr-body")
     source = read_text(os.path.join(args.pytorch_root, up.TARGET), "the autograd codegen")
     applied = up.state(source)
@@ -353,7 +361,7 @@ def diff(args) -> int:
     body = _pr_body(args.pytorch_root) if args.pr_body else None
     _emit(args, text, "diff")
     if body is not None:
-        write_output(args.pr_body, body.encode(), "description")
+        write_output(args.pr_body, body.encode(), "description", inputs=_run_inputs(args))
     return 0
 
 

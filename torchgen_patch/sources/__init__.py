@@ -104,6 +104,28 @@ def resolve(opts: Options) -> Sources:
     return Sources(INSTALLED, None, native, tags, overlay, shipped, tc, installed_torch_version())
 
 
+def input_paths(opts: Options) -> list[str]:
+    """Every file and directory a run with these options reads (found without importing
+    torchgen), so that no output can be written over one of them."""
+    out = [opts.native_functions, opts.tags]
+    if opts.native_functions and not opts.tags:
+        out.append(os.path.join(os.path.dirname(opts.native_functions), "tags.yaml"))
+    try:
+        out.append(overlay_path(opts))
+    except InputError:
+        pass  # resolve() says so, in its own words
+    if opts.pytorch_root:
+        root = os.path.abspath(os.path.expanduser(opts.pytorch_root))
+        out += [os.path.join(root, YAML_DIR), os.path.join(root, "torchgen"), os.path.join(root, "tools", "autograd")]
+    elif not opts.native_functions:
+        spec = importlib.util.find_spec("torchgen")  # finds the package without importing it
+        if spec is not None and spec.origin:
+            packaged = os.path.join(os.path.dirname(spec.origin), "packaged")
+            native = os.path.join(packaged, "ATen", "native")
+            out += [os.path.join(native, "native_functions.yaml"), os.path.join(native, "tags.yaml"), packaged]
+    return [p for p in out if p]
+
+
 def installed_torch_version() -> str:
     """The installed torch's version, without importing torch (torch/version.py;
     importlib.metadata as a fallback); "none" when no torch is installed."""
