@@ -86,22 +86,28 @@ def write_all(out_dir: str, files: dict[str, bytes]) -> list[str]:
 
 
 def read_outputs(directory: str, names) -> dict[str, bytes]:
-    """The named files of ``directory`` (those present), all read through one open directory:
-    a gen swapping in a new directory meanwhile cannot mix its files with the old ones."""
-    out = {}
-    dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        for n in names:
-            try:
-                fd = os.open(n, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=dfd)
-            except OSError:
-                continue
-            with os.fdopen(fd, "rb") as fh:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    out[n] = fh.read()
-    finally:
-        os.close(dfd)
-    return out
+    """The named files of ``directory`` (those present), all read through one open directory and
+    read again if a gen swapped in a new directory meanwhile: never a mix of two runs' files."""
+    for _ in range(100):
+        out = {}
+        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            for n in names:
+                try:
+                    fd = os.open(n, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=dfd)
+                except OSError:
+                    continue
+                with os.fdopen(fd, "rb") as fh:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        out[n] = fh.read()
+            same = os.path.samestat(os.fstat(dfd), os.stat(directory))
+        except FileNotFoundError:
+            same = False  # swapped out between the two looks
+        finally:
+            os.close(dfd)
+        if same:
+            return out
+    raise InputError(directory, None, "the directory kept changing while it was read")
 
 
 @contextlib.contextmanager

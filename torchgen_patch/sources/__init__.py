@@ -116,7 +116,13 @@ def input_paths(opts: Options) -> list[str]:
         pass  # resolve() says so, in its own words
     if opts.pytorch_root:
         root = os.path.abspath(os.path.expanduser(opts.pytorch_root))
-        out += [os.path.join(root, YAML_DIR), os.path.join(root, "torchgen"), os.path.join(root, "tools", "autograd")]
+        dirs = [os.path.join(root, YAML_DIR), os.path.join(root, "torchgen"), os.path.join(root, "tools", "autograd")]
+        out += dirs + [os.path.join(d, "native_functions.yaml") for d in dirs[:1]] + \
+            [os.path.join(d, "tags.yaml") for d in dirs[:1]]
+        try:  # the codegen's own files by name too, so that a hard link to one is caught
+            out += [os.path.join(dirs[2], n) for n in os.listdir(dirs[2])]
+        except OSError:
+            pass
     elif not opts.native_functions:
         spec = importlib.util.find_spec("torchgen")  # finds the package without importing it
         if spec is not None and spec.origin:
