@@ -108,9 +108,9 @@ def lint(args) -> int:
     from ..scan.model import VERDICTS
 
     opts = options(args)
-    if args.paths and (args.native_functions or args.pytorch_root or args.tags):
-        raise InputError(None, None, "give yaml paths or --native-functions/--tags/--pytorch-root, not both",
-                         "each yaml path is read with the tags.yaml beside it")
+    if args.paths and (args.native_functions or args.pytorch_root):
+        raise InputError(None, None, "give yaml paths or --native-functions/--pytorch-root, not both",
+                         "each yaml path is read with the tags.yaml beside it, or --tags")
     if (args.imports or args.namespace) and not args.runtime:
         raise InputError(None, None, "--import and --namespace go with --runtime")
     if args.write_baseline:
@@ -133,17 +133,22 @@ def lint(args) -> int:
 
         overlay = runtime_overlay(opts)  # its skip entries for runtime operators are accepted findings
         registry.import_modules(args.imports)
-        fs = [rules.missing_at_runtime(o) for o in registry.uncovered(args.namespace) if not overlay.skipped(o.name)]
-        summary = Summary(source="runtime")
+        registry.check_namespaces(args.namespace)
+        ops = registry.uncovered(args.namespace)
+        fs = [rules.missing_at_runtime(o) for o in ops if not overlay.skipped(o.name)]
+        summary = Summary(source="runtime", left_out=len(ops) - len(fs))
     else:
         if args.against_runtime:
             _needs_torch("--against-runtime")
         from ..diagnostics.lint import findings
 
         for path in args.paths or [None]:
-            o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=None)
+            o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=args.tags)
             runs.append(pipeline.inputs(o))
             _inputs_note(args, runs[-1].sources)
+            if runs[-1].sources.tags_packaged:
+                _say(args, f"lint: {printable(path or args.native_functions)}: no tags.yaml beside it; "
+                           f"using torchgen's packaged {printable(runs[-1].sources.tags)}")
         fs = [f for i in runs for f in findings(i.scan, i.overlay)]
         counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
         summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
@@ -297,7 +302,7 @@ def verify(args) -> int:
         text = v.markdown(runs, meta)
     else:
         text = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items())
-    bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict in v.FAILING]
+    bad = [r for rs in runs.values() for r in rs if r.verdict in v.FAILING]  # in any run, --without-patch too
     for r in bad:
         print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
     if args.output:

@@ -136,7 +136,11 @@ def parser() -> argparse.ArgumentParser:
                                      "(torchgen-patch-kernels) that install() uses with no compiler")
     _output(w, "DIR where to write the wheel (default: the current directory)")
 
-    v = sub.add_parser("verify", help="run every op of the plan and check its version bumps")
+    v = sub.add_parser("verify", help="run every op of the plan and check its version bumps",
+                       description="Exit codes: 0 every row of every run it made passed (or failed as the "
+                                   "overlay expects), 1 any row is MISS, EXTRA or ERROR in any run (the "
+                                   "--without-patch run too: a detector of missing kernels), 2 bad input, "
+                                   "3 the machine lacks torch, a compiler or CUDA.")
     _inputs(v, checkout=False)
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the samples run (default cpu)")
     m = v.add_mutually_exclusive_group()

@@ -30,6 +30,7 @@ class Summary:
     inputs: tuple[str, ...] = ()  # the native_functions.yaml files linted
     baseline: str | None = None  # the --baseline file, when one was applied
     accepted: int = 0  # findings it accepted (not reported)
+    left_out: int = 0  # runtime operators the overlay skips (not reported, but counted)
 
 
 def _line(f: Finding) -> str:
@@ -41,10 +42,14 @@ def _accepted(s: Summary) -> str:
     return f"; {s.accepted} accepted by the baseline {display_path(s.baseline)}" if s.baseline else ""
 
 
+def _left_out(s: Summary) -> str:
+    return f"left out by the overlay: {s.left_out}"
+
+
 def summary_line(fs: list[Finding], s: Summary) -> str:
     """The text report's last line: how many findings, how many the baseline accepted, the verdict counts."""
     if s.source == "runtime":
-        return f"{len(fs)} finding(s) in the live operator registry{_accepted(s)}"
+        return f"{len(fs)} finding(s) in the live operator registry{_accepted(s)}; {_left_out(s)}"
     return (f"{len(fs)} finding(s){_accepted(s)}; " + ", ".join(f"{v} {n}" for v, n in s.counts.items())
             + f" (of {sum(s.counts.values())} functions)")
 
@@ -60,6 +65,7 @@ def json_(fs: list[Finding], s: Summary) -> str:
         doc["baseline"] = {"path": display_path(s.baseline), "accepted": s.accepted}
     if s.source == "runtime":
         doc["source"] = "runtime"
+        doc["left_out_by_overlay"] = s.left_out
     else:
         doc.update(torch=s.torch, native_functions=[display_path(p) for p in s.inputs], counts=s.counts,
                    total=sum(s.counts.values()))
@@ -68,11 +74,18 @@ def json_(fs: list[Finding], s: Summary) -> str:
 
 # lintrunner: one LintMessage JSON object per line; the adapter always exits 0.
 def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
+    notes = [json.dumps({"path": None, "line": None, "char": None, "code": CODE, "severity": "advice",
+                         "name": "left-out-by-overlay", "original": None, "replacement": None,
+                         "description": _left_out(s)}, sort_keys=True) + "\n"] if _says_left_out(s) else []
     return "".join(json.dumps({
         "path": display_path(f.path) if f.path else None, "line": f.line, "char": None, "code": f.code,
         "severity": f.severity,
         "name": f.rule, "original": None, "replacement": None, "description": f.message,
-    }, sort_keys=True) + "\n" for f in fs)
+    }, sort_keys=True) + "\n" for f in fs) + "".join(notes)
+
+
+def _says_left_out(s: Summary | None) -> bool:
+    return s is not None and s.source == "runtime"
 
 
 def lintrunner_failure(err: InputError) -> str:
@@ -122,6 +135,7 @@ def sarif(fs: list[Finding], s: Summary | None = None) -> str:
                 } for r in rule_ids],
             }},
             "results": results,
+            **({"properties": {"leftOutByOverlay": s.left_out}} if _says_left_out(s) else {}),
         }],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -153,6 +167,8 @@ def github(fs: list[Finding], s: Summary | None = None) -> str:
         where = f"file={_escape_property(display_path(f.path))},line={f.line}," if f.path else ""
         props = f"{where}title={_escape_property(f'{f.code} {f.rule}')}"
         out.append(f"::{kind} {props}::{_escape_data(f.message)}\n")
+    if _says_left_out(s):
+        out.append(f"::notice title={_escape_property(CODE)}::{_escape_data(_left_out(s))}\n")
     return "".join(out)
 
 

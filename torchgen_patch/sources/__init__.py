@@ -45,6 +45,7 @@ class Sources:
     overlay_shipped: bool  # the overlay that comes with the tool (entries for other yamls are dropped)
     toolchain: Toolchain
     torch_version: str  # the installed torch's, or the checkout's version.txt
+    tags_packaged: bool = False  # no tags.yaml beside the yaml: torchgen's packaged one is used
 
     def describe(self) -> dict[str, str | None]:
         """Where each input comes from and what it is (sha256 of its content; for the torchgen
@@ -100,7 +101,15 @@ def resolve(opts: Options) -> Sources:
         native, tags = os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml")
     else:
         native = opts.native_functions
+        if os.path.isfile(native) and not native.endswith((".yaml", ".yml")):
+            raise InputError(native, None, "not a native_functions.yaml: expected a .yaml file, a YAML list of "
+                                           "`- func:` entries", "lint the aten/src/ATen/native/native_functions.yaml "
+                                                                "of a checkout, or an extension's own")
         tags = opts.tags or os.path.join(os.path.dirname(native), "tags.yaml")
+        packaged = os.path.join(tc.torchgen_dir, "packaged", "ATen", "native", "tags.yaml")
+        if opts.tags is None and not os.path.exists(tags) and os.path.isfile(native) and os.path.isfile(packaged):
+            # how lintrunner and pre-commit call the tool: a yaml path alone; its tags are torchgen's own
+            return Sources(INSTALLED, None, native, packaged, overlay, shipped, tc, installed_torch_version(), True)
     return Sources(INSTALLED, None, native, tags, overlay, shipped, tc, installed_torch_version())
 
 
