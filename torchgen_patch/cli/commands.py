@@ -15,13 +15,12 @@ from .parser import options
 
 
 def _drifts(scan) -> int:
-    from ..checks.crosscheck import cross_check
+    from ..diagnostics.drift import cross_check
+    from ..diagnostics.render import drift_text
     from ..runtime.install import installed_ops
 
     drifts = cross_check(scan, set(installed_ops()))
-    for d in drifts:
-        print(f"drift: {d.op}: {d.kind}: {d.detail}", file=sys.stderr)
-    print(f"against runtime: {len(drifts)} drift(s) over {scan.total()} functions", file=sys.stderr)
+    sys.stderr.write(drift_text(drifts, scan.total()))
     return 1 if drifts else 0
 
 
@@ -102,10 +101,8 @@ def scan(args) -> int:
 
 
 def lint(args) -> int:
-    from .. import pipeline
-    from ..diagnostics import Finding, baseline
-    from ..diagnostics.render import RENDERERS, Summary, summary_line
-    from ..scan.model import VERDICTS
+    from ..diagnostics import baseline, lint as lint_
+    from ..diagnostics.render import RENDERERS, drift_text, summary_line
 
     opts = options(args)
     if args.paths and (args.native_functions or args.pytorch_root):
@@ -118,7 +115,6 @@ def lint(args) -> int:
             raise InputError(None, None, "--write-baseline writes the baseline, not a report: drop -o/--output")
         check_output_file(args.write_baseline, "baseline", inputs=_run_inputs(args))
     _outputs_ok(args, "lint report")
-    runs = []
     if args.runtime:
         if args.paths or args.native_functions or args.tags or args.pytorch_root or args.generated or \
                 args.against_runtime:
@@ -127,60 +123,34 @@ def lint(args) -> int:
         if args.no_cache:
             raise InputError(None, None, "--runtime reads no yaml: --no-cache does not apply")
         _needs_torch("lint --runtime")
-        from ..diagnostics import rules
-        from ..runtime import registry
-        from ..runtime.install import runtime_overlay
+    elif args.against_runtime:
+        _needs_torch("--against-runtime")
 
-        overlay = runtime_overlay(opts)  # its skip entries for runtime operators are accepted findings
-        registry.import_modules(args.imports)
-        registry.check_namespaces(args.namespace)
-        ops = registry.uncovered(args.namespace)
-        fs = [rules.missing_at_runtime(o) for o in ops if not overlay.skipped(o.name)]
-        summary = Summary(source="runtime", left_out=len(ops) - len(fs))
-    else:
-        if args.against_runtime:
-            _needs_torch("--against-runtime")
-        from ..diagnostics.lint import findings
+    def noted(i):
+        _inputs_note(args, i.sources)
+        if i.sources.tags_packaged:
+            _say(args, f"lint: {printable(i.sources.native)}: no tags.yaml beside it; "
+                       f"using torchgen's packaged {printable(i.sources.tags)}")
 
-        for path in args.paths or [None]:
-            o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=args.tags)
-            runs.append(pipeline.inputs(o))
-            _inputs_note(args, runs[-1].sources)
-            if runs[-1].sources.tags_packaged:
-                _say(args, f"lint: {printable(path or args.native_functions)}: no tags.yaml beside it; "
-                           f"using torchgen's packaged {printable(runs[-1].sources.tags)}")
-        fs = [f for i in runs for f in findings(i.scan, i.overlay)]
-        counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
-        summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
-    if args.generated:
-        if len(runs) != 1:
-            raise InputError(None, None, "--generated checks one yaml at a time")
-        from ..checks.generated import check
-        from ..diagnostics.rules import MISSING
-        from ..plan import make_plan
-
-        # with generated kernels, a missing op is covered when its kernel is there and current
-        plan = make_plan(runs[0].scan, runs[0].overlay)
-        planned = set(plan.ops())
-        fs = [f for f in fs if not (f.rule == MISSING.id and f.op in planned)] + check(plan, args.generated)
+    req = lint_.Request(opts, tuple(args.paths), args.runtime, tuple(args.imports),
+                        tuple(args.namespace) if args.namespace is not None else None, args.generated, args.baseline,
+                        args.against_runtime)
+    rep = lint_.run(req, noted, apply_baseline=not args.write_baseline)
+    fs = list(rep.findings)
     if args.write_baseline:
         write_output(args.write_baseline, baseline.render(fs).encode(), "baseline", inputs=_run_inputs(args))
         print(f"wrote {len(fs)} finding(s) to {args.write_baseline}", file=sys.stderr)
         return 0
-    if args.baseline:
-        fs, accepted = baseline.apply(fs, args.baseline)
-        summary = dataclasses.replace(summary, accepted=accepted, baseline=args.baseline)
-    fs = sorted(fs, key=Finding.sort_key)
-    report = RENDERERS[args.format](fs, summary)
+    report = RENDERERS[args.format](fs, rep.summary)
     if args.output or args.format not in ("text", "lintrunner"):  # the text report's last line, for people
-        _say(args, "lint: " + summary_line(fs, summary))
+        _say(args, "lint: " + summary_line(fs, rep.summary))
     _emit(args, report, "lint report")
     if args.format == "lintrunner":
         return 0
     rc = 1 if fs else 0
-    if args.against_runtime:
-        for i in runs:
-            rc = max(rc, _drifts(i.scan))
+    for sc, drifts in rep.drifts:
+        sys.stderr.write(drift_text(drifts, sc.total()))
+        rc = max(rc, 1 if drifts else 0)
     return rc
 
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..version import __version__
+from ..vocabulary import Format
 from ..errors import InputError, display_path, printable
 from . import CODE, Finding
 from .rules import RULES
@@ -172,4 +173,11 @@ def github(fs: list[Finding], s: Summary | None = None) -> str:
     return "".join(out)
 
 
-RENDERERS = {"text": text, "json": json_, "lintrunner": lintrunner, "sarif": sarif, "github": github}
+def drift_text(drifts, total: int) -> str:
+    """The drift between a yaml and the running torch (``--against-runtime``), for stderr."""
+    return "".join(f"drift: {d.op}: {d.kind}: {d.detail}\n" for d in drifts) + \
+        f"against runtime: {len(drifts)} drift(s) over {total} functions\n"
+
+
+RENDERERS = {Format.TEXT: text, Format.JSON: json_, Format.LINTRUNNER: lintrunner, Format.SARIF: sarif,
+             Format.GITHUB: github}

@@ -11,7 +11,7 @@ import re
 from ..codegen import MANIFEST, render
 from ..codegen.output import read_outputs
 from ..codegen.render import MAX_SHARDS
-from ..diagnostics import Finding, rules
+from . import Finding, rules
 from ..errors import InputError
 from ..files import decode
 from ..plan import Plan
