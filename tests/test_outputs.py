@@ -337,3 +337,13 @@ def test_generated_manifest_without_hashes(generated, run_cli):
     del doc["files"]
     m.write_text(json.dumps(doc))
     assert _lint_generated(run_cli, generated) == (1, {"generated-file-modified"})
+
+
+def test_baseline_over_the_tags_beside_the_yaml_is_refused(ctx, run_cli):
+    tags = os.path.join(os.path.dirname(ctx["native"]), "tags.yaml")
+    before = open(tags, "rb").read()
+    rc, _, err = run_cli("lint", ctx["native"], "--write-baseline", tags)
+    shown = os.path.relpath(tags)  # paths are shown relative to the working directory
+    assert rc == 2 and err == f"{shown}: error: baseline would overwrite {shown}, an input of this run " \
+        "(hint: write it somewhere else)\n"
+    assert open(tags, "rb").read() == before
