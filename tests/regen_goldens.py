@@ -44,7 +44,7 @@ def format_goldens() -> dict[str, bytes]:
     from torchgen_patch.checks import verify as v
     from torchgen_patch.diagnostics import Finding, rules
     from torchgen_patch.diagnostics.lint import findings
-    from torchgen_patch.diagnostics.render import RENDERERS, Summary
+    from torchgen_patch.diagnostics.render import RENDERERS, Summary, scan_text
     from torchgen_patch.errors import Location
     from torchgen_patch.plan.overlay import empty
     from torchgen_patch.runtime.registry import RuntimeOp
@@ -55,6 +55,9 @@ def format_goldens() -> dict[str, bytes]:
         sc = scan_of(native, tags, cache=False)
         fs = [dataclasses.replace(f, loc=Location("native_functions.yaml", f.loc.line)) for f in findings(sc, empty())]
         counts = {k: sc.counts()[k] for k in VERDICTS}
+        moved = dataclasses.replace(sc, records=tuple(
+            r._replace(loc=Location("native_functions.yaml", r.loc.line)) for r in sc.records))
+        scan_table = scan_text(moved).encode()
     fs.append(rules.stale_baseline("baseline.json", 3, "aten::gone_", rules.MISSING.id))
     fs = sorted(fs, key=Finding.sort_key)
     yaml_summary = Summary("yaml", counts, "2.13.0+cpu", ("native_functions.yaml",), "baseline.json", 1)
@@ -63,7 +66,7 @@ def format_goldens() -> dict[str, bytes]:
                rules.missing_at_runtime(RuntimeOp("ext::write_far", "ext::write_far(Tensor(a!) out) -> ()",
                                                   ("out",), Location(None, None)))]
     runtime_summary = Summary(source="runtime", left_out=1)
-    out = {}
+    out = {"formats/scan.text": scan_table}  # the scan's JSON names this machine's paths: tests/test_lint.py
     for fmt, render in RENDERERS.items():
         out[f"formats/lint.{fmt}"] = render(fs, yaml_summary).encode()
         out[f"formats/lint-runtime.{fmt}"] = render(runtime, runtime_summary).encode()

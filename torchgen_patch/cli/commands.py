@@ -88,7 +88,7 @@ def _needs_torch(what: str) -> None:
 
 def scan(args) -> int:
     from .. import pipeline
-    from ..scan.report import scan_json, scan_text
+    from ..diagnostics.render import scan_json, scan_text
 
     if args.against_runtime:
         _needs_torch("--against-runtime")

@@ -1,6 +1,7 @@
-"""One renderer per output format of lint findings: text, JSON, lintrunner,
-SARIF 2.1.0, GitHub workflow annotations. Each takes the findings and a
-``Summary`` and returns text; the CLI decides printing and exit codes."""
+"""Every renderer of a report: one per output format of lint findings (text, JSON, lintrunner,
+SARIF 2.1.0, GitHub workflow annotations; each takes the findings and a ``Summary``), the
+drift lines of ``--against-runtime`` and the scan's table and JSON. Each returns text; the CLI
+decides printing and exit codes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..version import __version__
+from ..scan.model import VERDICTS, Scan
 from ..vocabulary import Format
 from ..errors import InputError, display_path, printable
 from . import CODE, Finding
@@ -177,6 +179,38 @@ def drift_text(drifts, total: int) -> str:
     """The drift between a yaml and the running torch (``--against-runtime``), for stderr."""
     return "".join(f"drift: {d.op}: {d.kind}: {d.detail}\n" for d in drifts) + \
         f"against runtime: {len(drifts)} drift(s) over {total} functions\n"
+
+
+# The scan's renderers: text and JSON (stable, documented).
+# Bump when the scan JSON's layout changes incompatibly.
+SCAN_JSON_SCHEMA_VERSION = 2  # 2: "native_functions" is a list, as in lint's JSON
+_PATHS = {"root", "native_functions", "tags", "overlay", "torchgen", "autograd_codegen"}
+
+
+def scan_text(scan: Scan, verdicts: set[str] | None = None) -> str:
+    rows = [r for r in scan.records if verdicts is None or r.verdict in verdicts]
+    w = max([len(r.name) for r in rows] + [2])
+    out = [f"{'op':<{w}}  {'kind':<10}  {'verdict':<12}  location  reason"]
+    for r in rows:
+        out.append(f"{r.name:<{w}}  {r.kind:<10}  {r.verdict:<12}  {r.loc.render()}  {r.reason}")
+    c = scan.counts()
+    out.append("total %d: %s" % (len(scan.records), ", ".join(f"{v} {c[v]}" for v in VERDICTS)))
+    return "\n".join(out) + "\n"
+
+
+def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
+    doc = {
+        "schema_version": SCAN_JSON_SCHEMA_VERSION,
+        "tool": "torchgen-patch",
+        "torch": scan.torch_version,
+        "native_functions": [display_path(scan.native_path)],
+        "counts": scan.counts(),
+        "total": len(scan.records),
+        "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records
+                if verdicts is None or r.verdict in verdicts],
+        "sources": {k: display_path(v) if k in _PATHS and v else v for k, v in scan.sources.describe().items()},
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
 RENDERERS = {Format.TEXT: text, Format.JSON: json_, Format.LINTRUNNER: lintrunner, Format.SARIF: sarif,
