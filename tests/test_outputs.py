@@ -4,7 +4,6 @@ input is refused before any work), and gen's directory is replaced whole or not 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.trees import tree_from_installed
 from tests.yaml_fixtures import subset_yaml
-from torchgen_patch.cli.parser import parser
+from tests.test_cli_flags import _flags
 
 FUNCS = ["_cummax_helper", "_cummin_helper", "split_with_sizes_copy", "split_with_sizes_copy.out"]
 PATH_METAVARS = {"FILE", "DIR", "PATH", "NATIVE_FUNCTIONS_YAML"}
@@ -28,13 +27,7 @@ INPUTS = {"--native-functions", "--tags", "--pytorch-root", "--overlay", "--base
 
 
 def _path_options() -> set[tuple[str, str]]:
-    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
-    out = set()
-    for cmd, p in sub.choices.items():
-        for a in p._actions:
-            if a.metavar in PATH_METAVARS or a.dest == "paths":
-                out.add((cmd, max(a.option_strings, key=len) if a.option_strings else a.dest))
-    return out
+    return _flags(lambda a: a.metavar in PATH_METAVARS or a.dest == "paths")
 
 
 @pytest.fixture(scope="module")
