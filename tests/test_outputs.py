@@ -93,6 +93,11 @@ def test_char_device_survives(key, ctx, run_cli):
     argv, _ = FILE_OUTPUTS[key](ctx, dev)
     _ok(*run_cli(*argv)[::2])
     assert stat.S_ISCHR(os.lstat(dev).st_mode)
+    link = ctx["tmp"] / "stdout-like"  # /dev/stdout is a symlink to a device: neither is replaced
+    os.symlink(dev, link)
+    argv, _ = FILE_OUTPUTS[key](ctx, link)
+    _ok(*run_cli(*argv)[::2])
+    assert os.path.islink(link) and stat.S_ISCHR(os.lstat(dev).st_mode)
 
 
 @pytest.mark.parametrize("key", sorted(FILE_OUTPUTS))
