@@ -7,19 +7,30 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.support import packaged_yaml
 
 NATIVE, TAGS = packaged_yaml()
 
 
-@pytest.mark.parametrize("ns", ["fsdp", ""])
+@pytest.mark.parametrize("ns", ["no_such_namespace", ""])
 def test_runtime_namespace_with_no_ops_is_refused(run_cli, ns):
     rc, out, err = run_cli("lint", "--runtime", "--namespace", ns)
     assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
     assert f"--namespace {ns!r}: no operator" in err and "aten" in err and "--import" in err
+
+
+def test_fsdp_without_its_import_is_refused():
+    """In a fresh process (this one may have imported FSDP already): FSDP2's operators exist only
+    once torch.distributed.fsdp is imported, so a CI job linting them without --import fails."""
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "lint", "--runtime", "--namespace", "fsdp"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stdout == "" and "--import MODULE" in r.stderr, r.stderr
 
 
 @pytest.fixture
