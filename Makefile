@@ -23,7 +23,10 @@ run: setup
 	@mkdir -p build
 	@$(BIN)/torchgen-patch lint --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
 	@$(BIN)/torchgen-patch gen --strict -o $(OUT) --output-dependencies $(OUT).cmake
-	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md
+	@# the report shows every op before and after (the run without the patch MISSes by design: exit 1);
+	@# the job fails only when a row with the patch fails
+	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md || [ $$? -eq 1 ]
+	@$(BIN)/torchgen-patch verify -q -o /dev/null
 
 test: setup
 	$(BIN)/python -m pytest -q -ra

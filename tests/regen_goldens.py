@@ -30,7 +30,60 @@ def render_goldens() -> dict[str, bytes]:
     env = environment()
     for k in plan.kernels:
         files[f"kernels/{k.name}.cpp"] = env.get_template(k.template).render(k=k).encode()
+    files.update(format_goldens())
     return files
+
+
+def format_goldens() -> dict[str, bytes]:
+    """One golden per output format (ruff's snapshot style): the lint findings of the golden yaml
+    in every lint format, a live-registry report, and a verify report in each of its formats."""
+    import dataclasses
+
+    from tests.yaml_fixtures import golden_yaml
+    from tests.support import scan_of
+    from torchgen_patch.checks import verify as v
+    from torchgen_patch.diagnostics import Finding, rules
+    from torchgen_patch.diagnostics.lint import findings
+    from torchgen_patch.diagnostics.render import RENDERERS, Summary, scan_text
+    from torchgen_patch.errors import Location
+    from torchgen_patch.plan.overlay import empty
+    from torchgen_patch.runtime.registry import RuntimeOp
+    from torchgen_patch.scan.model import VERDICTS
+
+    with tempfile.TemporaryDirectory() as d:
+        native, tags = golden_yaml(d)
+        sc = scan_of(native, tags, cache=False)
+        fs = [dataclasses.replace(f, loc=Location("native_functions.yaml", f.loc.line)) for f in findings(sc, empty())]
+        counts = {k: sc.counts()[k] for k in VERDICTS}
+        moved = dataclasses.replace(sc, records=tuple(
+            r._replace(loc=Location("native_functions.yaml", r.loc.line)) for r in sc.records))
+        scan_table = scan_text(moved).encode()
+    fs.append(rules.stale_baseline("baseline.json", 3, "aten::gone_", rules.MISSING.id))
+    fs = sorted(fs, key=Finding.sort_key)
+    yaml_summary = Summary("yaml", counts, "2.13.0+cpu", ("native_functions.yaml",), "baseline.json", 1)
+    runtime = [rules.missing_at_runtime(RuntimeOp("ext::write_one", "ext::write_one(Tensor(a!) out) -> ()",
+                                                  ("out",), Location("ext/ops.py", 12))),
+               rules.missing_at_runtime(RuntimeOp("ext::write_far", "ext::write_far(Tensor(a!) out) -> ()",
+                                                  ("out",), Location(None, None)))]
+    runtime_summary = Summary(source="runtime", left_out=1)
+    out = {"formats/scan.text": scan_table}  # the scan's JSON names this machine's paths: tests/test_lint.py
+    for fmt, render in RENDERERS.items():
+        out[f"formats/lint.{fmt}"] = render(fs, yaml_summary).encode()
+        out[f"formats/lint-runtime.{fmt}"] = render(runtime, runtime_summary).encode()
+    T = v.TensorResult
+    runs = {
+        "without patch": [v.OpResult("aten::_cummax_helper", "cpu", False, v.MISS, [T("values", 0, 0), T("indices", 0, 0)]),
+                          v.OpResult("aten::_fused_adam_", "cpu", False, v.NOT_RUN, message="no sample on cpu")],
+        "with patch (cpp)": [v.OpResult("aten::_cummax_helper", "cpu", True, v.PASS, [T("values", 0, 1), T("indices", 0, 1)]),
+                             v.OpResult("aten::_fused_adam_", "cpu", True, v.XFAIL, [T("self[0]", 0, 2)],
+                                        "expected to fail on cpu: bumps twice | once per step")],
+    }
+    meta = {"torch": "2.13.0+cpu", "device": "cpu", "python": "3.11.7", "ops": 2,
+            "command": "torchgen-patch verify --both"}
+    out["formats/verify.text"] = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items()).encode()
+    out["formats/verify.json"] = v.to_json(runs, meta).encode()
+    out["formats/verify.markdown"] = v.markdown(runs, meta).encode()
+    return out
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
 # Each stage may import only the stages before it.
-ORDER = ["errors", "files", "version", "cache", "sources", "scan", "plan", "codegen", "pipeline", "runtime", "diagnostics",
+ORDER = ["errors", "files", "version", "vocabulary", "cache", "sources", "scan", "plan", "codegen", "pipeline", "runtime", "diagnostics",
          "checks", "upstream", "cli", "(top)", "__main__"]
 
 
@@ -144,3 +144,38 @@ def test_install_is_a_thin_facade_and_registration_takes_an_artifact():
     assert list(inspect.signature(inst.register).parameters) == ["artifact", "ops", "backend"]
     # live-registry operators are planned in the plan stage, not decided in the runtime
     assert _sources_matching(r"already has an ADInplaceOrView kernel\"") == {"plan/__init__.py"}
+
+
+def test_vocabulary_is_typed():
+    """The shared words are enum members (str-valued, so outputs are unchanged), and no module
+    spells one as a module-level string constant of its own."""
+    import argparse
+
+    from torchgen_patch import vocabulary as vc
+    from torchgen_patch.checks import verify
+    from torchgen_patch.cli.parser import parser
+    from torchgen_patch.diagnostics.render import RENDERERS
+    from torchgen_patch.plan.overlay import ACTIONS
+    from torchgen_patch.scan.model import VERDICTS
+
+    assert all(isinstance(v, vc.Verdict) for v in VERDICTS) and list(VERDICTS) == list(vc.Verdict)
+    assert all(isinstance(a, vc.Action) for a in ACTIONS)
+    assert all(isinstance(o, vc.Outcome) for o in verify.FAILING | {verify.PASS, verify.XFAIL})
+    assert all(isinstance(f, vc.Format) for f in RENDERERS) and set(RENDERERS) == set(vc.LINT_FORMATS)
+    assert vc.Verdict.MISSING == "missing" and f"{vc.Verdict.MISSING}" == "missing" and \
+        repr(vc.Backend.CPP) == "'cpp'"
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    typed = {"format": vc.Format, "backend": vc.Backend, "verdict": vc.Verdict}
+    for cmd, p in sub.choices.items():
+        for a in p._actions:
+            if a.dest in typed and a.choices:
+                assert all(isinstance(c, typed[a.dest]) for c in a.choices), (cmd, a.dest, a.choices)
+    words = {m.value for e in vars(vc).values() if isinstance(e, type) and issubclass(e, vc.Word) for m in e}
+    spelled = []
+    for mod, path in _modules().items():
+        if mod == "torchgen_patch.vocabulary":
+            continue
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in words:
+                spelled.append(f"{mod}: {ast.unparse(node)}")
+    assert spelled == []

@@ -157,9 +157,10 @@ def test_write_failure_leaves_output_as_it_was(run_cli, tmp_path, monkeypatch):
     assert rc == 2
     assert err.endswith(": error: cannot write: No space left on device\n")
     after = _snapshot(out)
-    # files are replaced whole or not at all: each is the old or the new content, none partial
-    assert set(after) == set(before)
+    # the directory is replaced whole or not at all: here, wholly the old one, and nothing left beside it
+    assert after == before
     assert not [p for p in os.listdir(out) if p.startswith(".tmp-")]
+    assert sorted(os.listdir(tmp_path)) == ["o.yaml", "out"]  # no staging directory left beside it
 
 
 def test_no_traceback_in_a_real_process(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import ROOT, torch_is
 from tests.support import packaged_yaml, scan_of
-from torchgen_patch.checks.crosscheck import cross_check
+from torchgen_patch.diagnostics.drift import cross_check
 from torchgen_patch.scan.model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, VERDICTS
 
 

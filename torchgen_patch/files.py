@@ -95,8 +95,62 @@ def write_if_changed(path: str, data: bytes) -> bool:
     return True
 
 
-def check_output_dir(path: str) -> None:
+STDOUT = "-"  # an output named '-' is standard output
+
+
+def _target(path: str) -> str:
+    """Where a write to ``path`` lands: a symlink's final target (the link itself is never
+    replaced), else ``path``. A link to a device or FIFO stays as it is: it is opened, and
+    ``/dev/stdout``'s target (``/proc/self/fd/1``) names nothing a path can reopen."""
+    if not os.path.islink(path):
+        return path
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return path
+    except OSError:
+        pass
+    return os.path.realpath(path)
+
+
+def _key(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_not_input(path: str, inputs=(), what: str = "output") -> None:
+    """Refuse an output that is one of the run's inputs, or lies inside an input directory, by
+    device and inode (a symlink, a hard link or a relative spelling of an input is caught too).
+    ``inputs``: paths of files and directories the run reads; missing ones are ignored."""
+    if path == STDOUT or not inputs:
+        return
+    files, dirs = {}, {}
+    for i in inputs:
+        if not i:
+            continue
+        k = _key(i)
+        if k is not None:
+            (dirs if os.path.isdir(i) else files)[k] = i
+    target = os.path.abspath(_target(path))
+    hit = files.get(_key(target)) if not os.path.isdir(target) else None
+    p = target
+    while hit is None:
+        hit = dirs.get(_key(p))
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    if hit is not None:
+        said = f"would overwrite {display(hit)}, an input of this run" if _key(hit) == _key(target) else \
+            f"lies inside {display(hit)}, which this run reads"
+        raise InputError(path, None, f"{what} {said}", "write it somewhere else")
+
+
+def check_output_dir(path: str, inputs=(), what: str = "output directory") -> None:
     """Refuse, before any work is done, an output directory that cannot be made or written."""
+    path = _target(path)
     p = os.path.abspath(path)
     while not os.path.exists(p):  # the nearest existing ancestor decides
         p = os.path.dirname(p)
@@ -107,14 +161,30 @@ def check_output_dir(path: str) -> None:
     if not os.access(p, os.W_OK | os.X_OK):
         raise InputError(path, None, "output directory is not writable" if p == os.path.abspath(path)
                          else f"cannot create output directory: {display(p)} is not writable")
+    check_not_input(path, inputs, what)
 
 
-def check_output_file(path: str, what: str = "output", create_dir: bool = False) -> None:
-    """Refuse, before any work is done, an output file that cannot be written.
-    ``create_dir``: its directory may be missing (it will be made)."""
-    if os.path.isdir(path):
+def check_output_file(path: str, what: str = "output", create_dir: bool = False, inputs=()) -> None:
+    """Refuse, before any work is done, an output file that cannot be written or is an input.
+    ``-`` (standard output), a character device or a FIFO are written through; a symlink is
+    judged by its target. ``create_dir``: its directory may be missing (it will be made)."""
+    if path == STDOUT:
+        return
+    target = _target(path)
+    if os.path.isdir(target):
         raise InputError(path, None, f"{what} is a directory, expected a file name")
-    d = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        raise InputError(path, None, f"cannot write {what}: not a regular file, character device or FIFO")
+    check_not_input(path, inputs, what)
+    if mode is not None and not stat.S_ISREG(mode):
+        if not os.access(target, os.W_OK):
+            raise InputError(path, None, f"cannot write {what}: permission denied")
+        return
+    d = os.path.dirname(os.path.abspath(target))
     if create_dir:
         return check_output_dir(d)
     if not os.path.isdir(d):
@@ -123,11 +193,40 @@ def check_output_file(path: str, what: str = "output", create_dir: bool = False)
         raise InputError(path, None, f"cannot write {what}: directory {display(d)} is not writable")
 
 
-def write_output(path: str, data: bytes, what: str = "output") -> None:
-    """A user-named output file (a report, a diff, a baseline), atomically."""
-    check_output_file(path, what)
+def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_changed: bool = False,
+                 create_dir: bool = False) -> bool:
+    """The one writer of a user-named output file (a report, a diff, a baseline, a fragment).
+
+    ``-``: standard output. A character device or FIFO (``/dev/null``, ``/dev/stdout``, a pipe):
+    written through, never replaced. A symlink: its target is written (atomically when it is a
+    regular file); the link stays. A regular file: replaced atomically (with ``if_changed``, only
+    when the content differs). An output that is one of ``inputs`` is refused before anything
+    is written. Returns whether anything was written."""
+    import sys
+
+    check_output_file(path, what, create_dir, inputs)
+    if path == STDOUT:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return True
+    target = _target(path)
     try:
-        atomic_write(path, data)
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None
+    try:
+        if mode is not None and not stat.S_ISREG(mode):
+            fd = os.open(target, os.O_WRONLY)  # a device or FIFO: through it, as a shell's `>` would
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return True
+        if create_dir:
+            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        if if_changed:
+            return write_if_changed(target, data)
+        atomic_write(target, data)
+        return True
     except OSError as e:
         raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-PASS, MISS, EXTRA, ERROR, NOT_RUN, XFAIL, XPASS = "PASS", "MISS", "EXTRA", "ERROR", "NOT_RUN", "XFAIL", "XPASS"
+from ..vocabulary import Outcome
+
+PASS, MISS, EXTRA, ERROR, NOT_RUN, XFAIL, XPASS = (Outcome.PASS, Outcome.MISS, Outcome.EXTRA, Outcome.ERROR,
+                                                   Outcome.NOT_RUN, Outcome.XFAIL, Outcome.XPASS)
 FAILING = {MISS, EXTRA, ERROR}
 
 

@@ -10,33 +10,43 @@ import os
 import sys
 
 from ..errors import InputError, printable
-from ..files import check_output_dir, check_output_file, write_output
+from ..files import STDOUT, check_output_dir, check_output_file, write_output
 from ..sources import Options
 from .parser import options
 
 
 def _drifts(scan) -> int:
-    from ..checks.crosscheck import cross_check
+    from ..diagnostics.drift import cross_check
+    from ..diagnostics.render import drift_text
     from ..runtime.install import installed_ops
 
     drifts = cross_check(scan, set(installed_ops()))
-    for d in drifts:
-        print(f"drift: {d.op}: {d.kind}: {d.detail}", file=sys.stderr)
-    print(f"against runtime: {len(drifts)} drift(s) over {scan.total()} functions", file=sys.stderr)
+    sys.stderr.write(drift_text(drifts, scan.total()))
     return 1 if drifts else 0
+
+
+def _run_inputs(args) -> list[str]:
+    """Every path this run reads: no output may be one of them."""
+    from ..sources import input_paths
+
+    paths = input_paths(options(args))
+    for y in getattr(args, "paths", None) or []:
+        paths += [y, os.path.join(os.path.dirname(y), "tags.yaml")]
+    return paths + [getattr(args, "baseline", None) or ""]
 
 
 def _outputs_ok(args, what: str) -> None:
     """Check -o/--output before any work, so a bad path costs nothing and writes nothing."""
     if getattr(args, "output", None):
-        check_output_file(args.output, what)
+        check_output_file(args.output, what, inputs=_run_inputs(args))
 
 
 def _emit(args, text: str, what: str) -> None:
     """The command's result: into -o/--output when given, else to stdout."""
     if getattr(args, "output", None):
-        write_output(args.output, text.encode(), what)
-        _say(args, f"{what}: {args.output}")
+        write_output(args.output, text.encode(), what, inputs=_run_inputs(args))
+        if args.output != STDOUT:
+            _say(args, f"{what}: {args.output}")
     else:
         sys.stdout.write(text)
 
@@ -88,7 +98,7 @@ def _needs_torch(what: str) -> None:
 
 def scan(args) -> int:
     from .. import pipeline
-    from ..scan.report import scan_json, scan_text
+    from ..diagnostics.render import scan_json, scan_text
 
     if args.against_runtime:
         _needs_torch("--against-runtime")
@@ -101,23 +111,20 @@ def scan(args) -> int:
 
 
 def lint(args) -> int:
-    from .. import pipeline
-    from ..diagnostics import Finding, baseline
-    from ..diagnostics.render import RENDERERS, Summary, summary_line
-    from ..scan.model import VERDICTS
+    from ..diagnostics import baseline, lint as lint_
+    from ..diagnostics.render import RENDERERS, drift_text, summary_line
 
     opts = options(args)
-    if args.paths and (args.native_functions or args.pytorch_root or args.tags):
-        raise InputError(None, None, "give yaml paths or --native-functions/--tags/--pytorch-root, not both",
-                         "each yaml path is read with the tags.yaml beside it")
+    if args.paths and (args.native_functions or args.pytorch_root):
+        raise InputError(None, None, "give yaml paths or --native-functions/--pytorch-root, not both",
+                         "each yaml path is read with the tags.yaml beside it, or --tags")
     if (args.imports or args.namespace) and not args.runtime:
         raise InputError(None, None, "--import and --namespace go with --runtime")
     if args.write_baseline:
         if args.output:
             raise InputError(None, None, "--write-baseline writes the baseline, not a report: drop -o/--output")
-        check_output_file(args.write_baseline, "baseline")
+        check_output_file(args.write_baseline, "baseline", inputs=_run_inputs(args))
     _outputs_ok(args, "lint report")
-    runs = []
     if args.runtime:
         if args.paths or args.native_functions or args.tags or args.pytorch_root or args.generated or \
                 args.against_runtime:
@@ -126,82 +133,58 @@ def lint(args) -> int:
         if args.no_cache:
             raise InputError(None, None, "--runtime reads no yaml: --no-cache does not apply")
         _needs_torch("lint --runtime")
-        from ..diagnostics import rules
-        from ..runtime import registry
-        from ..runtime.install import runtime_overlay
+    elif args.against_runtime:
+        _needs_torch("--against-runtime")
 
-        overlay = runtime_overlay(opts)  # its skip entries for runtime operators are accepted findings
-        registry.import_modules(args.imports)
-        fs = [rules.missing_at_runtime(o) for o in registry.uncovered(args.namespace) if not overlay.skipped(o.name)]
-        summary = Summary(source="runtime")
-    else:
-        if args.against_runtime:
-            _needs_torch("--against-runtime")
-        from ..diagnostics.lint import findings
+    def noted(i):
+        _inputs_note(args, i.sources)
+        if i.sources.tags_packaged:
+            _say(args, f"lint: {printable(i.sources.native)}: no tags.yaml beside it; "
+                       f"using torchgen's packaged {printable(i.sources.tags)}")
 
-        for path in args.paths or [None]:
-            o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=None)
-            runs.append(pipeline.inputs(o))
-            _inputs_note(args, runs[-1].sources)
-        fs = [f for i in runs for f in findings(i.scan, i.overlay)]
-        counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
-        summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
-    if args.generated:
-        if len(runs) != 1:
-            raise InputError(None, None, "--generated checks one yaml at a time")
-        from ..checks.generated import check
-        from ..diagnostics.rules import MISSING
-        from ..plan import make_plan
-
-        # with generated kernels, a missing op is covered when its kernel is there and current
-        plan = make_plan(runs[0].scan, runs[0].overlay)
-        planned = set(plan.ops())
-        fs = [f for f in fs if not (f.rule == MISSING.id and f.op in planned)] + check(plan, args.generated)
+    req = lint_.Request(opts, tuple(args.paths), args.runtime, tuple(args.imports),
+                        tuple(args.namespace) if args.namespace is not None else None, args.generated, args.baseline,
+                        args.against_runtime)
+    rep = lint_.run(req, noted, apply_baseline=not args.write_baseline)
+    fs = list(rep.findings)
     if args.write_baseline:
-        write_output(args.write_baseline, baseline.render(fs).encode(), "baseline")
+        write_output(args.write_baseline, baseline.render(fs).encode(), "baseline", inputs=_run_inputs(args))
         print(f"wrote {len(fs)} finding(s) to {args.write_baseline}", file=sys.stderr)
         return 0
-    if args.baseline:
-        fs, accepted = baseline.apply(fs, args.baseline)
-        summary = dataclasses.replace(summary, accepted=accepted, baseline=args.baseline)
-    fs = sorted(fs, key=Finding.sort_key)
-    report = RENDERERS[args.format](fs, summary)
+    report = RENDERERS[args.format](fs, rep.summary)
     if args.output or args.format not in ("text", "lintrunner"):  # the text report's last line, for people
-        _say(args, "lint: " + summary_line(fs, summary))
+        _say(args, "lint: " + summary_line(fs, rep.summary))
     _emit(args, report, "lint report")
     if args.format == "lintrunner":
         return 0
     rc = 1 if fs else 0
-    if args.against_runtime:
-        for i in runs:
-            rc = max(rc, _drifts(i.scan))
+    for sc, drifts in rep.drifts:
+        sys.stderr.write(drift_text(drifts, sc.total()))
+        rc = max(rc, 1 if drifts else 0)
     return rc
 
 
 def gen(args) -> int:
     from .. import pipeline
     from ..codegen import cmake_fragment, compiled_sources, output_names, write_all
-    from ..files import write_if_changed
 
     if args.dry_run and not args.output_dependencies:
         raise InputError(None, None, "--dry-run writes only the --output-dependencies file: give one")
     pipeline.check_shards(args.shards)
     # every output checked before any work, so a bad one costs nothing and writes nothing
+    inputs = _run_inputs(args)
     if not args.dry_run:
-        check_output_dir(args.output)
+        check_output_dir(args.output, inputs)
     if args.output_dependencies:
-        check_output_file(args.output_dependencies, "output dependencies", create_dir=True)
+        check_output_file(args.output_dependencies, "output dependencies", create_dir=True, inputs=inputs)
         out = args.output.rstrip("/") or "/"
         text = cmake_fragment("TORCHGEN_PATCH_SOURCES", out, compiled_sources(args.shards))
         text += cmake_fragment("TORCHGEN_PATCH_OUTPUTS", out, output_names(args.shards))
     i, plan, files = pipeline.generate(options(args), args.shards, args.strict)
     _inputs_note(args, i.sources)
     if args.output_dependencies:
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(args.output_dependencies)), exist_ok=True)
-            write_if_changed(args.output_dependencies, text.encode())
-        except OSError as e:
-            raise InputError(args.output_dependencies, None, f"cannot write: {e.strerror}") from None
+        write_output(args.output_dependencies, text.encode(), "output dependencies", inputs, if_changed=True,
+                     create_dir=True)
     written = [] if args.dry_run else write_all(args.output, files)
     if args.verbose:
         for name in written:
@@ -243,7 +226,7 @@ def wheel(args) -> int:
 
     _needs_torch("wheel")
     out = args.output or "."
-    check_output_dir(out)
+    check_output_dir(out, _run_inputs(args))
     opts = Options()
     art = library(opts, prebuilt=False, verbose=args.verbose, log=open(os.devnull, "w") if args.quiet else sys.stderr)
     print(prebuilt.make_wheel(out, art.path, art.manifest, opts))
@@ -292,7 +275,7 @@ def verify(args) -> int:
         text = v.markdown(runs, meta)
     else:
         text = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items())
-    bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict in v.FAILING]
+    bad = [r for rs in runs.values() for r in rs if r.verdict in v.FAILING]  # in any run, --without-patch too
     for r in bad:
         print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
     if args.output:
@@ -341,7 +324,7 @@ def diff(args) -> int:
     if args.pr_body:
         if args.check or args.mode != "fix":
             raise InputError(None, None, "--pr-body goes with --mode fix, without --check")
-        check_output_file(args.pr_body, "description")
+        check_output_file(args.pr_body, "description", inputs=_run_inputs(args))
         _needs_torch("--pr-body")
     source = read_text(os.path.join(args.pytorch_root, up.TARGET), "the autograd codegen")
     applied = up.state(source)
@@ -356,7 +339,7 @@ def diff(args) -> int:
     body = _pr_body(args.pytorch_root) if args.pr_body else None
     _emit(args, text, "diff")
     if body is not None:
-        write_output(args.pr_body, body.encode(), "description")
+        write_output(args.pr_body, body.encode(), "description", inputs=_run_inputs(args))
     return 0
 
 

@@ -7,6 +7,7 @@ import argparse
 
 from ..scan.model import VERDICTS
 from ..sources import Options
+from ..vocabulary import LINT_FORMATS, SCAN_FORMATS, VERIFY_FORMATS, Backend
 
 DESCRIPTION = """Find and generate the ADInplaceOrView (version-counter) kernels PyTorch's codegen leaves out.
 
@@ -77,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scan", help="classify every function of native_functions.yaml")
     _inputs(s, checkout=True, overlay=False)
-    _output(s, "FILE write the table here instead of stdout", ("text", "json"))
+    _output(s, "FILE write the table here instead of stdout", SCAN_FORMATS)
     s.add_argument("--verdict", action="append", choices=VERDICTS, help="show only these verdicts (repeatable)")
     s.add_argument("--against-runtime", action="store_true",
                    help="cross-check with the running torch's dispatcher (needs torch)")
@@ -90,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="*", metavar="NATIVE_FUNCTIONS_YAML",
                       help="yaml files to lint (each with the tags.yaml beside it); pre-commit and lintrunner "
                            "pass them here")
-    _output(lint, "FILE write the findings here instead of stdout", ("text", "json", "lintrunner", "sarif", "github"))
+    _output(lint, "FILE write the findings here instead of stdout", LINT_FORMATS)
     lint.add_argument("--against-runtime", action="store_true",
                       help="cross-check with the running torch's dispatcher (needs torch)")
     b = lint.add_mutually_exclusive_group()
@@ -126,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
                                    "command's own process, which then exits. To patch a program, use "
                                    "`torchgen-patch run -- PROGRAM` or call torchgen_patch.install() in it.")
     _inputs(i, checkout=False)
-    i.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
+    i.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
     i.add_argument("--op", action="append", help="install only these ops (repeatable)")
     i.add_argument("--no-build", action="store_true",
                    help="never compile: use the installed prebuilt kernels (torchgen-patch wheel) or fail")
@@ -136,18 +137,22 @@ def parser() -> argparse.ArgumentParser:
                                      "(torchgen-patch-kernels) that install() uses with no compiler")
     _output(w, "DIR where to write the wheel (default: the current directory)")
 
-    v = sub.add_parser("verify", help="run every op of the plan and check its version bumps")
+    v = sub.add_parser("verify", help="run every op of the plan and check its version bumps",
+                       description="Exit codes: 0 every row of every run it made passed (or failed as the "
+                                   "overlay expects), 1 any row is MISS, EXTRA or ERROR in any run (the "
+                                   "--without-patch run too: a detector of missing kernels), 2 bad input, "
+                                   "3 the machine lacks torch, a compiler or CUDA.")
     _inputs(v, checkout=False)
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the samples run (default cpu)")
     m = v.add_mutually_exclusive_group()
     m.add_argument("--without-patch", action="store_true", help="run without installing the kernels")
     m.add_argument("--both", action="store_true", help="run without, then with the patch, in one report")
-    v.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
+    v.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
     v.add_argument("--op", action="append", help="only these ops (repeatable)")
     v.add_argument("--subclass", choices=("plain", "wrapper", "dtensor", "all"), default="plain",
                    help="wrap every tensor argument: a __torch_dispatch__ wrapper subclass, DTensor on a one-rank "
                         "process group, or each in turn (the verdict is on the wrapper's counter)")
-    _output(v, "FILE write the report here instead of stdout", ("text", "json", "markdown"))
+    _output(v, "FILE write the report here instead of stdout", VERIFY_FORMATS)
 
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "
                                    "every Python process it starts",
@@ -156,7 +161,7 @@ def parser() -> argparse.ArgumentParser:
                                    "Example: torchgen-patch run --runtime-op 'bitsandbytes::*' --import "
                                    "bitsandbytes -- python train.py")
     _inputs(r, checkout=False)
-    r.add_argument("--backend", choices=("cpp", "python"), default="cpp", help=BACKEND)
+    r.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
     r.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
     r.add_argument("--runtime-op", dest="runtime_ops", action="append", default=[], metavar="PATTERN",
                    help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; repeatable)")

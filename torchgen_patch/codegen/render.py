@@ -57,6 +57,7 @@ def output_names(n: int) -> list[str]:
 
 def render(plan, shards: int) -> dict[str, bytes]:
     """Every output file of ``plan`` as bytes, keyed by file name."""
+    import hashlib
     import json
 
     env = environment()
@@ -94,6 +95,8 @@ def render(plan, shards: int) -> dict[str, bytes]:
             for k in plan.kernels
         ],
         "left_out": [{"op": lo.op, "why": lo.why} for lo in plan.left_out],
+        # every other output's SHA-256: `lint --generated` finds a file edited, truncated or lost
+        "files": {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in sorted(files.items())},
     }
     files[MANIFEST] = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     return {k: v.encode("utf-8") for k, v in files.items()}

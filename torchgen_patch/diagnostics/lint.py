@@ -1,10 +1,40 @@
-"""Lint: the missing and unsupported ops of a scan that the overlay does not accept."""
+"""Lint: every finding of a lint run is made here, whatever it looks at: the missing and
+unsupported ops of each yaml that the overlay does not accept, the live operator registry
+(``--runtime``), a generated directory (``--generated``), the baseline, and the drift between
+the yaml and the running torch (``--against-runtime``). The CLI parses flags and prints."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
+
 from ..plan.overlay import Overlay
-from ..scan.model import MISSING, UNSUPPORTED, Scan
+from ..scan.model import MISSING, UNSUPPORTED, VERDICTS, Scan
+from ..sources import Options
 from . import Finding, rules
+from .render import Summary
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a lint run looks at (the CLI's flags, as values)."""
+
+    options: Options
+    paths: tuple[str, ...] = ()  # yaml paths (each with its tags.yaml, or options.tags)
+    runtime: bool = False
+    imports: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] | None = None
+    generated: str | None = None
+    baseline: str | None = None
+    against_runtime: bool = False
+
+
+@dataclass(frozen=True)
+class Report:
+    findings: tuple[Finding, ...]  # sorted
+    summary: Summary
+    inputs: tuple = ()  # pipeline.Inputs of each yaml linted
+    drifts: tuple = field(default=())  # (Scan, [Drift]) per yaml, with against_runtime
 
 
 def findings(scan: Scan, overlay: Overlay) -> list[Finding]:
@@ -14,3 +44,60 @@ def findings(scan: Scan, overlay: Overlay) -> list[Finding]:
             continue
         out.append(rules.missing(r) if r.verdict == MISSING else rules.unsupported(r))
     return sorted(out, key=Finding.sort_key)
+
+
+def run(req: Request, noted=lambda inputs: None, apply_baseline: bool = True) -> Report:
+    """``noted(inputs)``: called once per yaml as soon as its inputs are resolved (``-v``)."""
+    runs = []
+    if req.runtime:
+        fs, summary = _runtime(req)
+    else:
+        from .. import pipeline
+
+        for path in req.paths or (None,):
+            o = req.options if path is None else dataclasses.replace(req.options, native_functions=path)
+            runs.append(pipeline.inputs(o))
+            noted(runs[-1])
+        fs = [f for i in runs for f in findings(i.scan, i.overlay)]
+        counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
+        summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
+    if req.generated:
+        fs = _generated(runs, fs, req.generated)
+    if apply_baseline and req.baseline:
+        from . import baseline
+
+        fs, accepted = baseline.apply(fs, req.baseline)
+        summary = dataclasses.replace(summary, accepted=accepted, baseline=req.baseline)
+    drifts = ()
+    if req.against_runtime:
+        from ..runtime.install import installed_ops
+        from .drift import cross_check
+
+        patched = set(installed_ops())
+        drifts = tuple((i.scan, cross_check(i.scan, patched)) for i in runs)
+    return Report(tuple(sorted(fs, key=Finding.sort_key)), summary, tuple(runs), drifts)
+
+
+def _runtime(req: Request) -> tuple[list[Finding], Summary]:
+    from ..runtime import registry
+    from ..runtime.install import runtime_overlay
+
+    overlay = runtime_overlay(req.options)  # its skip entries for runtime operators are accepted findings
+    registry.import_modules(list(req.imports))
+    registry.check_namespaces(req.namespaces)
+    ops = registry.uncovered(req.namespaces)
+    fs = [rules.missing_at_runtime(o) for o in ops if not overlay.skipped(o.name)]
+    return fs, Summary(source="runtime", left_out=len(ops) - len(fs))
+
+
+def _generated(runs, fs: list[Finding], directory: str) -> list[Finding]:
+    from ..errors import InputError
+    from ..plan import make_plan
+    from .generated import check
+
+    if len(runs) != 1:
+        raise InputError(None, None, "--generated checks one yaml at a time")
+    # with generated kernels, a missing op is covered when its kernel is there and current
+    plan = make_plan(runs[0].scan, runs[0].overlay)
+    planned = set(plan.ops())
+    return [f for f in fs if not (f.rule == rules.MISSING.id and f.op in planned)] + check(plan, directory)

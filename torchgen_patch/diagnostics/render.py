@@ -1,6 +1,7 @@
-"""One renderer per output format of lint findings: text, JSON, lintrunner,
-SARIF 2.1.0, GitHub workflow annotations. Each takes the findings and a
-``Summary`` and returns text; the CLI decides printing and exit codes."""
+"""Every renderer of a report: one per output format of lint findings (text, JSON, lintrunner,
+SARIF 2.1.0, GitHub workflow annotations; each takes the findings and a ``Summary``), the
+drift lines of ``--against-runtime`` and the scan's table and JSON. Each returns text; the CLI
+decides printing and exit codes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..version import __version__
+from ..scan.model import VERDICTS, Scan
+from ..vocabulary import Format
 from ..errors import InputError, display_path, printable
 from . import CODE, Finding
 from .rules import RULES
@@ -30,6 +33,7 @@ class Summary:
     inputs: tuple[str, ...] = ()  # the native_functions.yaml files linted
     baseline: str | None = None  # the --baseline file, when one was applied
     accepted: int = 0  # findings it accepted (not reported)
+    left_out: int = 0  # runtime operators the overlay skips (not reported, but counted)
 
 
 def _line(f: Finding) -> str:
@@ -41,10 +45,14 @@ def _accepted(s: Summary) -> str:
     return f"; {s.accepted} accepted by the baseline {display_path(s.baseline)}" if s.baseline else ""
 
 
+def _left_out(s: Summary) -> str:
+    return f"left out by the overlay: {s.left_out}"
+
+
 def summary_line(fs: list[Finding], s: Summary) -> str:
     """The text report's last line: how many findings, how many the baseline accepted, the verdict counts."""
     if s.source == "runtime":
-        return f"{len(fs)} finding(s) in the live operator registry{_accepted(s)}"
+        return f"{len(fs)} finding(s) in the live operator registry{_accepted(s)}; {_left_out(s)}"
     return (f"{len(fs)} finding(s){_accepted(s)}; " + ", ".join(f"{v} {n}" for v, n in s.counts.items())
             + f" (of {sum(s.counts.values())} functions)")
 
@@ -60,6 +68,7 @@ def json_(fs: list[Finding], s: Summary) -> str:
         doc["baseline"] = {"path": display_path(s.baseline), "accepted": s.accepted}
     if s.source == "runtime":
         doc["source"] = "runtime"
+        doc["left_out_by_overlay"] = s.left_out
     else:
         doc.update(torch=s.torch, native_functions=[display_path(p) for p in s.inputs], counts=s.counts,
                    total=sum(s.counts.values()))
@@ -68,11 +77,18 @@ def json_(fs: list[Finding], s: Summary) -> str:
 
 # lintrunner: one LintMessage JSON object per line; the adapter always exits 0.
 def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
+    notes = [json.dumps({"path": None, "line": None, "char": None, "code": CODE, "severity": "advice",
+                         "name": "left-out-by-overlay", "original": None, "replacement": None,
+                         "description": _left_out(s)}, sort_keys=True) + "\n"] if _says_left_out(s) else []
     return "".join(json.dumps({
         "path": display_path(f.path) if f.path else None, "line": f.line, "char": None, "code": f.code,
         "severity": f.severity,
         "name": f.rule, "original": None, "replacement": None, "description": f.message,
-    }, sort_keys=True) + "\n" for f in fs)
+    }, sort_keys=True) + "\n" for f in fs) + "".join(notes)
+
+
+def _says_left_out(s: Summary | None) -> bool:
+    return s is not None and s.source == "runtime"
 
 
 def lintrunner_failure(err: InputError) -> str:
@@ -122,6 +138,7 @@ def sarif(fs: list[Finding], s: Summary | None = None) -> str:
                 } for r in rule_ids],
             }},
             "results": results,
+            **({"properties": {"leftOutByOverlay": s.left_out}} if _says_left_out(s) else {}),
         }],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -153,7 +170,48 @@ def github(fs: list[Finding], s: Summary | None = None) -> str:
         where = f"file={_escape_property(display_path(f.path))},line={f.line}," if f.path else ""
         props = f"{where}title={_escape_property(f'{f.code} {f.rule}')}"
         out.append(f"::{kind} {props}::{_escape_data(f.message)}\n")
+    if _says_left_out(s):
+        out.append(f"::notice title={_escape_property(CODE)}::{_escape_data(_left_out(s))}\n")
     return "".join(out)
 
 
-RENDERERS = {"text": text, "json": json_, "lintrunner": lintrunner, "sarif": sarif, "github": github}
+def drift_text(drifts, total: int) -> str:
+    """The drift between a yaml and the running torch (``--against-runtime``), for stderr."""
+    return "".join(f"drift: {d.op}: {d.kind}: {d.detail}\n" for d in drifts) + \
+        f"against runtime: {len(drifts)} drift(s) over {total} functions\n"
+
+
+# The scan's renderers: text and JSON (stable, documented).
+# Bump when the scan JSON's layout changes incompatibly.
+SCAN_JSON_SCHEMA_VERSION = 2  # 2: "native_functions" is a list, as in lint's JSON
+_PATHS = {"root", "native_functions", "tags", "overlay", "torchgen", "autograd_codegen"}
+
+
+def scan_text(scan: Scan, verdicts: set[str] | None = None) -> str:
+    rows = [r for r in scan.records if verdicts is None or r.verdict in verdicts]
+    w = max([len(r.name) for r in rows] + [2])
+    out = [f"{'op':<{w}}  {'kind':<10}  {'verdict':<12}  location  reason"]
+    for r in rows:
+        out.append(f"{r.name:<{w}}  {r.kind:<10}  {r.verdict:<12}  {r.loc.render()}  {r.reason}")
+    c = scan.counts()
+    out.append("total %d: %s" % (len(scan.records), ", ".join(f"{v} {c[v]}" for v in VERDICTS)))
+    return "\n".join(out) + "\n"
+
+
+def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
+    doc = {
+        "schema_version": SCAN_JSON_SCHEMA_VERSION,
+        "tool": "torchgen-patch",
+        "torch": scan.torch_version,
+        "native_functions": [display_path(scan.native_path)],
+        "counts": scan.counts(),
+        "total": len(scan.records),
+        "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records
+                if verdicts is None or r.verdict in verdicts],
+        "sources": {k: display_path(v) if k in _PATHS and v else v for k, v in scan.sources.describe().items()},
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+RENDERERS = {Format.TEXT: text, Format.JSON: json_, Format.LINTRUNNER: lintrunner, Format.SARIF: sarif,
+             Format.GITHUB: github}

@@ -43,7 +43,23 @@ STALE_FILE = Rule(
     "A kernel shard left from an earlier gen with more shards: a build that globs the directory compiles old "
     "kernels; run torchgen-patch gen (it removes the files of its own earlier runs).")
 
-RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE)}
+FILE_MISSING = Rule(
+    "generated-file-missing", "GeneratedFileMissing", "Output of gen missing from the generated directory",
+    "A file gen writes is not in the directory: a build compiles an incomplete set of kernels, or registers "
+    "nothing; run torchgen-patch gen.")
+FILE_MODIFIED = Rule(
+    "generated-file-modified", "GeneratedFileModified", "Generated file differs from what its manifest records",
+    "The file's SHA-256 is not the one gen recorded in torchgen_patch_manifest.json: it was edited, truncated "
+    "or left by another run; run torchgen-patch gen.")
+REGISTRATION = Rule(
+    "generated-registration-mismatch", "GeneratedRegistrationMismatch",
+    "Register file does not register exactly the plan's kernels",
+    "RegisterADInplaceOrViewPatch.cpp decides which kernels a build registers; one that names other kernels "
+    "than the plan leaves ops unpatched or registers kernels nobody planned; run torchgen-patch gen.")
+
+# One rule, one entry: a new rule is a Rule above, its entry here and the function that makes its findings.
+RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE,
+                           FILE_MISSING, FILE_MODIFIED, REGISTRATION)}
 
 
 def _make(rule: Rule, loc: Location, op: str, message: str) -> Finding:
@@ -82,3 +98,23 @@ def stale_file(path: str, manifest: str, shards: int) -> Finding:
     name = os.path.basename(path)
     return _make(STALE_FILE, Location(path, 1), name,
                  f"{name}: not one of the {shards} shard(s) {manifest} names; a left-over of an earlier gen")
+
+
+def file_missing(path: str) -> Finding:
+    name = os.path.basename(path)
+    return _make(FILE_MISSING, Location(path, None), name, f"{name}: missing; run torchgen-patch gen")
+
+
+def file_modified(path: str, what: str) -> Finding:
+    name = os.path.basename(path)
+    return _make(FILE_MODIFIED, Location(path, 1), name, f"{name}: {what}; run torchgen-patch gen")
+
+
+def registration_mismatch(path: str, unregistered: list[str], unplanned: list[str]) -> Finding:
+    def few(ops):
+        return ", ".join(ops[:3]) + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")
+
+    parts = ([f"registers none of {few(unregistered)}"] if unregistered else []) + \
+        ([f"registers {few(unplanned)}, which the plan has no kernel for"] if unplanned else [])
+    return _make(REGISTRATION, Location(path, 1), os.path.basename(path),
+                 f"{os.path.basename(path)}: {'; '.join(parts)}; run torchgen-patch gen")

@@ -124,8 +124,43 @@ def _check_identifiers(r: OpRecord, sig: CppSig) -> None:
                                                      "C++ identifier", "names are letters, digits and '_'")
 
 
+# C++ keywords and alternative tokens (C++20): none can name a parameter or a function.
+CPP_KEYWORDS = frozenset("""
+alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class
+compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype
+default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline
+int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register
+reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template
+this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t
+while xor xor_eq""".split())
+# The names the kernel templates declare or use unqualified beside the parameters.
+TEMPLATE_NAMES = frozenset({"ks", "guard", "at", "c10", "std", "torchgen_patch"})
+
+
+def cpp_names(formals: list[str], written: list[str]) -> dict[str, str]:
+    """The fixed mangling of argument names that cannot be C++ parameters of a generated kernel:
+    a C++ keyword, a name the template uses (``ks``, ``guard``, ...) or one that collides with a
+    written argument's snapshot (``X_before``) gets trailing underscores until it is free.
+    Returns {schema name: C++ name} for the renamed ones."""
+    out: dict[str, str] = {}
+    while True:
+        names = {out.get(n, n) for n in formals}
+        snapshots = {out.get(w, w) + "_before" for w in written}
+        bad = next((n for n in formals if out.get(n, n) in CPP_KEYWORDS | TEMPLATE_NAMES | snapshots), None)
+        if bad is None:
+            return out
+        m = out.get(bad, bad) + "_"
+        while m in names or m in snapshots or m in TEMPLATE_NAMES:
+            m += "_"
+        out[bad] = m
+
+
 def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
     _check_identifiers(r, sig)
+    rename = cpp_names([n for _, n in sig.formals], [w.name for w in r.written])
+    sig = CppSig(tuple((t, rename.get(n, n)) for t, n in sig.formals),
+                 tuple(rename.get(a, a) for a in sig.call_args), sig.unambiguous_name, sig.root_name)
+    written = tuple(w._replace(name=rename.get(w.name, w.name)) for w in r.written)
     xfail_devices = None
     xfail_reason = None
     if entry is not None and entry.action == "xfail":
@@ -141,7 +176,7 @@ def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
         call_args=sig.call_args,
         unambiguous_name=sig.unambiguous_name,
         root_name=sig.root_name,
-        written=r.written,
+        written=written,
         xfail_devices=xfail_devices,
         xfail_reason=xfail_reason,
     )

@@ -24,9 +24,10 @@ from ..errors import InputError
 from ..files import read_text
 from .. import cache
 from ..scan.model import MISSING, UNSUPPORTED, Scan
+from ..vocabulary import Action
 from ..sources import Sources
 
-ACTIONS = ("generate", "skip", "xfail")
+ACTIONS = tuple(Action)
 KEYS = {"action", "reason", "template", "devices"}
 DEVICES = ("cpu", "cuda")
 

@@ -89,6 +89,18 @@ def location_of(name: str) -> Location:
     return Location(None, None)
 
 
+def check_namespaces(namespaces: list[str] | None) -> None:
+    """Refuse a namespace with no operator in the live registry: a lint of it would always pass."""
+    have = sorted({name.split("::", 1)[0] for name in d.all_op_names()})
+    for ns in namespaces or []:
+        if ns not in have:
+            shown = ", ".join(have[:12]) + (f" and {len(have) - 12} more" if len(have) > 12 else "")
+            raise InputError(None, None, f"--namespace {ns!r}: no operator of the live registry is in it "
+                                         f"(namespaces with operators: {shown})",
+                             "an extension's operators exist once it is imported: add --import MODULE "
+                             "(e.g. --import torch.distributed.fsdp)")
+
+
 def uncovered(namespaces: list[str] | None = None) -> list[RuntimeOp]:
     """Operators that write an argument, are not views, are not composite
     (CompositeImplicitAutograd: they decompose into ops that bump) and have no

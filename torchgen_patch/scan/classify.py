@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 
 from ..errors import Location
+from ..vocabulary import Form, Kind
 from .model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, Facts, OpRecord
 
-SUPPORTED_FORMS = {"tensor", "tensor_list", "optional_tensor"}
-_WHAT = {"out": "out= op", "inplace": "in-place op", "mutable": "mutable op"}
+SUPPORTED_FORMS = {Form.TENSOR, Form.TENSOR_LIST, Form.OPTIONAL_TENSOR}
+_WHAT = {Kind.OUT: "out= op", Kind.INPLACE: "in-place op", Kind.MUTABLE: "mutable op"}
 
 
 def record(f: Facts) -> OpRecord:

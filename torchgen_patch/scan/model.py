@@ -8,14 +8,10 @@ from typing import NamedTuple
 from ..errors import Location
 from ..sources import Sources
 from ..sources.facts import CppSig, Facts, WrittenArg  # noqa: F401  (re-exported)
+from ..vocabulary import Verdict
 
-# Verdicts, in the order they are reported.
-COVERED = "covered"  # the upstream autograd codegen emits an ADInplaceOrView kernel
-MISSING = "missing"  # mutates, returns nothing, not a view: no kernel, no bump guarantee
-UNSUPPORTED = "unsupported"  # mutates and returns nothing, but a generated kernel cannot serve it
-COMPOSITE = "composite"  # mutates and returns, no kernel of its own: decomposes into ops that bump
-NOT_MUTATING = "not_mutating"
-VERDICTS = (COVERED, MISSING, UNSUPPORTED, COMPOSITE, NOT_MUTATING)
+# Verdicts, in the order they are reported (the names the rest of the package imports).
+COVERED, MISSING, UNSUPPORTED, COMPOSITE, NOT_MUTATING = VERDICTS = tuple(Verdict)
 
 
 class OpRecord(NamedTuple):

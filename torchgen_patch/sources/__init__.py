@@ -45,6 +45,7 @@ class Sources:
     overlay_shipped: bool  # the overlay that comes with the tool (entries for other yamls are dropped)
     toolchain: Toolchain
     torch_version: str  # the installed torch's, or the checkout's version.txt
+    tags_packaged: bool = False  # no tags.yaml beside the yaml: torchgen's packaged one is used
 
     def describe(self) -> dict[str, str | None]:
         """Where each input comes from and what it is (sha256 of its content; for the torchgen
@@ -100,8 +101,44 @@ def resolve(opts: Options) -> Sources:
         native, tags = os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml")
     else:
         native = opts.native_functions
+        if os.path.isfile(native) and not native.endswith((".yaml", ".yml")):
+            raise InputError(native, None, "not a native_functions.yaml: expected a .yaml file, a YAML list of "
+                                           "`- func:` entries", "lint the aten/src/ATen/native/native_functions.yaml "
+                                                                "of a checkout, or an extension's own")
         tags = opts.tags or os.path.join(os.path.dirname(native), "tags.yaml")
+        packaged = os.path.join(tc.torchgen_dir, "packaged", "ATen", "native", "tags.yaml")
+        if opts.tags is None and not os.path.exists(tags) and os.path.isfile(native) and os.path.isfile(packaged):
+            # how lintrunner and pre-commit call the tool: a yaml path alone; its tags are torchgen's own
+            return Sources(INSTALLED, None, native, packaged, overlay, shipped, tc, installed_torch_version(), True)
     return Sources(INSTALLED, None, native, tags, overlay, shipped, tc, installed_torch_version())
+
+
+def input_paths(opts: Options) -> list[str]:
+    """Every file and directory a run with these options reads (found without importing
+    torchgen), so that no output can be written over one of them."""
+    out = [opts.native_functions, opts.tags]
+    if opts.native_functions and not opts.tags:
+        out.append(os.path.join(os.path.dirname(opts.native_functions), "tags.yaml"))
+    try:
+        out.append(overlay_path(opts))
+    except InputError:
+        pass  # resolve() says so, in its own words
+    if opts.pytorch_root:
+        root = os.path.abspath(os.path.expanduser(opts.pytorch_root))
+        dirs = [os.path.join(root, YAML_DIR), os.path.join(root, "torchgen"), os.path.join(root, "tools", "autograd")]
+        out += dirs + [os.path.join(d, "native_functions.yaml") for d in dirs[:1]] + \
+            [os.path.join(d, "tags.yaml") for d in dirs[:1]]
+        try:  # the codegen's own files by name too, so that a hard link to one is caught
+            out += [os.path.join(dirs[2], n) for n in os.listdir(dirs[2])]
+        except OSError:
+            pass
+    elif not opts.native_functions:
+        spec = importlib.util.find_spec("torchgen")  # finds the package without importing it
+        if spec is not None and spec.origin:
+            packaged = os.path.join(os.path.dirname(spec.origin), "packaged")
+            native = os.path.join(packaged, "ATen", "native")
+            out += [os.path.join(native, "native_functions.yaml"), os.path.join(native, "tags.yaml"), packaged]
+    return [p for p in out if p]
 
 
 def installed_torch_version() -> str:

@@ -1,0 +1,85 @@
+"""Honest answers: a lint that can only pass is refused, what the overlay leaves out is said in
+every format, verify's exit code is a detector, and lint takes yaml paths the way lintrunner
+and pre-commit pass them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.support import packaged_yaml
+
+NATIVE, TAGS = packaged_yaml()
+
+
+@pytest.mark.parametrize("ns", ["no_such_namespace", ""])
+def test_runtime_namespace_with_no_ops_is_refused(run_cli, ns):
+    rc, out, err = run_cli("lint", "--runtime", "--namespace", ns)
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert f"--namespace {ns!r}: no operator" in err and "aten" in err and "--import" in err
+
+
+def test_fsdp_without_its_import_is_refused():
+    """In a fresh process (this one may have imported FSDP already): FSDP2's operators exist only
+    once torch.distributed.fsdp is imported, so a CI job linting them without --import fails."""
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "lint", "--runtime", "--namespace", "fsdp"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stdout == "" and "--import MODULE" in r.stderr, r.stderr
+
+
+@pytest.fixture
+def skipping_overlay(tmp_path):
+    import tests.custom_ops  # noqa: F401  (defines tgp_test::write_one and its siblings)
+
+    ov = tmp_path / "o.yaml"
+    ov.write_text("tgp_test::write_one:\n  action: skip\n  reason: probe\n")
+    return ov
+
+
+@pytest.mark.parametrize("fmt,said", [
+    ("text", lambda out: out.endswith("; left out by the overlay: 1\n")),
+    ("json", lambda out: json.loads(out)["left_out_by_overlay"] == 1),
+    ("lintrunner", lambda out: json.loads(out.splitlines()[-1])["description"] == "left out by the overlay: 1"),
+    ("sarif", lambda out: json.loads(out)["runs"][0]["properties"]["leftOutByOverlay"] == 1),
+    ("github", lambda out: out.splitlines()[-1] == "::notice title=VERSIONCOUNTER::left out by the overlay: 1"),
+])
+def test_runtime_left_out_by_the_overlay_in_every_format(run_cli, skipping_overlay, fmt, said):
+    rc, out, err = run_cli("lint", "--runtime", "--namespace", "tgp_test", "--overlay", skipping_overlay,
+                           "--format", fmt)
+    assert rc in (0, 1), err
+    assert said(out), out
+    assert "tgp_test::write_one:" not in out  # left out, counted, not reported
+
+
+def test_verify_without_patch_is_a_detector(run_cli):
+    rc, out, err = run_cli("verify", "--backend", "python", "--without-patch", "--op", "aten::_fused_adamw_")
+    assert "MISS" in out and rc == 1, (out, err)
+
+
+def test_lint_yaml_path_without_tags_beside_it(run_cli, tmp_path):
+    (tmp_path / "ext").mkdir()
+    y = tmp_path / "ext" / "native_functions.yaml"
+    shutil.copy(NATIVE, y)
+    rc, out, err = run_cli("lint", y)
+    assert rc == 1 and " finding(s); " in out.splitlines()[-1], err
+    assert "no tags.yaml beside it; using torchgen's packaged" in err
+    tags = tmp_path / "t.yaml"
+    shutil.copy(TAGS, tags)
+    rc2, out2, err2 = run_cli("lint", "--tags", tags, y)  # --tags next to a path
+    assert rc2 == rc and out2 == out and "packaged" not in err2
+
+
+def test_lint_of_a_file_that_is_not_native_functions(run_cli, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# a project\n\nsome: text: here\n")
+    rc, out, err = run_cli("lint", readme)
+    assert rc == 2 and err == f"{readme}: error: not a native_functions.yaml: expected a .yaml file, a YAML list " \
+        "of `- func:` entries (hint: lint the aten/src/ATen/native/native_functions.yaml of a checkout, or an " \
+        "extension's own)\n"
+    assert "tags.yaml" not in err and os.path.exists(readme)

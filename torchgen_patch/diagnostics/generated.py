@@ -1,0 +1,109 @@
+"""Check a directory of generated kernels against the plan: an op whose kernel
+is missing, or differs from what `gen` renders now, is a finding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+from ..codegen import MANIFEST, render
+from ..codegen.output import read_outputs
+from ..codegen.render import MAX_SHARDS
+from . import Finding, rules
+from ..errors import InputError
+from ..files import decode
+from ..plan import Plan
+
+_KERNEL = re.compile(r"^// (aten::\S+)  \(", re.M)
+
+
+def _kernels(text: str) -> dict[str, str]:
+    """op -> kernel text (from its marker comment to the closing brace at column 0)."""
+    out = {}
+    starts = [(m.start(), m.group(1)) for m in _KERNEL.finditer(text)]
+    for (pos, op), nxt in zip(starts, starts[1:] + [(len(text), None)]):
+        block = text[pos:nxt[0]]
+        end = block.find("\n}\n")
+        out[op] = block[: end + 3] if end >= 0 else block
+    return out
+
+
+def check(plan: Plan, directory: str) -> list[Finding]:
+    """The directory is whole and current: its manifest's hashes match every file, the register
+    file registers exactly the plan's kernels, and each kernel is the one gen renders now. The
+    files are read through one open directory (a gen swapping it meanwhile cannot mix them)."""
+    if not os.path.isdir(directory):
+        raise InputError(directory, None, "--generated is not a directory")
+    raw = read_outputs(directory, [MANIFEST]).get(MANIFEST)
+    try:
+        doc = json.loads(raw)
+        shards = doc["shards"]
+        if isinstance(shards, bool) or not isinstance(shards, int):
+            raise TypeError(shards)
+    except (ValueError, KeyError, TypeError):
+        raise InputError(directory, None, f"no readable {MANIFEST}: not a torchgen-patch output directory",
+                         "generate it with `torchgen-patch gen --out DIR`") from None
+    manifest = os.path.join(directory, MANIFEST)
+    if not 1 <= shards <= MAX_SHARDS:
+        raise InputError(manifest, None, f"'shards' is {shards}, not between 1 and {MAX_SHARDS}",
+                         "regenerate the directory with `torchgen-patch gen --out DIR`")
+    want = render(plan, shards)
+    names = sorted(set(want) | set(os.listdir(directory)))
+    files = read_outputs(directory, names)
+    fs = _integrity(directory, doc, files, [n for n in want if n != MANIFEST])
+    have: dict[str, str] = {}
+    for name in want:
+        if name.startswith("ADInplaceOrViewPatch_") and name in files:
+            have.update(_kernels(_text(directory, name, files[name])))
+    expected: dict[str, str] = {}
+    for name, data in want.items():
+        if name.startswith("ADInplaceOrViewPatch_"):
+            expected.update(_kernels(data.decode()))
+    pattern = re.compile(r"ADInplaceOrViewPatch_(\d+)\.cpp")
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m and int(m.group(1)) >= shards and name in files:
+            fs.append(rules.stale_file(os.path.join(directory, name), MANIFEST, shards))
+    for k in plan.kernels:
+        if k.op not in have:
+            fs.append(rules.kernel_missing(k.loc, k.op, directory))
+        elif have[k.op] != expected[k.op]:
+            fs.append(rules.kernel_stale(k.loc, k.op, directory))
+    if REGISTER in files:
+        registered = _registered(_text(directory, REGISTER, files[REGISTER]))
+        planned = {k.name for k in plan.kernels}
+        if registered != planned:
+            fs.append(rules.registration_mismatch(os.path.join(directory, REGISTER), sorted(planned - registered),
+                                                  sorted(registered - planned)))
+    return fs
+
+
+REGISTER = "RegisterADInplaceOrViewPatch.cpp"
+_ENTRY = re.compile(r'^    \{"([^"]+)", \[\]\(torch::Library& m\)', re.M)
+
+
+def _registered(text: str) -> set[str]:
+    return set(_ENTRY.findall(text))
+
+
+def _text(directory: str, name: str, data: bytes) -> str:
+    return decode(os.path.join(directory, name), data, "generated file")
+
+
+def _integrity(directory: str, doc: dict, files: dict[str, bytes], outputs: list[str]) -> list[Finding]:
+    """Each output the manifest should name is there with the SHA-256 it records."""
+    recorded = doc.get("files")
+    manifest = os.path.join(directory, MANIFEST)
+    if not isinstance(recorded, dict):
+        return [rules.file_modified(manifest, "records no file hashes (an older gen wrote it)")]
+    fs = []
+    for name in outputs:
+        if name not in files:
+            fs.append(rules.file_missing(os.path.join(directory, name)))
+        elif recorded.get(name) != hashlib.sha256(files[name]).hexdigest():
+            fs.append(rules.file_modified(os.path.join(directory, name),
+                                          "differs from the SHA-256 the manifest records" if name in recorded
+                                          else "has no SHA-256 in the manifest"))
+    return fs

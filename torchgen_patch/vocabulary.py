@@ -1,0 +1,91 @@
+"""The project's vocabulary as types: each word that scan, plan, checks and the renderers share
+is a member of one enum here. Members are ``str`` and print, compare, hash and serialize as
+today's strings (``Verdict.MISSING == "missing"``, ``json.dumps`` writes ``"missing"``), so JSON
+and text outputs are unchanged; a new kind of op is a new member, found by every ``in Enum``."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Word(str, enum.Enum):
+    """A word of the vocabulary: a ``str`` whose text is its value everywhere."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(str.__str__(self), spec)
+
+    def __repr__(self) -> str:  # argparse quotes choices with repr(): 'cpp', as before
+        return str.__repr__(str.__str__(self))
+
+
+class Verdict(Word):
+    """What the scan says of one function, in the order they are reported."""
+
+    COVERED = "covered"  # the upstream autograd codegen emits an ADInplaceOrView kernel
+    MISSING = "missing"  # mutates, returns nothing, not a view: no kernel, no bump guarantee
+    UNSUPPORTED = "unsupported"  # mutates and returns nothing, but a generated kernel cannot serve it
+    COMPOSITE = "composite"  # mutates and returns, no kernel of its own: decomposes into ops that bump
+    NOT_MUTATING = "not_mutating"
+
+
+class Kind(Word):
+    """torchgen's SchemaKind of a function."""
+
+    FUNCTIONAL = "functional"
+    INPLACE = "inplace"
+    OUT = "out"
+    MUTABLE = "mutable"
+    SCRATCH = "scratch"
+
+
+class Form(Word):
+    """How a written argument is passed."""
+
+    TENSOR = "tensor"
+    TENSOR_LIST = "tensor_list"
+    OPTIONAL_TENSOR = "optional_tensor"
+    OPTIONAL_TENSOR_LIST = "optional_tensor_list"
+
+
+class Action(Word):
+    """An overlay entry's decision about one op."""
+
+    GENERATE = "generate"
+    SKIP = "skip"
+    XFAIL = "xfail"
+
+
+class Outcome(Word):
+    """A verify row's verdict on one op."""
+
+    PASS = "PASS"  # every written tensor +1
+    MISS = "MISS"  # some tensor not bumped
+    EXTRA = "EXTRA"  # some tensor bumped more than once
+    ERROR = "ERROR"  # the call raised
+    NOT_RUN = "NOT_RUN"  # no sample on this device
+    XFAIL = "XFAIL"  # failed, as the overlay expects
+    XPASS = "XPASS"  # passed, where the overlay expects a failure
+
+
+class Backend(Word):
+    CPP = "cpp"  # the compiled kernels
+    PYTHON = "python"  # torch.library kernels, no compiler needed
+
+
+class Format(Word):
+    """Report formats (lint: text to github; verify: text, json, markdown; scan: text, json)."""
+
+    TEXT = "text"
+    JSON = "json"
+    LINTRUNNER = "lintrunner"
+    SARIF = "sarif"
+    GITHUB = "github"
+    MARKDOWN = "markdown"
+
+
+LINT_FORMATS = (Format.TEXT, Format.JSON, Format.LINTRUNNER, Format.SARIF, Format.GITHUB)
+VERIFY_FORMATS = (Format.TEXT, Format.JSON, Format.MARKDOWN)
+SCAN_FORMATS = (Format.TEXT, Format.JSON)
