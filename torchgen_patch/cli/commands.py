@@ -304,19 +304,20 @@ def _on(subclass: str) -> str:
 
 def run(args) -> int:
     from .. import pipeline
-    from ..runtime.launch import prepare, run_program
+    from ..runtime.launch import check_program, prepare, run_program
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         raise InputError(None, None, "run needs a program after --", "torchgen-patch run -- python train.py")
     if args.imports and not args.runtime_ops:
         raise InputError(None, None, "--import goes with --runtime-op")
-    _needs_torch("run")
+    check_program(program)
+    _torch_present("run")  # present, not imported: the program's own processes import it
     opts = options(args)
     _, plan = pipeline.plan(opts)
     if args.op:
         plan.pick(args.op)
-    env = dict(os.environ, **prepare(plan, opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
+    env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
                                        args.quiet))
     try:
         return run_program(program, env)
@@ -324,6 +325,13 @@ def run(args) -> int:
         raise InputError(None, None, f"no such program: {program[0]}") from None
     except OSError as e:
         raise InputError(None, None, f"cannot run {program[0]}: {e.strerror}") from None
+
+
+def _torch_present(what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        _needs_torch(what)  # says so, the one way every command does
 
 
 def diff(args) -> int:
