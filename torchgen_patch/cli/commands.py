@@ -11,7 +11,7 @@ import sys
 from ..errors import InputError, printable
 from ..files import check_output_dir, check_output_file, write_output
 from ..sources import Options
-from .parser import options
+from .parser import options, qualified
 
 
 def _drifts(scan) -> int:
@@ -221,6 +221,12 @@ def install(args) -> int:
     from ..runtime.install import install as install_kernels
 
     _needs_torch("install")
+    args.op = qualified(args.op)
+    if args.op:  # named the way verify and run name them (left out, covered, did you mean)
+        from .. import pipeline
+
+        i, plan = pipeline.plan(options(args))
+        plan.pick(args.op, i.scan)
     rep = install_kernels(args.op, backend=args.backend, options=options(args), verbose=args.verbose,
                           build=not args.no_build)
     if not args.quiet or rep.refused:  # -q: only what did not register
@@ -262,8 +268,8 @@ def verify(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise EnvironmentProblem("--device cuda: no CUDA device is available")
     opts = options(args)
-    _, plan = pipeline.plan(opts)
-    ops = plan.pick(args.op)
+    i, plan = pipeline.plan(opts)
+    ops = plan.pick(qualified(args.op), i.scan)
     xfails = plan.xfails()
     subclasses = SUBCLASSES if args.subclass == "all" else (args.subclass,)
     runs: dict[str, list] = {}
@@ -314,9 +320,10 @@ def run(args) -> int:
     check_program(program)
     _torch_present("run")  # present, not imported: the program's own processes import it
     opts = options(args)
-    _, plan = pipeline.plan(opts)
+    i, plan = pipeline.plan(opts)
+    args.op = qualified(args.op)
     if args.op:
-        plan.pick(args.op)
+        plan.pick(args.op, i.scan)
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
                                        args.quiet))
     try:

@@ -60,7 +60,7 @@ def _compiler() -> str:
     path = shutil.which(cxx)
     if path is None:
         raise EnvironmentProblem(f"no C++ compiler: '{cxx}' is not on PATH",
-                         "install g++ (or set CXX), or use install(backend='python')")
+                         "install g++ (or set CXX), or use --backend python (install(backend='python') in Python)")
     return path
 
 

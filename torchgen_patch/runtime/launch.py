@@ -6,7 +6,7 @@ flags, the plan and ``--op``), then runs the program with ``runtime/site/`` firs
 (the user's own entries kept after it, verbatim; an empty PYTHONPATH adds nothing) and
 ``$TORCHGEN_PATCH_RUN`` saying what to install. That folder's ``sitecustomize`` only adds an
 import hook: when a process of the program first imports torch, the kernels are installed right
-after torch has finished importing (``after_torch_import``), so settings the program makes before
+after torch has finished importing (``after_import``), so settings the program makes before
 its own ``import torch`` (OMP_NUM_THREADS, TORCH_* variables) reach torch as without ``run``.
 The library is resolved there, in the first process that needs it: the installed prebuilt
 kernels, the cached build, or a build under the cache's lock (torchrun's workers wait for it and
@@ -162,38 +162,61 @@ def resolve(spec: dict, log) -> tuple[str | None, str | None]:
     return library, boxed
 
 
-def after_torch_import() -> None:
-    """In each process of the program, right after its first ``import torch``: install, say so."""
+_DONE: set[str] = set()  # what this process installed already: "kernels", "runtime"
+
+
+def after_import(name: str) -> None:
+    """In each process of the program, right after ``name`` (torch, or a module of --import)
+    finished importing: install what can be installed now, say so. Runtime ops wait until torch
+    and every --import module are imported (a module whose own import pulled torch in defines its
+    operators only once it finished); the modules not imported yet are imported here, as before."""
     spec = os.environ.get(ENV)
-    if not spec:
+    if not spec or "torch" not in sys.modules or "runtime" in _DONE:
         return
+    spec = json.loads(spec)
     try:
-        _install(json.loads(spec))
-    except Exception as e:  # noqa: BLE001 — report, never break the program's import of torch
+        _install(spec, name)
+    except Exception as e:  # noqa: BLE001 — report, never break the program's import
+        _DONE.update(("kernels", "runtime"))
         print(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}", file=sys.stderr,
               flush=True)
 
 
-def _install(spec: dict) -> None:
+def _importing(module: str, done: str) -> bool:
+    """Whether ``module`` is being imported right now (its import is what imported torch)."""
+    m = sys.modules.get(module)
+    return module != done and m is not None and getattr(getattr(m, "__spec__", None), "_initializing", False)
+
+
+def _install(spec: dict, name: str) -> None:
     import importlib
 
     from ..sources import Options
     from . import install as inst
 
     opts = Options(**spec["options"])
-    library, boxed = resolve(spec, _log(spec))
-    rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts)
-    line = f"torchgen-patch: {len(rep.registered)} kernels active ({spec['backend']}), {len(rep.refused)} refused"
-    if spec["runtime_ops"]:
+    line, refused = "", False
+    if "kernels" not in _DONE:
+        _DONE.add("kernels")
+        library, _ = resolve(spec, _log(spec))
+        rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts)
+        line = f"torchgen-patch: {len(rep.registered)} kernels active ({spec['backend']}), {len(rep.refused)} refused"
+        refused = bool(rep.refused)
+    waiting = [m for m in spec["imports"] if _importing(m, name)]
+    if spec["runtime_ops"] and not waiting:
+        _DONE.add("runtime")
+        part = "; runtime ops" if line else "torchgen-patch: runtime ops"
         try:
             for m in spec["imports"]:
                 importlib.import_module(m)
             r = inst.install(backend=spec["backend"], runtime_ops=spec["runtime_ops"], options=opts,
-                             boxed_library=boxed)
-            line += f"; runtime ops: {len(r.registered)} active, {len(r.refused)} refused"
+                             boxed_library=spec["boxed"])
+            line += f"{part}: {len(r.registered)} active, {len(r.refused)} refused"
         except Exception as e:  # noqa: BLE001
-            line += f"; runtime ops NOT active: {type(e).__name__}: {e}"
-    if not spec.get("quiet") or "NOT active" in line or rep.refused:
+            line += f"{part} NOT active: {type(e).__name__}: {e}"
+    elif not spec["runtime_ops"]:
+        _DONE.add("runtime")
+    if line and (not spec.get("quiet") or "NOT active" in line or refused):
         print(f"{line}, in pid {os.getpid()}", file=sys.stderr, flush=True)
 
 

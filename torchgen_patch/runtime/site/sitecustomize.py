@@ -1,6 +1,7 @@
 # torchgen-patch run: this directory is put first on PYTHONPATH of the program it runs. At
-# interpreter start it only adds a finder that waits for the program's own first `import torch`;
-# the kernels are installed right after torch has finished importing, so whatever the program set
+# interpreter start it only adds a finder that waits for the program's own first `import torch`
+# (and for the modules of --import); the kernels are installed right after torch has finished
+# importing, so whatever the program set
 # before that import (OMP_NUM_THREADS, TORCH_* variables, ...) is seen by torch as without `run`.
 # A process that never imports torch is left alone. The next sitecustomize on the path (the
 # user's or the environment's) runs after this one, as it would have without `run`.
@@ -8,38 +9,51 @@
 import sys as _tgp_sys
 
 
-def _tgp_after_torch():
-    """Called once, right after `torch` finished importing; never breaks the program's import."""
+def _tgp_after(name):
+    """Called once per watched module, right after it finished importing; never breaks the
+    program's import."""
     try:
         try:
-            from torchgen_patch.runtime.launch import after_torch_import
+            from torchgen_patch.runtime.launch import after_import
         except ImportError:  # torchgen-patch lives elsewhere than this program's path: at the end of it
             import json
             import os
 
             _tgp_sys.path.append(json.loads(os.environ["TORCHGEN_PATCH_RUN"])["package"])
-            from torchgen_patch.runtime.launch import after_torch_import
+            from torchgen_patch.runtime.launch import after_import
     except Exception as e:  # noqa: BLE001 — report; the program goes on unpatched, and says so
         print(f"torchgen-patch: NOT active: {type(e).__name__}: {e}", file=_tgp_sys.stderr, flush=True)
         return
-    after_torch_import()
+    after_import(name)
 
 
-class _TgpTorchFinder:
-    """A meta-path finder that answers for `torch` only, once: it lets the other finders find
-    torch, then wraps that loader's exec_module (on this one loader object) to call
-    _tgp_after_torch when the module has run."""
+def _tgp_watched():
+    """torch, and the modules of --import (their operators exist once they finished importing)."""
+    import json
+    import os
+
+    try:
+        return {"torch", *json.loads(os.environ["TORCHGEN_PATCH_RUN"]).get("imports", [])}
+    except (KeyError, ValueError, TypeError):
+        return {"torch"}
+
+
+class _TgpFinder:
+    """A meta-path finder that answers for the watched modules only, once each: it lets the other
+    finders find the module, then wraps that loader's exec_module (on this one loader object) to
+    call _tgp_after when the module has run."""
+
+    watched = set()
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name != "torch":
+        if name not in cls.watched:
             return None
-        try:
+        cls.watched.discard(name)
+        if not cls.watched and cls in _tgp_sys.meta_path:
             _tgp_sys.meta_path.remove(cls)
-        except ValueError:
-            pass
         for finder in list(_tgp_sys.meta_path):
-            find = getattr(finder, "find_spec", None)
+            find = None if finder is cls else getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
                 break
@@ -51,7 +65,7 @@ class _TgpTorchFinder:
 
             def exec_module(module):
                 run_module(module)
-                _tgp_after_torch()
+                _tgp_after(name)
 
             loader.exec_module = exec_module
         return spec
@@ -75,8 +89,9 @@ def _tgp_chain():
 
 if not getattr(_tgp_sys, "_torchgen_patch_site", False):  # a second copy of this folder on the path: once
     _tgp_sys._torchgen_patch_site = True
+    _TgpFinder.watched = {m for m in _tgp_watched() if m not in _tgp_sys.modules}
     if "torch" in _tgp_sys.modules:  # imported before site ran (an embedding program): install now
-        _tgp_after_torch()
-    else:
-        _tgp_sys.meta_path.insert(0, _TgpTorchFinder)
+        _tgp_after("torch")
+    if _TgpFinder.watched:
+        _tgp_sys.meta_path.insert(0, _TgpFinder)
     _tgp_chain()
