@@ -82,6 +82,18 @@ def _output(p: argparse.ArgumentParser, output: str | None = None, formats: tupl
                    help="say more: progress of every step" + (", the compiler's commands" if compiles else ""))
 
 
+class _CMakeDir(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ..codegen.output import cmake_dir
+        from ..errors import EnvironmentProblem
+
+        try:
+            print(cmake_dir())
+        except EnvironmentProblem as e:
+            parser.exit(e.exit_code, e.render() + "\n")
+        parser.exit(0)
+
+
 def _format(value: str) -> str:
     return "text" if value == "table" else value  # 'table': verify's older name for 'text'
 
@@ -107,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
     p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}",
                    help="print the version and exit")
+    p.add_argument("--cmake-dir", action=_CMakeDir, nargs=0,
+                   help="print the folder of the CMake module (TorchgenPatch.cmake) and exit: "
+                        "list(APPEND CMAKE_MODULE_PATH <it>), then include(TorchgenPatch)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     p.commands = sub.choices  # name -> the subcommand's parser (its own errors and --help)
 
