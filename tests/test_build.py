@@ -159,7 +159,8 @@ def test_no_compiler(tmp_path, monkeypatch):
     with pytest.raises(InputError) as e:
         build.build(files, [], 1, root=str(tmp_path / "b"))
     assert e.value.render() == ("torchgen-patch: error: no C++ compiler: 'no-such-compiler-xyz' is not on PATH "
-                                "(hint: install g++ (or set CXX), or use install(backend='python'))")
+                                "(hint: install g++ (or set CXX), or use --backend python (install(backend='python') in "
+                                "Python))")
 
 
 def test_no_ninja(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ def test_torchrun_every_rank_is_patched_and_the_library_is_built_once(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = sorted(p["rank"] for p in _probes(r.stdout))
     assert ranks == ["0", "1"] and all(p["versions"] == "1,1" and int(p["active"]) > 0 for p in _probes(r.stdout))
-    assert r.stderr.count("torchgen-patch: compiling") == 1  # built once, in the parent, before the program
+    assert r.stderr.count("torchgen-patch: compiling") == 1  # built once, by the first process, under the lock
     assert len(re.findall(r"kernels active \(cpp\)", r.stderr)) >= 2  # each rank (and the launcher) says so
 
 

@@ -201,8 +201,11 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "
                                    "every Python process it starts",
-                       description="Builds once, then runs PROGRAM with the kernels installed at interpreter "
-                                   "start in each of its Python processes; passes its exit code through. "
+                       description="Runs PROGRAM with the kernels installed in each of its Python processes "
+                                   "right after that process first imports torch (so settings made before "
+                                   "`import torch` act as without run); the library is built once, by the first "
+                                   "process that needs it. Passes the exit code through. python -I, -E and -S "
+                                   "would skip the patch and are refused. "
                                    "Example: torchgen-patch run --runtime-op 'bitsandbytes::*' --import "
                                    "bitsandbytes -- python train.py")
     _inputs(r, checkout=False)
