@@ -3,7 +3,12 @@ prebuilt kernels wheel installed, in a fresh venv that has this torch and no com
 (b) a warm build cache, (c) the Python backend; each paired with `python -c "import torch"`
 run by the same interpreter in the same environment, in one run (rounds alternate the order).
 
-Target: (a) <= 1.1x `import torch` alone."""
+Target: (a) <= 1.1x `import torch` alone.
+
+And the launcher: `torchgen-patch run -- python prog.py` against `python prog.py` (a program that
+imports torch and computes a little), with the warm cache and with the prebuilt wheel (target
+<= 1.05x), and `torchgen-patch run -q -- true` against `true` (what the parent alone costs), each
+pair in the same rounds, order alternating."""
 
 from __future__ import annotations
 
@@ -34,12 +39,22 @@ CODE = {
 }
 
 
+RUN_TARGET = 1.05
+# a program as a user runs it: imports torch, computes for a moment, prints
+PROGRAM = ("import torch\ntorch.manual_seed(0)\na = torch.randn(128, 128)\nfor _ in range(100):\n"
+           "    a = torch.tanh(a @ a * 0.01)\nprint(float(a.sum()))\n")
+
+
 def _wall(python: str, code: str, env: dict, cpu: list | None = None) -> float:
+    return _time([python, "-c", code], env, cpu)
+
+
+def _time(argv: list[str], env: dict, cpu: list | None = None) -> float:
     """Wall seconds of one process; its CPU seconds (user + system) appended to ``cpu``: on a loaded
     machine they move far less than the wall time does."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    r = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
     dt = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
@@ -71,6 +86,21 @@ def _prebuilt_venv(work: str) -> str:
 def main(rounds: int = 7) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="tgp-startup-") as work:
         venv_python = _prebuilt_venv(work)
+        prog = os.path.join(work, "prog.py")
+        with open(prog, "w") as fh:
+            fh.write(PROGRAM)
+        launch = {  # name -> (under run, the plain program, environment)
+            "run -- python prog.py, warm build cache": (
+                [sys.executable, "-m", "torchgen_patch", "run", "-q", "--", sys.executable, prog],
+                [sys.executable, prog], _env(PYTHONPATH=ROOT)),
+            "run -- python prog.py, prebuilt wheel, no compiler on PATH": (
+                [venv_python, "-m", "torchgen_patch", "run", "-q", "--", venv_python, prog], [venv_python, prog],
+                _env(PYTHONPATH=ROOT, PATH=os.path.dirname(venv_python),
+                     TORCHGEN_PATCH_CACHE=os.path.join(work, "empty-cache"))),
+            "run -q -- true": ([sys.executable, "-m", "torchgen_patch", "run", "-q", "--", "true"], ["true"],
+                               _env(PYTHONPATH=ROOT)),
+        }
+        launch_rows = _pairs(launch, rounds)
         setups = {
             "prebuilt wheel, no compiler on PATH": (venv_python, _env(
                 PYTHONPATH=ROOT, PATH=os.path.dirname(venv_python),
@@ -107,6 +137,41 @@ def main(rounds: int = 7) -> list[dict]:
               f"{row['ratio']:.3f} (median of {rounds} paired, {ratios[0]:.3f}-{ratios[-1]:.3f}); CPU time "
               f"{row['cpu_s']:.2f}s vs {row['anchor_cpu_s']:.2f}s, ratio {cpu_ratio:.3f}{verdict}",
               flush=True)
+        rows.append(row)
+    return rows + launch_rows
+
+
+def _pairs(pairs: dict, rounds: int) -> list[dict]:
+    """Paired medians of (under run, plain) for each entry of ``pairs``, in the same rounds."""
+    for ours, plain, env in pairs.values():  # warm-up
+        _time(ours, env)
+        _time(plain, env)
+    times = {name: ([], [], [], []) for name in pairs}
+    for i in range(rounds):
+        for name, (ours, plain, env) in pairs.items():
+            o, p, oc, pc = times[name]
+            if i % 2 == 0:
+                p.append(_time(plain, env, pc))
+                o.append(_time(ours, env, oc))
+            else:
+                o.append(_time(ours, env, oc))
+                p.append(_time(plain, env, pc))
+    rows = []
+    for name, (o, p, oc, pc) in times.items():
+        ratios = sorted(a / b for a, b in zip(o, p))
+        cpu_ratio = statistics.median(a / b for a, b in zip(oc, pc)) if min(pc) > 0 else None
+        target = RUN_TARGET if "prog.py" in name else None
+        row = {"name": f"launcher, {name}, vs the plain program", "median_s": statistics.median(o),
+               "anchor_median_s": statistics.median(p), "ratio": statistics.median(ratios),
+               "ratio_min": ratios[0], "ratio_max": ratios[-1], "runs": rounds, "target": target,
+               "extra_s": statistics.median(a - b for a, b in zip(o, p)), "cpu_s": statistics.median(oc),
+               "anchor_cpu_s": statistics.median(pc), "cpu_ratio": cpu_ratio}
+        row["met"] = None if target is None else row["ratio"] <= target
+        verdict = "" if target is None else f"  [target <= {target}: {'met' if row['met'] else 'NOT MET'}]"
+        print(f"launcher, {name}: {row['median_s']:.3f}s vs {row['anchor_median_s']:.3f}s plain, ratio "
+              f"{row['ratio']:.3f} (median of {rounds} paired, {ratios[0]:.3f}-{ratios[-1]:.3f}), "
+              f"+{row['extra_s']:.3f}s; CPU time {row['cpu_s']:.2f}s vs {row['anchor_cpu_s']:.2f}s"
+              + (f", ratio {cpu_ratio:.3f}" if cpu_ratio else "") + verdict, flush=True)
         rows.append(row)
     return rows
 

@@ -54,7 +54,8 @@ def main() -> int:
         with open(out) as fh:
             results["call"] = json.load(fh)
     if "startup" in only:
-        print("== start-up: prebuilt wheel, warm cache, python backend vs import torch (issue 16)", flush=True)
+        print("== start-up: prebuilt wheel, warm cache, python backend vs import torch; the launcher vs the plain "
+              "program (issue 16, issue 25)", flush=True)
         results["startup"] = bench_startup.main(args.startup_rounds)
     from torchgen_patch.sources import installed_torch_version as torch_version
 

@@ -43,3 +43,16 @@ def fsdp2() -> tuple[str, list[str]]:
     ops = [f"fsdp::{n}" for n in ("split_with_sizes_copy", "chunk_cat", "copy_")
            if hasattr(torch.ops.fsdp, n.split(".")[0])]
     return name, ops
+
+
+def entry_point(python: str, bin_dir: str) -> str:
+    """A `torchgen-patch` console script for ``python`` in ``bin_dir``, written as pip writes one
+    (its own folder first on sys.path, never the current directory); returns its path."""
+    import os
+
+    os.makedirs(bin_dir, exist_ok=True)
+    path = os.path.join(bin_dir, "torchgen-patch")
+    with open(path, "w") as fh:
+        fh.write(f"#!{python}\nimport sys\nfrom torchgen_patch.cli import main\nsys.exit(main())\n")
+    os.chmod(path, 0o755)
+    return path

@@ -1,8 +1,10 @@
 """Issue 4: build, install (cpp and python backends), refusals, faults, CMake."""
 
 import ctypes
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -157,7 +159,8 @@ def test_no_compiler(tmp_path, monkeypatch):
     with pytest.raises(InputError) as e:
         build.build(files, [], 1, root=str(tmp_path / "b"))
     assert e.value.render() == ("torchgen-patch: error: no C++ compiler: 'no-such-compiler-xyz' is not on PATH "
-                                "(hint: install g++ (or set CXX), or use install(backend='python'))")
+                                "(hint: install g++ (or set CXX), or use --backend python (install(backend='python') in "
+                                "Python))")
 
 
 def test_no_ninja(tmp_path, monkeypatch):
@@ -222,3 +225,34 @@ def test_cmake_route_builds_the_same_library(tmp_path, library):
     # a re-build with nothing changed regenerates and recompiles nothing
     again = subprocess.run(["cmake", "--build", str(build_dir)], capture_output=True, text=True, env=env)
     assert "no work to do" in again.stdout or "Linking" not in again.stdout
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_first_build_says_how_long_before_and_each_unit_on_a_terminal(tmp_path, monkeypatch):
+    from torchgen_patch.runtime.build import build_boxed, estimate
+
+    monkeypatch.delenv("CI", raising=False)
+    log = _Terminal()
+    build_boxed(root=str(tmp_path), log=log)
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("torchgen-patch: compiling 1 translation units with ninja") and \
+        lines[0].endswith("; about 10-25 s on 2 cores, less with more ...")
+    assert re.fullmatch(r"torchgen-patch: \[1/1\] compiled BoxedADInplaceOrView\.cpp \(\d+ s\)", lines[1]), lines
+    assert lines[2].startswith("torchgen-patch: built ") and len(lines) == 3
+    assert re.fullmatch(r"about \d+ s, going by the last build here", estimate(str(tmp_path), 3))
+
+
+def test_build_progress_is_for_terminals_only(tmp_path, monkeypatch):
+    from torchgen_patch.runtime.build import Progress
+
+    (tmp_path / "a.o").write_bytes(b"")
+    log = io.StringIO()  # a pipe or a file: CI logs get the start and end lines only
+    with Progress(str(tmp_path), ["src/a.cpp"], log):
+        pass
+    assert log.getvalue() == ""
+    monkeypatch.setenv("CI", "1")
+    assert not Progress(str(tmp_path), ["src/a.cpp"], _Terminal()).on

@@ -283,8 +283,13 @@ def test_real_lintrunner_in_a_checkout_without_torch(notorch, tmp_path, default_
     tree = tree_from_installed(str(tmp_path / "pytorch"), git=False)
     text = open(os.path.join(ROOT, "lintrunner.toml.example"), encoding="utf-8").read()
     block = text[text.index("# --- PyTorch's own repository"):]
-    cfg = block.replace("'python3'", repr(notorch))
+    from tests.support import entry_point
+
+    cfg = block.replace("'torchgen-patch'", repr(entry_point(notorch, str(tmp_path / "bin"))))
+    assert cfg != block
     open(os.path.join(tree, ".lintrunner.toml"), "w").write(cfg)
+    # a pull request's own module named like one the tool imports: never run by the lint job
+    open(os.path.join(tree, "typing.py"), "w").write(f"open({str(tmp_path / 'hijacked')!r}, 'w')\n")
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "t"]):
         subprocess.run(["git", *args], cwd=tree, check=True)
     lintrunner = os.path.join(os.path.dirname(notorch), "lintrunner")
@@ -298,6 +303,7 @@ def test_real_lintrunner_in_a_checkout_without_torch(notorch, tmp_path, default_
     lines = open(os.path.join(tree, YAML), encoding="utf-8").read().splitlines()
     m = next(m for m in msgs if "aten::_fused_adam_:" in m["description"])
     assert lines[m["line"] - 1].startswith("- func: _fused_adam_(")
+    assert not (tmp_path / "hijacked").exists()
 
 
 # ---------------------------------------------------------------------------

@@ -127,3 +127,23 @@ def test_the_patch_changes_version_counters_and_nothing_else(library, device, tm
     for k, first in RAISE_IN_BOTH.items():
         assert before[k]["raises"].startswith(first), before[k]
     assert not [k for k in before if "raises" in before[k] and k not in RAISE_IN_BOTH and k not in unrunnable]
+
+
+# The import-time settings scenario: a program of its own (tests/import_time_probe.py), since what it
+# checks happens before and during the program's own `import torch`. It sets OMP_NUM_THREADS and
+# TORCH_CUSTOM_TERMINATE before that import and then aborts as PyTorch's own
+# TestTorch.test_terminate_handler_on_crash does; run directly and under `torchgen-patch run`.
+CRASH_HANDLER = "Unhandled exception caught in c10/util/AbortHandler.h"
+
+
+def test_import_time_settings_reach_torch_as_without_run(library):
+    probe = [sys.executable, os.path.join(ROOT, "tests", "import_time_probe.py"), "abort"]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    plain = subprocess.run(probe, capture_output=True, text=True, env=env)
+    under = subprocess.run([sys.executable, "-m", "torchgen_patch", "run", "--", *probe], capture_output=True,
+                           text=True, env=env)
+    assert (plain.returncode, under.returncode) == (-6, 134), under.stderr[-2000:]  # SIGABRT; run: like a shell
+    first = [json.loads(r.stdout.splitlines()[0]) for r in (plain, under)]
+    assert first[0]["threads"] == 1 and first[1] == first[0]
+    assert CRASH_HANDLER in plain.stdout and CRASH_HANDLER in under.stdout  # the handler writes to stdout
+    assert "kernels active (cpp)" in under.stderr

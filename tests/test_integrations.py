@@ -208,9 +208,15 @@ def test_real_lintrunner_on_a_pytorch_like_checkout(tmp_path):
     root = str(tmp_path / "pytorch")
     native = _tree(root, FUNCS)
     text = open(os.path.join(ROOT, "lintrunner.toml.example")).read()
-    cfg = text[:text.index("# --- PyTorch's own repository")].replace("'python3'", repr(sys.executable))
+    from tests.support import entry_point
+
+    block = text[:text.index("# --- PyTorch's own repository")]
+    cfg = block.replace("'torchgen-patch'", repr(entry_point(sys.executable, str(tmp_path / "bin"))))
+    assert cfg != block
     open(os.path.join(root, ".lintrunner.toml"), "w").write(cfg)
     open(os.path.join(root, "README.md"), "w").write("not linted\n")
+    # a pull request's own module named like one the tool imports: never run by the lint job
+    open(os.path.join(root, "typing.py"), "w").write(f"open({str(tmp_path / 'hijacked')!r}, 'w')\n")
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "tree")
@@ -225,6 +231,7 @@ def test_real_lintrunner_on_a_pytorch_like_checkout(tmp_path):
                           (rel, lines["_foreach_add_.Scalar"], "VERSIONCOUNTER", "missing-inplace-or-view-kernel")]), \
         r.stdout + r.stderr
     assert r.returncode == 1  # lintrunner itself fails the run on errors
+    assert not (tmp_path / "hijacked").exists()
 
 
 @pytest.mark.skipif(shutil.which("pre-commit", path=ENV["PATH"]) is None, reason="pre-commit is not installed")

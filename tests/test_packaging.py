@@ -13,10 +13,11 @@ from tests.conftest import ROOT
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     d = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", ROOT, "-w", str(d / "whl")],
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", ROOT, "-w", str(d / "whl")],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot build a wheel here: {r.stderr.strip().splitlines()[-1:]}")
+    (d / "build.log").write_text(r.stdout + r.stderr)
     wheel = next((d / "whl").iterdir())
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(d / "site"),
                         str(wheel)], capture_output=True, text=True)
@@ -38,3 +39,26 @@ def test_installed_wheel_generates_the_same_files(installed, tmp_path):
     assert src.returncode == 0
     for name in os.listdir(tmp_path / "b"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_the_wheel_builds_without_setuptools_warnings(installed):
+    log = (installed / "build.log").read_text()
+    assert "Successfully built" in log or "Saved" in log, log[-2000:]
+    assert "would be ignored" not in log and "Warning" not in log, log[-3000:]
+
+
+def test_the_installed_wheel_ships_the_cmake_module_and_says_where(installed, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(installed / "site"))
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "--cmake-dir"], capture_output=True, text=True,
+                       env=env, cwd=str(tmp_path))
+    assert (r.returncode, r.stderr) == (0, "")
+    d = r.stdout.strip()
+    assert d == str(installed / "site" / "torchgen_patch" / "cmake")
+    assert os.path.isfile(os.path.join(d, "TorchgenPatch.cmake"))
+    # the module makes the build depend on the templates at ../templates from its own folder
+    assert any(n.endswith(".j2") for n in os.listdir(os.path.join(d, "..", "templates")))
+
+
+def test_the_wheel_requires_ninja_for_the_default_backend(installed):
+    meta = next((installed / "site").glob("torchgen_patch-*.dist-info")) / "METADATA"
+    assert "Requires-Dist: ninja" in meta.read_text().splitlines()

@@ -203,9 +203,51 @@ def test_run_patches_a_program_with_the_wheel_and_no_compiler(wheel, tmp_path, d
     python = _venv(tmp_path / "venv", wheel)
     cache = tmp_path / "cache"
     code = ("import sys; from torchgen_patch.cli import main; sys.exit(main(['run', '--', sys.executable, '-c', "
-            "'import torchgen_patch; print(len(torchgen_patch.installed_ops()))']))")
+            "'import torch, torchgen_patch; print(len(torchgen_patch.installed_ops()))']))")
     r = _run(python, code, str(tmp_path / "venv" / "bin"), cache)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(len(default_plan.ops()))
     assert f"{len(default_plan.ops())} kernels active (cpp), 0 refused" in r.stderr
     assert not os.path.exists(cache / "builds")
+
+
+def _recipe() -> list[str]:
+    """The command lines of the cluster recipe in docs/run.md, in order."""
+    text = open(os.path.join(ROOT, "docs", "run.md"), encoding="utf-8").read()
+    block = text[text.index("<!-- cluster recipe -->"):].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_cluster_recipe_as_written(wheel, tmp_path, default_plan):
+    """docs/run.md's recipe, line by line: the tool from `pip wheel`, the kernels wheel, both pip-installed
+    in a fresh venv of the same torch with no compiler, then `torchgen-patch run`. Run offline here:
+    pip gets --no-index (the venv sees this torch's site-packages, where the dependencies are)."""
+    lines = _recipe()
+    assert [line.split()[:2] for line in lines] == [["pip", "wheel"], ["torchgen-patch", "wheel"],
+                                                   ["pip", "install"], ["torchgen-patch", "run"]]
+    work = tmp_path / "clone"
+    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".venv*", ".cache", "build", ".git", "*.egg-info"))
+    dist = work / "dist"
+    dist.mkdir()
+    shutil.copy(wheel, dist)  # line 2, `torchgen-patch wheel -o dist`: the module's fixture ran it
+    # offline: no index, and setuptools from this environment (pip reads PIP_NO_BUILD_ISOLATION=0 as
+    # --no-build-isolation)
+    build = subprocess.run(lines[0].replace("pip", f"{sys.executable} -m pip", 1), shell=True, cwd=work,
+                           capture_output=True, text=True,
+                           env=dict(os.environ, PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0"))
+    assert build.returncode == 0, build.stderr[-2000:]
+    venv = tmp_path / "node"
+    python = _venv(venv, wheel)
+    env = {k: v for k, v in os.environ.items() if k not in ("CXX", "CC", "PYTHONPATH")}
+    env.update(PATH=str(venv / "bin") + os.pathsep + "/usr/bin:/bin", PIP_NO_INDEX="1",
+               PIP_DISABLE_PIP_VERSION_CHECK="1", TORCHGEN_PATCH_CACHE=str(tmp_path / "cache"))
+    pip = f"{sys.executable} -m pip --python {python}"
+    r = subprocess.run(lines[2].replace("pip", pip, 1), shell=True, cwd=work, capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (work / "train.py").write_text("import torch, torchgen_patch\nprint(len(torchgen_patch.installed_ops()))\n")
+    r = subprocess.run(lines[3].replace("torchrun --nproc-per-node 8", "python"), shell=True, cwd=work,
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == str(len(default_plan.ops()))
+    assert not os.path.exists(tmp_path / "cache" / "builds")  # nothing compiled on the node

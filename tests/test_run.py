@@ -53,7 +53,7 @@ def test_torchrun_every_rank_is_patched_and_the_library_is_built_once(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     ranks = sorted(p["rank"] for p in _probes(r.stdout))
     assert ranks == ["0", "1"] and all(p["versions"] == "1,1" and int(p["active"]) > 0 for p in _probes(r.stdout))
-    assert r.stderr.count("torchgen-patch: compiling") == 1  # built once, in the parent, before the program
+    assert r.stderr.count("torchgen-patch: compiling") == 1  # built once, by the first process, under the lock
     assert len(re.findall(r"kernels active \(cpp\)", r.stderr)) >= 2  # each rank (and the launcher) says so
 
 
@@ -98,7 +98,7 @@ def test_the_programs_own_arguments_are_its_own_and_a_signal_death_is_reported_l
 def test_the_users_path_keeps_its_order_and_relative_inputs_survive_a_chdir(tmp_path):
     (tmp_path / "localmod.py").write_text("X = 1\n")
     (tmp_path / "ov.yaml").write_text("aten::_cummin_helper:\n  action: skip\n  reason: probe\n")
-    code = ("import os, localmod, torchgen_patch; os.chdir('/'); "
+    code = ("import os, localmod; os.chdir('/'); import torch, torchgen_patch; "  # installed at `import torch`
             "print(sorted(torchgen_patch.installed_ops()))")
     r = tgp_run("--backend", "python", "--overlay", "ov.yaml", "--op", "aten::_cummax_helper", "--",
                 sys.executable, "-c", code, env={"PYTHONPATH": os.pathsep + ROOT}, cwd=tmp_path)
@@ -120,3 +120,77 @@ def test_patterns_never_reach_aten_or_prims():
     from torchgen_patch.runtime.install import expand_patterns
 
     assert [n for n in expand_patterns(["*::*"]) if n.split("::")[0] in ("aten", "prims")] == []
+
+
+def test_settings_the_program_makes_before_importing_torch_reach_torch(tmp_path):
+    """OMP_NUM_THREADS set by the program before its own `import torch`: the same thread count
+    under `run` (torch is imported by the program, then the kernels are installed); and
+    TORCH_CUSTOM_TERMINATE's crash handler speaks, as PyTorch's test_terminate_handler_on_crash expects."""
+    script = tmp_path / "omp.py"
+    script.write_text("import os\nos.environ['OMP_NUM_THREADS'] = '1'\nimport torch, torchgen_patch\n"
+                      "print(torch.get_num_threads(), len(torchgen_patch.installed_ops()) > 0)\n")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+    r = tgp_run("--", sys.executable, script)
+    assert (plain.stdout, r.stdout) == ("1 False\n", "1 True\n"), r.stderr
+    crash = ("import os; os.environ['TORCH_CUSTOM_TERMINATE'] = '1'; import torch; import torch._C; "
+             "torch._C._abort()")
+    r = tgp_run("-q", "--", sys.executable, "-c", crash)
+    assert r.returncode == 134 and "Unhandled exception caught in c10/util/AbortHandler.h" in r.stdout, r.stderr
+
+
+def test_the_parent_never_imports_torch_and_a_program_without_torch_is_left_alone():
+    code = ("import sys; from torchgen_patch import cli; rc = cli.main(['run', '-q', '--', sys.executable, '-c', "
+            "'import sys; print(\"torch\" in sys.modules)']); print('parent', 'torch' in sys.modules, rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "False\nparent False 0\n", "")
+
+
+@pytest.mark.parametrize("flags", [["-I"], ["-E"], ["-S"], ["-u", "-Es"], ["-W", "ignore", "-IS"], ["-bI"]])
+def test_interpreter_flags_that_would_skip_the_patch_are_refused(run_cli, tmp_path, flags):
+    marker = tmp_path / "ran"
+    rc, out, err = run_cli("run", "--", sys.executable, *flags, "-c", f"open({str(marker)!r}, 'w')")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and not marker.exists()
+    assert err.startswith(f"torchgen-patch: error: {os.path.basename(sys.executable)} -") and "(hint: drop -" in err
+
+
+def test_flags_that_do_not_skip_the_patch_and_a_dash_c_text_are_not_mistaken_for_them():
+    from torchgen_patch.runtime.launch import interpreter_flags
+
+    assert interpreter_flags(["python3", "-X", "importtime", "-c", "-I"]) == set()
+    assert interpreter_flags(["python3.12", "-Wd", "-m", "mod", "-E"]) == set()
+    assert interpreter_flags(["python", "-usI", "t.py"]) == {"u", "s", "I"}
+    assert interpreter_flags(["python", "t.py", "-S"]) == set()
+    assert interpreter_flags(["torchrun", "-S"]) == set()
+
+
+def test_an_empty_pythonpath_never_puts_the_current_directory_on_the_path(tmp_path):
+    """PYTHONPATH= (set, empty) adds nothing to the program's path, as without run: a torch.py in the
+    current directory is not imported, and the real torch is patched."""
+    (tmp_path / "torch.py").write_text("raise SystemExit('the current directory was imported from')\n")
+    prog = tmp_path / "prog" / "p.py"
+    prog.parent.mkdir()
+    prog.write_text("import sys, torch; print(torch.__file__.endswith('__init__.py'), '' in sys.path)\n")
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "run", "--", sys.executable, str(prog)],
+                       cwd=tmp_path, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""))
+    assert (r.returncode, r.stdout) == (0, "True False\n"), r.stderr
+    assert "kernels active (cpp)" in r.stderr
+
+
+def test_a_users_sitecustomize_that_exits_exits_as_without_run(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("raise SystemExit(5)\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    plain = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True,
+                           env=dict(os.environ, **env))
+    r = tgp_run("--", sys.executable, "-c", "print('ran')", env=env)
+    assert (r.returncode, r.stdout) == (plain.returncode, plain.stdout), r.stderr
+
+
+def test_a_bad_import_is_refused_before_the_program_starts(tmp_path):
+    marker = tmp_path / "ran"
+    r = tgp_run("--runtime-op", "tgp_test::*", "--import", "no_such_module_xyz", "--",
+                sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert r.returncode == 2 and not marker.exists(), r.stderr
+    assert r.stderr.endswith("torchgen-patch: error: --import no_such_module_xyz: ModuleNotFoundError: "
+                             "No module named 'no_such_module_xyz'\n")

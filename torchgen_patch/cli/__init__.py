@@ -12,7 +12,7 @@ from ..errors import InputError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .parser import parser
+    from .parser import no_command, parser, unrecognized
 
     argv = list(sys.argv[1:] if argv is None else argv)
     program = None
@@ -20,7 +20,12 @@ def main(argv: list[str] | None = None) -> int:
         # `run`'s program is the program's own: no @file expansion, no option parsing past `--`
         i = argv.index("--")
         argv, program = argv[:i], argv[i + 1:]
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if args.cmd is None:
+        p.error(no_command(p))
+    if extra:  # named by the subcommand, whose --help lists what it takes
+        p.commands[args.cmd].error(unrecognized(p.commands[args.cmd], extra))
     if program is not None:
         args.program = program
     try:

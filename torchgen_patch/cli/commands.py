@@ -12,7 +12,7 @@ import sys
 from ..errors import InputError, printable
 from ..files import STDOUT, check_output_dir, check_output_file, write_output
 from ..sources import Options
-from .parser import options
+from .parser import options, qualified
 
 
 def _drifts(scan) -> int:
@@ -214,6 +214,12 @@ def install(args) -> int:
     from ..runtime.install import install as install_kernels
 
     _needs_torch("install")
+    args.op = qualified(args.op)
+    if args.op:  # named the way verify and run name them (left out, covered, did you mean)
+        from .. import pipeline
+
+        i, plan = pipeline.plan(options(args))
+        plan.pick(args.op, i.scan)
     rep = install_kernels(args.op, backend=args.backend, options=options(args), verbose=args.verbose,
                           build=not args.no_build)
     if not args.quiet or rep.refused:  # -q: only what did not register
@@ -248,8 +254,8 @@ def verify(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise EnvironmentProblem("--device cuda: no CUDA device is available")
     opts = options(args)
-    _, plan = pipeline.plan(opts)
-    ops = plan.pick(args.op)
+    i, plan = pipeline.plan(opts)
+    ops = plan.pick(qualified(args.op), i.scan)
     xfails = plan.xfails()
     subclasses = SUBCLASSES if args.subclass == "all" else (args.subclass,)
     runs: dict[str, list] = {}
@@ -290,19 +296,21 @@ def _on(subclass: str) -> str:
 
 def run(args) -> int:
     from .. import pipeline
-    from ..runtime.launch import prepare, run_program
+    from ..runtime.launch import check_program, prepare, run_program
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         raise InputError(None, None, "run needs a program after --", "torchgen-patch run -- python train.py")
     if args.imports and not args.runtime_ops:
         raise InputError(None, None, "--import goes with --runtime-op")
-    _needs_torch("run")
+    check_program(program)
+    _torch_present("run")  # present, not imported: the program's own processes import it
     opts = options(args)
-    _, plan = pipeline.plan(opts)
+    i, plan = pipeline.plan(opts)
+    args.op = qualified(args.op)
     if args.op:
-        plan.pick(args.op)
-    env = dict(os.environ, **prepare(plan, opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
+        plan.pick(args.op, i.scan)
+    env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
                                        args.quiet))
     try:
         return run_program(program, env)
@@ -310,6 +318,13 @@ def run(args) -> int:
         raise InputError(None, None, f"no such program: {program[0]}") from None
     except OSError as e:
         raise InputError(None, None, f"cannot run {program[0]}: {e.strerror}") from None
+
+
+def _torch_present(what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        _needs_torch(what)  # says so, the one way every command does
 
 
 def diff(args) -> int:

@@ -16,10 +16,39 @@ Exit codes: 0 success/clean, 1 findings (lint) or failures (verify), 2 bad input
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error as one line (like every other bad input), exit 2."""
+    """argparse, with a usage error as one line (like every other bad input), exit 2, and the
+    closest name for a misspelt command or choice."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_closest(message)} (see {self.prog} --help)\n")
+
+
+def _closest(message: str) -> str:
+    """argparse's "invalid choice" message with the closest choice offered ("did you mean lint?")."""
+    import difflib
+    import re
+
+    m = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not m:
+        return message
+    what, given = m.group(1), m.group(2)
+    choices = [c.strip().strip("'") for c in m.group(3).split(",")]
+    close = difflib.get_close_matches(given, choices, n=1)
+    head = f"unknown command '{given}'" if what in ("cmd", "COMMAND") else f"argument {what}: invalid choice: '{given}'"
+    return head + (f" (did you mean {close[0]}?)" if close else f" (choose from {', '.join(choices)})")
+
+
+def unrecognized(sub: argparse.ArgumentParser, extra: list[str]) -> str:
+    """The message for arguments a subcommand does not know, with the closest option it has."""
+    import difflib
+
+    known = [o for a in sub._actions for o in a.option_strings]
+    close = [c for e in extra if e.startswith("-") for c in difflib.get_close_matches(e.split("=", 1)[0], known, n=1)]
+    return f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close[0]}?)" if close else "")
+
+
+def no_command(p: argparse.ArgumentParser) -> str:
+    return "give a command: " + ", ".join(p.commands)
 
 
 def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) -> None:
@@ -40,7 +69,7 @@ def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) ->
 
 
 def _output(p: argparse.ArgumentParser, output: str | None = None, formats: tuple[str, ...] | None = None,
-            default_format: str = "text") -> None:
+            default_format: str = "text", compiles: bool = False) -> None:
     """The flags every subcommand shares: -q/-v, and where it writes (-o/--output) in which --format."""
     g = p.add_argument_group("output")
     if formats:
@@ -51,11 +80,28 @@ def _output(p: argparse.ArgumentParser, output: str | None = None, formats: tupl
     v = g.add_mutually_exclusive_group()
     v.add_argument("-q", "--quiet", action="store_true", help="print nothing but results and errors")
     v.add_argument("-v", "--verbose", action="store_true",
-                   help="say more: progress of every step, the compiler's commands")
+                   help="say more: progress of every step" + (", the compiler's commands" if compiles else ""))
+
+
+class _CMakeDir(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ..codegen.output import cmake_dir
+        from ..errors import EnvironmentProblem
+
+        try:
+            print(cmake_dir())
+        except EnvironmentProblem as e:
+            parser.exit(e.exit_code, e.render() + "\n")
+        parser.exit(0)
 
 
 def _format(value: str) -> str:
     return "text" if value == "table" else value  # 'table': verify's older name for 'text'
+
+
+def qualified(ops: list[str] | None) -> list[str] | None:
+    """--op names; one without a namespace is an aten op (the only namespace of native_functions.yaml)."""
+    return None if ops is None else [o if "::" in o else f"aten::{o}" for o in ops]
 
 
 def options(args: argparse.Namespace) -> Options:
@@ -74,7 +120,11 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
     p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}",
                    help="print the version and exit")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--cmake-dir", action=_CMakeDir, nargs=0,
+                   help="print the folder of the CMake module (TorchgenPatch.cmake) and exit: "
+                        "list(APPEND CMAKE_MODULE_PATH <it>), then include(TorchgenPatch)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    p.commands = sub.choices  # name -> the subcommand's parser (its own errors and --help)
 
     s = sub.add_parser("scan", help="classify every function of native_functions.yaml")
     _inputs(s, checkout=True, overlay=False)
@@ -119,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="compile the kernels into a shared library against the running torch (cached)")
     _inputs(b, checkout=False)
     b.add_argument("--shards", type=int, default=2, metavar="N", help="number of kernel files (default 2)")
-    _output(b)
+    _output(b, compiles=True)
 
     i = sub.add_parser("install", help="try install() here: build if needed, register the kernels in a "
                                        "throwaway process and print what registered and what was refused",
@@ -131,11 +181,11 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--op", action="append", help="install only these ops (repeatable)")
     i.add_argument("--no-build", action="store_true",
                    help="never compile: use the installed prebuilt kernels (torchgen-patch wheel) or fail")
-    _output(i)
+    _output(i, compiles=True)
 
     w = sub.add_parser("wheel", help="build the kernels for the running torch and pack them in a platform wheel "
                                      "(torchgen-patch-kernels) that install() uses with no compiler")
-    _output(w, "DIR where to write the wheel (default: the current directory)")
+    _output(w, "DIR where to write the wheel (default: the current directory)", compiles=True)
 
     v = sub.add_parser("verify", help="run every op of the plan and check its version bumps",
                        description="Exit codes: 0 every row of every run it made passed (or failed as the "
@@ -152,12 +202,15 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--subclass", choices=("plain", "wrapper", "dtensor", "all"), default="plain",
                    help="wrap every tensor argument: a __torch_dispatch__ wrapper subclass, DTensor on a one-rank "
                         "process group, or each in turn (the verdict is on the wrapper's counter)")
-    _output(v, "FILE write the report here instead of stdout", VERIFY_FORMATS)
+    _output(v, "FILE write the report here instead of stdout", VERIFY_FORMATS, compiles=True)
 
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "
                                    "every Python process it starts",
-                       description="Builds once, then runs PROGRAM with the kernels installed at interpreter "
-                                   "start in each of its Python processes; passes its exit code through. "
+                       description="Runs PROGRAM with the kernels installed in each of its Python processes "
+                                   "right after that process first imports torch (so settings made before "
+                                   "`import torch` act as without run); the library is built once, by the first "
+                                   "process that needs it. Passes the exit code through. python -I, -E and -S "
+                                   "would skip the patch and are refused. "
                                    "Example: torchgen-patch run --runtime-op 'bitsandbytes::*' --import "
                                    "bitsandbytes -- python train.py")
     _inputs(r, checkout=False)
@@ -167,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
                    help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; repeatable)")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
-    _output(r)
+    _output(r, compiles=True)
     r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the command to run, after --")
 

@@ -241,3 +241,17 @@ def cmake_fragment(var: str, out_dir: str, names: list[str]) -> str:
         lines.append(f'    "{quoted}/{n}"')
     lines.append(")")
     return "\n".join(lines) + "\n"
+
+
+def cmake_dir() -> str:
+    """The folder holding TorchgenPatch.cmake (``torchgen-patch --cmake-dir``): inside the installed
+    package (torchgen_patch/cmake/), or a source checkout's cmake/ beside the package. Either way
+    the templates it makes the build depend on are in ``../templates`` from there."""
+    from ..errors import EnvironmentProblem
+
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for d in (os.path.join(pkg, "cmake"), os.path.join(os.path.dirname(pkg), "cmake")):
+        if os.path.isfile(os.path.join(d, "TorchgenPatch.cmake")):
+            return d
+    raise EnvironmentProblem(f"TorchgenPatch.cmake is not installed with torchgen-patch ({pkg})",
+                             "reinstall torchgen-patch from its wheel or source tree")

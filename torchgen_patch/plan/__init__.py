@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError, Location, printable, unknown_names
-from ..scan.model import MISSING, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
+from ..scan.model import COVERED, MISSING, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
 from .overlay import Overlay
 
 DEFAULT_TEMPLATE = "kernel.cpp.j2"
@@ -75,15 +75,20 @@ class Plan:
         """op -> the devices the overlay expects it to fail on (empty: every device)."""
         return {k.op: k.xfail_devices for k in self.kernels if k.xfail_devices is not None}
 
-    def pick(self, ops: list[str] | None) -> list[str]:
+    def pick(self, ops: list[str] | None, scan: Scan | None = None) -> list[str]:
         """``ops`` (all when None), sorted; an op the plan lacks is an error that says
-        why it is not there (left out, and the reason) or which planned op was meant."""
+        why it is not there (left out, and the reason; with ``scan``, already covered by
+        PyTorch's codegen) or which planned op was meant."""
         if ops is None:
             return self.ops()
         left = {lo.op: lo for lo in self.left_out}
         for op in ops:
             if op in left:
                 raise InputError(None, None, f"{op} is left out of the plan: {left[op].why}")
+            record = scan.get(op) if scan is not None and op not in self.ops() else None
+            if record is not None and record.verdict == COVERED:
+                raise InputError(None, None, f"{op} is already covered by PyTorch's codegen (it has a generated "
+                                             "ADInplaceOrView kernel): nothing to install or verify")
         unknown = sorted(set(ops) - set(self.ops()))
         if unknown:
             raise unknown_names("the plan", unknown, self.ops())

@@ -62,7 +62,7 @@ def _compiler() -> str:
     path = shutil.which(cxx)
     if path is None:
         raise EnvironmentProblem(f"no C++ compiler: '{cxx}' is not on PATH",
-                         "install g++ (or set CXX), or use install(backend='python')")
+                         "install g++ (or set CXX), or use --backend python (install(backend='python') in Python)")
     return path
 
 
@@ -294,13 +294,13 @@ def _compile(files, source_names, flags, name, key, final, root, verbose, log, n
                 fh.write(data)
         sources = [os.path.join(src, s) for s in source_names]
         print(f"torchgen-patch: compiling {len(sources)} translation units with ninja "
-              f"(torch {torch.__version__}) ...", file=log, flush=True)
+              f"(torch {torch.__version__}); {estimate(root, len(sources))} ...", file=log, flush=True)
         t0 = time.monotonic()
         saved_path = os.environ.get("PATH", "")
         if ninja_dir:
             os.environ["PATH"] = ninja_dir + os.pathsep + saved_path
         try:
-            with own_process_group(cpp_extension):
+            with own_process_group(cpp_extension), Progress(tmp, source_names, log):
                 cpp_extension.load(name=name, sources=sources, extra_cflags=list(flags), extra_include_paths=[src],
                                    build_directory=tmp, verbose=verbose, is_python_module=False)
         except subprocess.CalledProcessError as e:  # cpp_extension asking the compiler about itself
@@ -316,7 +316,8 @@ def _compile(files, source_names, flags, name, key, final, root, verbose, log, n
         _owner_writable_only(tmp)
         with open(os.path.join(tmp, RECORD), "w") as fh:
             json.dump({"key": key, "torch": torch.__version__, "library": f"{name}.so",
-                       "sha256": sha256_of(os.path.join(tmp, f"{name}.so")), "flags": list(flags)},
+                       "sha256": sha256_of(os.path.join(tmp, f"{name}.so")), "flags": list(flags),
+                       "seconds": round(time.monotonic() - t0, 1), "units": len(sources)},
                       fh, indent=2, sort_keys=True)
         if os.path.lexists(final) and not _complete(final, key):  # a damaged earlier build: out of the way
             aside = tempfile.mkdtemp(prefix=f".stale-{key[:12]}-{os.getpid()}-", dir=root)
@@ -344,6 +345,78 @@ def _versioned_name(tmp: str, name: str) -> None:
         made = sorted(n for n in os.listdir(tmp) if re.fullmatch(re.escape(name) + r"_v[0-9]+\.so", n))
         if made:
             os.rename(os.path.join(tmp, made[-1]), lib)
+
+
+def estimate(root: str, units: int) -> str:
+    """How long the build will take, said before it starts: from the last build in this cache
+    (its seconds per translation unit), else from the figures measured on a 2-core machine."""
+    last = None
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("build-") and not n.endswith(".lock")]
+    except OSError:
+        names = []
+    for n in names:
+        fd = cache.open_entry(os.path.join(root, n, RECORD))  # a record is input like any cache entry
+        if fd is None:
+            continue
+        try:
+            mtime = os.fstat(fd).st_mtime
+            with os.fdopen(fd, "rb") as fh:
+                info = json.loads(fh.read())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict):
+            continue
+        if isinstance(info.get("seconds"), (int, float)) and info.get("units") and (last is None or mtime > last[0]):
+            last = (mtime, info["seconds"] / info["units"])
+    if last is not None:
+        return f"about {max(1, round(last[1] * units))} s, going by the last build here"
+    return f"about {10 * units}-{25 * units} s on 2 cores, less with more"
+
+
+class Progress:
+    """On a terminal (not in CI), a line per translation unit as its object file appears in the
+    build directory; elsewhere nothing. A context manager around the compile."""
+
+    def __init__(self, directory: str, sources: list[str], log):
+        self.directory, self.log = directory, log
+        self.pending = {os.path.splitext(os.path.basename(s))[0]: os.path.basename(s) for s in sources}
+        self.total = len(self.pending)
+        self.on = bool(getattr(log, "isatty", lambda: False)()) and not os.environ.get("CI")
+        self.t0 = time.monotonic()
+        self._stop = None
+
+    def poll(self) -> None:
+        try:
+            objects = {os.path.splitext(n)[0] for n in os.listdir(self.directory) if n.endswith(".o")}
+        except OSError:
+            return
+        for stem in sorted(objects & set(self.pending)):
+            done = self.total - len(self.pending) + 1
+            print(f"torchgen-patch: [{done}/{self.total}] compiled {self.pending.pop(stem)} "
+                  f"({time.monotonic() - self.t0:.0f} s)", file=self.log, flush=True)
+
+    def __enter__(self):
+        if self.on:
+            import threading
+
+            self._stop = threading.Event()
+
+            def watch():
+                while not self._stop.wait(0.5):
+                    self.poll()
+
+            self._thread = threading.Thread(target=watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join()
+            if exc[0] is None:
+                self.poll()
+        return False
 
 
 def _owner_writable_only(top: str) -> None:
