@@ -115,6 +115,8 @@ def lint(args) -> int:
                                          "--generated or --against-runtime")
         if args.no_cache:
             raise InputError(None, None, "--runtime reads no yaml: --no-cache does not apply")
+        if args.autograd:
+            raise InputError(None, None, "--autograd asks the yaml's autograd codegen: it does not go with --runtime")
         _needs_torch("lint --runtime")
         from ..diagnostics import rules
         from ..runtime import registry
@@ -133,7 +135,7 @@ def lint(args) -> int:
             o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=None)
             runs.append(pipeline.inputs(o))
             _inputs_note(args, runs[-1].sources)
-        fs = [f for i in runs for f in findings(i.scan, i.overlay)]
+        fs = [f for i in runs for f in findings(i.scan, i.overlay, autograd=args.autograd)]
         counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
         summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
     if args.generated:

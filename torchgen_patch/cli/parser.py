@@ -97,6 +97,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
     b.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
     lint.add_argument("--generated", metavar="DIR", help="also check the kernels generated in DIR against the plan")
+    lint.add_argument("--autograd", action="store_true",
+                      help="also report the autograd half: out= ops whose autograd kernel never refuses inputs "
+                           "that require grad, void in-place ops that skip check_inplace")
     lint.add_argument("--runtime", action="store_true",
                       help="lint the live operator registry (any namespace) instead of a yaml (needs torch)")
     lint.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",

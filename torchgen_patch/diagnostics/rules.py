@@ -43,7 +43,21 @@ STALE_FILE = Rule(
     "A kernel shard left from an earlier gen with more shards: a build that globs the directory compiles old "
     "kernels; run torchgen-patch gen (it removes the files of its own earlier runs).")
 
-RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE)}
+OUT_REQUIRES_GRAD = Rule(
+    "out-requires-grad-unchecked", "OutRequiresGradUnchecked", "out= op that never refuses inputs requiring grad",
+    "The op is out= and returns nothing, so PyTorch's autograd codegen (gen_variable_type) gives it no "
+    "derivative and its VariableType kernel only redispatches: it never raises \"functions with out=... "
+    "arguments don't support automatic differentiation\" as add(out=) does. With grad mode on, an input that "
+    "requires grad is accepted and the outputs do not require grad: gradients through them are dropped "
+    "without a word.")
+INPLACE_UNCHECKED = Rule(
+    "inplace-check-missing", "InplaceCheckMissing", "Void in-place op whose autograd kernel skips check_inplace",
+    "The op writes its arguments in place and returns nothing, and its VariableType kernel calls no "
+    "check_inplace: in grad mode a leaf that requires grad is modified without the error other in-place ops "
+    "raise (\"a leaf Variable that requires grad is being used in an in-place operation\").", "warning")
+
+RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE,
+                           OUT_REQUIRES_GRAD, INPLACE_UNCHECKED)}
 
 
 def _make(rule: Rule, loc: Location, op: str, message: str) -> Finding:
@@ -57,6 +71,18 @@ def missing(record) -> Finding:
 
 def unsupported(record) -> Finding:
     return _make(UNSUPPORTED, record.loc, record.name, f"{record.name}: {record.reason}")
+
+
+def out_requires_grad(record) -> Finding:
+    return _make(OUT_REQUIRES_GRAD, record.loc, record.name,
+                 f"{record.name}: out= op that returns nothing: its autograd kernel never refuses an input or "
+                 "output that requires grad, so gradients through its outputs are silently lost")
+
+
+def inplace_unchecked(record) -> Finding:
+    return _make(INPLACE_UNCHECKED, record.loc, record.name,
+                 f"{record.name}: in-place op that returns nothing: its autograd kernel never calls check_inplace, "
+                 "so a leaf that requires grad is written without an error")
 
 
 def missing_at_runtime(op) -> Finding:

@@ -16,7 +16,7 @@ _WHAT = {"out": "out= op", "inplace": "in-place op", "mutable": "mutable op"}
 def record(f: Facts) -> OpRecord:
     verdict, reason = verdict_of(f)
     return OpRecord(f.name, f.schema, Location(f.file, f.line), f.kind, f.written, f.returns, verdict, reason,
-                    f.composite_implicit, f.manual)
+                    f.composite_implicit, f.manual, f.autograd_gap)
 
 
 def verdict_of(f: Facts) -> tuple[str, str]:

@@ -17,6 +17,10 @@ COMPOSITE = "composite"  # mutates and returns, no kernel of its own: decomposes
 NOT_MUTATING = "not_mutating"
 VERDICTS = (COVERED, MISSING, UNSUPPORTED, COMPOSITE, NOT_MUTATING)
 
+# What the autograd codegen's VariableType kernel of a void op leaves out (independent of the verdict).
+OUT_UNCHECKED = "out"  # an out= op: inputs or outputs that require grad are never refused
+INPLACE_UNCHECKED = "inplace"  # an in-place op: no check_inplace (a leaf that requires grad can be written)
+
 
 class OpRecord(NamedTuple):
     name: str  # aten::split_with_sizes_copy.out
@@ -29,6 +33,7 @@ class OpRecord(NamedTuple):
     reason: str
     composite_implicit: bool = False
     manual: bool = False
+    autograd_gap: str = ""  # "" | OUT_UNCHECKED | INPLACE_UNCHECKED (what its VariableType kernel leaves out)
 
     def to_json(self, path: str | None = None) -> dict:
         return {
@@ -36,19 +41,19 @@ class OpRecord(NamedTuple):
             "line": self.loc.line, "kind": self.kind,
             "written": [{"name": w.name, "form": w.form} for w in self.written],
             "returns": self.returns, "verdict": self.verdict, "reason": self.reason,
-            "composite_implicit": self.composite_implicit, "manual": self.manual,
+            "composite_implicit": self.composite_implicit, "manual": self.manual, "autograd_gap": self.autograd_gap,
         }
 
     @staticmethod
     def from_json(d: dict, path: str) -> OpRecord:
         return OpRecord(d["name"], d["schema"], Location(path, d["line"]), d["kind"],
                         tuple(WrittenArg(**w) for w in d["written"]), d["returns"], d["verdict"], d["reason"],
-                        d["composite_implicit"], d["manual"])
+                        d["composite_implicit"], d["manual"], d.get("autograd_gap", ""))
 
     def to_row(self) -> list:
         """The compact form the cache keeps (no path: the cache is keyed by content)."""
         return [self.name, self.schema, self.loc.line, self.kind, [list(w) for w in self.written], self.returns,
-                self.verdict, self.reason, self.composite_implicit, self.manual]
+                self.verdict, self.reason, self.composite_implicit, self.manual, self.autograd_gap]
 
     @staticmethod
     def from_row(r: list, path: str) -> OpRecord:
@@ -85,6 +90,10 @@ class Scan:
 
     def counts(self) -> dict[str, int]:
         return dict(self._counts)
+
+    def with_gap(self, gap: str) -> list[OpRecord]:
+        """The ops whose VariableType kernel leaves out ``gap``'s check (OUT_UNCHECKED, INPLACE_UNCHECKED)."""
+        return [r for r in self.records if r.autograd_gap == gap]
 
     def total(self) -> int:
         return len(self.records)

@@ -47,3 +47,7 @@ class Facts(NamedTuple):
     composite_implicit: bool
     manual: bool  # in MANUAL_AUTOGRAD: kernels written by hand in VariableTypeManual.cpp
     cpp: CppSig | None  # for candidates of a generated kernel
+    # What the autograd codegen's VariableType kernel for this op leaves out (gen_variable_type, asked):
+    # "out": an out= op with a differentiable input whose kernel never calls throw_error_out_requires_grad;
+    # "inplace": a void in-place op whose kernel never calls check_inplace; "" otherwise.
+    autograd_gap: str = ""

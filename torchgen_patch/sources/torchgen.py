@@ -32,6 +32,7 @@ from ..files import check_depth, private_dirs, yaml_error
 from .facts import CppSig, Facts, WrittenArg
 
 INSTALLED, CHECKOUT = "installed", "checkout"
+_GAP_KINDS = ("out", "inplace")  # the void ops whose VariableType kernel is asked what it checks
 _OWNED = ("torchgen", "tools")
 
 
@@ -422,8 +423,75 @@ class _Asker:
         views = [self.g.get_view_info(f) is not None for f in functions]
         registers = [self.registers(f) if w or v else False for f, w, v in zip(functions, written, views)]
         bases = {str(f.func.name.name.base) for f, r in zip(functions, registers) if r and not f.is_abstract}
+        self.names = {str(f.func.name) for f in functions}
         self.derived = derivative_signatures(os.path.join(self.tc.autograd_dir, "derivatives.yaml"), bases)
-        return [self.one(f, reg, w, v, raw) for f, reg, w, v in zip(functions, registers, written, views)]
+        gaps = self.autograd_gaps([f for f, w, v in zip(functions, written, views)
+                                   if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS])
+        return [self.one(f, reg, w, v, raw)._replace(autograd_gap=gaps.get(str(f.func.name), ""))
+                for f, reg, w, v in zip(functions, registers, written, views)]
+
+    def autograd_gaps(self, functions: list) -> dict[str, str]:
+        """Ask the tree's own ``gen_variable_type`` for the VariableType kernel of each void
+        out= / in-place function, and read what it emits: an out= kernel with a differentiable
+        input (torchgen's ``is_differentiable``) but no ``throw_error_out_requires_grad`` lets
+        inputs that require grad through silently ("out"); an in-place kernel without
+        ``check_inplace`` lets a leaf that requires grad be written ("inplace"). The text the
+        codegen writes decides, never its rule re-derived: a codegen that ``diff --mode fix``
+        patched answers differently."""
+        if not functions:
+            return {}
+        gvt = _import(self.tc, f"{self.tc.autograd}.gen_variable_type")
+        api = _import(self.tc, "torchgen.api.autograd")
+        out = {}
+        for fn in api.match_differentiability_info(functions, self.gap_infos()):
+            f = fn.func
+            if api.dispatch_strategy(fn) != "use_derived":  # no VariableType kernel of its own: it decomposes
+                continue
+            try:
+                written = gvt.gen_variable_type_func(fn)
+            except (AssertionError, RuntimeError):  # the codegen itself refuses this op with this yaml (a
+                continue  # foreach op of a partial yaml lacks the formula of its reference op): nothing to read
+            body = "".join(line for k, v in written.items() if k.startswith("type_derived_method_definitions")
+                           for line in v)
+            kind = f.func.kind().name
+            if kind == "out" and "throw_error_out_requires_grad" not in body and self.has_differentiable_input(fn):
+                out[str(f.func.name)] = "out"
+            elif kind == "inplace" and "check_inplace" not in body:
+                out[str(f.func.name)] = "inplace"
+        return out
+
+    def gap_infos(self):
+        """The differentiability infos, as the tree's codegen loads them. A yaml that is a part of
+        PyTorch's (a fixture, an extension's few ops) lacks functions that derivatives.yaml names,
+        which load_derivatives refuses: it is then asked again with the entries of this yaml's own
+        functions only."""
+        path = os.path.join(self.tc.autograd_dir, "derivatives.yaml")
+        try:
+            return self.infos()
+        except InputError:
+            with open(path, encoding="utf-8") as fh:
+                blocks = re.split(r"(?m)^(?=- name:)", fh.read())
+        kept = [b for b in blocks[1:] if _name_of(b) in self.names]
+        if len(kept) == len(blocks) - 1:  # every entry is of this yaml: the whole file's refusal stands
+            return self.infos()
+        if not kept:  # none of this yaml's functions has a derivative formula
+            return {}
+        import tempfile
+
+        ld = _import(self.tc, f"{self.tc.autograd}.load_derivatives")
+        with tempfile.TemporaryDirectory(prefix="torchgen-patch-") as d:
+            part = os.path.join(d, "derivatives.yaml")
+            with open(part, "w", encoding="utf-8") as fh:
+                fh.write(blocks[0] + "".join(kept))
+            try:
+                return ld.load_derivatives(part, self.native_path, self.tags_path)[0]
+            except Exception as e:
+                raise _rejected(self.tc, path, e, who="autograd codegen") from None
+
+    def has_differentiable_input(self, fn) -> bool:
+        is_diff = _import(self.tc, "torchgen.api.autograd").is_differentiable
+        infos = list(fn.info.values()) if fn.info else [None]
+        return any(is_diff(a.name, a.type, info) for a in fn.func.func.arguments.flat_non_out for info in infos)
 
     def one(self, f, reg: bool, written: tuple, view: bool, raw: dict[int, str]) -> Facts:
         name = str(f.func.name)
@@ -513,6 +581,11 @@ def derivative_signatures(path: str, bases: set[str] | None = None) -> frozenset
         except Exception:  # an entry this torchgen cannot parse: let load_derivatives judge
             sigs.add("*")
     return frozenset(sigs)
+
+
+def _name_of(block: str) -> str:
+    """The operator name of one derivatives.yaml entry (``- name: add.Tensor(...`` -> ``add.Tensor``)."""
+    return block[len("- name:"):].split("(", 1)[0].strip()
 
 
 def cpp_signature(f) -> CppSig:
