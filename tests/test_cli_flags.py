@@ -71,6 +71,7 @@ SOURCE_ARGS = {
     "--overlay": lambda ctx: (["--overlay", ctx["overlay"]], "overlay", ctx["overlay"]),
     "--no-overlay": lambda ctx: (["--no-overlay"], "no_overlay", True),
     "--no-cache": lambda ctx: (["--no-cache"], "no_cache", True),
+    "--no-requires-grad-check": lambda ctx: (["--no-requires-grad-check"], "requires_grad_check", False),
 }
 BASE = {  # the smallest run of each subcommand (and how to stub what would need a build)
     "scan": [], "lint": [], "gen": ["--out", "OUT"], "build": [], "install": ["--backend", "python"],
@@ -145,6 +146,16 @@ def p_lint_generated(run_cli, tmp_path, **_):
     assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
     rc, out, _ = run_cli("lint", "--generated", tmp_path / "g")
     assert rc == 0 and out.startswith("0 finding(s)"), out  # every missing op has a current kernel
+
+
+def p_lint_autograd(run_cli, tmp_path, **_):
+    rc, out, _ = run_cli("lint", "--autograd", "--format", "json")
+    rules = {f["rule"] for f in json.loads(out)["findings"]}
+    assert rc == 1 and {"out-requires-grad-unchecked", "inplace-check-missing"} <= rules
+    # with kernels generated (they refuse requires_grad), the out= findings are covered too
+    assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
+    rc, out, _ = run_cli("lint", "--autograd", "--generated", tmp_path / "g", "--format", "json")
+    assert {f["rule"] for f in json.loads(out)["findings"]} == {"inplace-check-missing"}
 
 
 def p_lint_runtime(run_cli, **_):
@@ -484,6 +495,7 @@ PROBES = {
     ("lint", "--against-runtime"): p_against_runtime("lint"),
     ("lint", "--baseline"): p_lint_baseline, ("lint", "--write-baseline"): p_lint_baseline,
     ("lint", "--generated"): p_lint_generated, ("lint", "--runtime"): p_lint_runtime,
+    ("lint", "--autograd"): p_lint_autograd,
     ("lint", "--import"): p_lint_import, ("lint", "--namespace"): p_lint_namespace,
     ("gen", "--output"): p_gen_out, ("gen", "--shards"): p_gen_shards, ("gen", "--output-dependencies"): p_gen_deps,
     ("gen", "--dry-run"): p_gen_dry_run, ("gen", "--strict"): p_gen_strict,

@@ -36,7 +36,7 @@ def inputs(opts: Options) -> Inputs:
 
 def plan(opts: Options, strict: bool = False) -> tuple[Inputs, Plan]:
     i = inputs(opts)
-    return i, make_plan(i.scan, i.overlay, strict=strict)
+    return i, make_plan(i.scan, i.overlay, strict=strict, requires_grad_check=opts.requires_grad_check)
 
 
 def generate(opts: Options, shards: int = 2, strict: bool = False) -> tuple[Inputs, Plan, dict[str, bytes]]:

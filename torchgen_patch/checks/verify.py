@@ -4,12 +4,19 @@ it writes ends exactly one version higher.
 Verdicts: PASS (+1 each), MISS (some tensor not bumped), EXTRA (some tensor
 bumped more than once), ERROR (the call raised), NOT_RUN (no sample on this
 device, with the reason), and XFAIL/XPASS for ops the overlay expects to fail.
+
+The requires-grad check (``run_grad``): run an out= op of the plan on its sample with every floating
+input (not the tensors it writes) requiring grad, in grad mode, and see whether it refuses: REFUSE
+(PyTorch's out= message, nothing written), SILENT (the call went through: gradients through its outputs
+are lost), ERROR (another failure), NOT_RUN (no sample here, or no floating input).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+
+from ..runtime.pykernel import OUT_REQUIRES_GRAD
 
 PASS, MISS, EXTRA, ERROR, NOT_RUN, XFAIL, XPASS = "PASS", "MISS", "EXTRA", "ERROR", "NOT_RUN", "XFAIL", "XPASS"
 FAILING = {MISS, EXTRA, ERROR}
@@ -158,3 +165,86 @@ def to_json(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
     doc = {"meta": meta, "runs": {k: {"counts": counts(v), "results": [asdict(r) for r in v]}
                                   for k, v in results_by_run.items()}}
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# The requires-grad check
+
+REFUSE, SILENT = "REFUSE", "SILENT"  # and ERROR, NOT_RUN as above
+MESSAGE = OUT_REQUIRES_GRAD  # PyTorch's own, after the op's name
+
+
+@dataclass
+class GradResult:
+    op: str
+    device: str
+    patched: bool
+    verdict: str
+    message: str = ""
+    unwritten: bool | None = None  # REFUSE: the written tensors are unchanged (None: not refused)
+
+
+def _requiring_grad(value, written: set[int]):
+    """``value`` with each floating tensor that is not written replaced by a leaf that requires grad."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_requiring_grad(v, written) for v in value)
+    if hasattr(value, "requires_grad_") and id(value) not in written and value.is_floating_point():
+        return value.detach().clone().requires_grad_(True)
+    return value
+
+
+def _same_bits(before, after) -> bool:
+    import torch
+
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    if before.is_quantized:  # their bytes are not viewable: the integer representation is what is written
+        before, after = before.int_repr(), after.detach().int_repr()
+    return torch.equal(before.contiguous().reshape(-1).view(torch.uint8),
+                       after.detach().contiguous().reshape(-1).view(torch.uint8))
+
+
+def run_grad_op(op: str, device: str, patched: bool, outputs: bool = False) -> GradResult:
+    """``op`` once, in grad mode, with its floating inputs requiring grad (``outputs``: its written
+    tensors instead, as leaves that require grad)."""
+    import torch
+
+    from .samples import NoSample, opoverload, sample
+
+    try:
+        s = sample(op, device)
+    except NoSample as e:
+        return GradResult(op, device, patched, NOT_RUN, str(e))
+    except Exception as e:  # a recipe that does not fit this torch: never a pass
+        return GradResult(op, device, patched, ERROR, f"building the sample: {type(e).__name__}: {e}")
+    written = {id(t) for _, t in s.written_tensors()}
+    if outputs:
+        for _, t in s.written_tensors():
+            if t.is_floating_point():
+                t.requires_grad_(True)
+        args, kwargs = s.args, s.kwargs
+        asked = any(t.requires_grad for _, t in s.written_tensors())
+    else:
+        args = [_requiring_grad(a, written) for a in s.args]
+        kwargs = {k: _requiring_grad(v, written) for k, v in s.kwargs.items()}
+        asked = any(getattr(t, "requires_grad", False) for v in [*args, *kwargs.values()]
+                    for t in (v if isinstance(v, (list, tuple)) else [v]))
+    if not asked:
+        return GradResult(op, device, patched, NOT_RUN, "no floating tensor to require grad")
+    before = [t.detach().clone() for _, t in s.written_tensors()]
+    try:
+        with torch.enable_grad():
+            opoverload(op)(*args, **kwargs)
+    except RuntimeError as e:
+        text = str(e).splitlines()[0] if str(e) else ""
+        if text.endswith(MESSAGE):
+            same = all(_same_bits(b, t) for b, (_, t) in zip(before, s.written_tensors()))
+            return GradResult(op, device, patched, REFUSE, text, same)
+        return GradResult(op, device, patched, ERROR, f"RuntimeError: {text}")
+    except Exception as e:  # the op's own failure is a result
+        return GradResult(op, device, patched, ERROR, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return GradResult(op, device, patched, SILENT)
+
+
+def run_grad(ops: list[str], device: str, patched: bool, outputs: bool = False) -> list[GradResult]:
+    return [run_grad_op(op, device, patched, outputs) for op in sorted(ops)]

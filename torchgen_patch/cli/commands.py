@@ -142,13 +142,16 @@ def lint(args) -> int:
         if len(runs) != 1:
             raise InputError(None, None, "--generated checks one yaml at a time")
         from ..checks.generated import check
-        from ..diagnostics.rules import MISSING
+        from ..diagnostics.rules import MISSING, OUT_REQUIRES_GRAD
         from ..plan import make_plan
 
-        # with generated kernels, a missing op is covered when its kernel is there and current
-        plan = make_plan(runs[0].scan, runs[0].overlay)
+        # with generated kernels, a missing op is covered when its kernel is there and current (and an
+        # out= op's requires-grad gap when that kernel refuses it)
+        plan = make_plan(runs[0].scan, runs[0].overlay, requires_grad_check=opts.requires_grad_check)
         planned = set(plan.ops())
-        fs = [f for f in fs if not (f.rule == MISSING.id and f.op in planned)] + check(plan, args.generated)
+        refusing = {k.op for k in plan.kernels if k.refuse_name}
+        fs = [f for f in fs if not (f.rule == MISSING.id and f.op in planned)
+              and not (f.rule == OUT_REQUIRES_GRAD.id and f.op in refusing)] + check(plan, args.generated)
     if args.write_baseline:
         write_output(args.write_baseline, baseline.render(fs).encode(), "baseline")
         print(f"wrote {len(fs)} finding(s) to {args.write_baseline}", file=sys.stderr)

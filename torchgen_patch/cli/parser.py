@@ -35,6 +35,9 @@ def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) ->
     if overlay:
         g.add_argument("--overlay", metavar="PATH", help="overlay of per-op decisions (default: the shipped one)")
         g.add_argument("--no-overlay", action="store_true", help="use no overlay at all")
+        g.add_argument("--no-requires-grad-check", action="store_true",
+                       help="generated out= kernels do not refuse inputs or outputs that require grad "
+                            "(per op: 'requires_grad: allow' in the overlay)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the scan cache")
 
 
@@ -60,7 +63,8 @@ def _format(value: str) -> str:
 def options(args: argparse.Namespace) -> Options:
     return Options(native_functions=getattr(args, "native_functions", None), tags=getattr(args, "tags", None),
                    pytorch_root=getattr(args, "pytorch_root", None), overlay=getattr(args, "overlay", None),
-                   no_overlay=getattr(args, "no_overlay", False), no_cache=getattr(args, "no_cache", False))
+                   no_overlay=getattr(args, "no_overlay", False), no_cache=getattr(args, "no_cache", False),
+                   requires_grad_check=not getattr(args, "no_requires_grad_check", False))
 
 
 BACKEND = "cpp: the compiled kernels (default); python: torch.library kernels, no compiler needed"

@@ -53,6 +53,7 @@ class Candidate:
     op: str
     schema: str
     written: tuple = ()
+    refuse: tuple | None = None  # (name PyTorch prints, arguments): the kernel refuses requires_grad
 
 
 def check(candidates: list[Candidate]) -> tuple[list[Candidate], list[str], dict[str, str]]:
@@ -80,7 +81,8 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
             native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
             no_overlay: bool = False, no_cache: bool = False, runtime_ops: list[str] | None = None,
             verbose: bool = False, options: Options | None = None, plan=None,
-            evidence: bool = False, boxed_library: str | None = None, build: bool = True) -> InstallReport:
+            evidence: bool = False, boxed_library: str | None = None, build: bool = True,
+            requires_grad_check: bool = True) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
 
     ``runtime_ops``: operators of any namespace found in the live registry
@@ -94,8 +96,10 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
     With neither ``library`` nor ``plan``, installed prebuilt kernels (``torchgen-patch wheel``)
     are used when they match this torch exactly; else the report says why not and the cached
     build is used, unless ``build=False``, which refuses instead (InputError).
+    ``requires_grad_check=False``: the kernels of out= ops do not refuse arguments that require
+    grad (by default they do, with PyTorch's own message, in grad mode).
     """
-    opts = options or Options(native_functions, tags, None, overlay, no_overlay, no_cache)
+    opts = options or Options(native_functions, tags, None, overlay, no_overlay, no_cache, requires_grad_check)
     if backend not in ("cpp", "python"):
         raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
     if runtime_ops is not None and ops is None and library is None:
@@ -109,7 +113,8 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, library: str 
                 from ..pipeline import plan as make
 
                 _, plan = make(opts)
-            cands = [Candidate(k.op, k.schema, k.written) for k in plan.kernels]
+            cands = [Candidate(k.op, k.schema, k.written, (k.refuse_name, k.refuse_args) if k.refuse_name else None)
+                     for k in plan.kernels]
             return _install_python(_select(cands, ops))
         prebuilt, unused = (None, None) if library or plan else _prebuilt(opts, build)
         if prebuilt is not None:
@@ -211,7 +216,7 @@ def _c_names(names: list[str]):
     return (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
 
 
-def _python_kernel(op: str, written, evidence=None) -> object:
+def _python_kernel(op: str, written, evidence=None, refuse=None) -> object:
     """Register the Python fallback kernel for ``op`` (ns::name.overload); returns the Library."""
     torch = require_torch("installing the kernels")
     from .pykernel import make_kernel
@@ -220,7 +225,7 @@ def _python_kernel(op: str, written, evidence=None) -> object:
     base, _, overload = rest.partition(".")
     opov = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
     lib = torch.library.Library(ns, "IMPL")
-    lib.impl(rest, make_kernel(opov, written, evidence), "ADInplaceOrView", with_keyset=True)
+    lib.impl(rest, make_kernel(opov, written, evidence, refuse), "ADInplaceOrView", with_keyset=True)
     return lib
 
 
@@ -245,7 +250,7 @@ def _install_python(cands: list[Candidate]) -> InstallReport:
     rep = InstallReport("python")
     ok, rep.already, rep.refused = check(cands)
     for c in ok:
-        _HANDLES.append(_python_kernel(c.op, [w.name for w in c.written]))
+        _HANDLES.append(_python_kernel(c.op, [w.name for w in c.written], refuse=c.refuse))
         _INSTALLED[c.op] = "python"
         rep.registered.append(c.op)
     return rep

@@ -16,7 +16,8 @@ _WHAT = {"out": "out= op", "inplace": "in-place op", "mutable": "mutable op"}
 def record(f: Facts) -> OpRecord:
     verdict, reason = verdict_of(f)
     return OpRecord(f.name, f.schema, Location(f.file, f.line), f.kind, f.written, f.returns, verdict, reason,
-                    f.composite_implicit, f.manual, f.autograd_gap)
+                    f.composite_implicit, f.manual, f.autograd_gap,
+                    f.grad_name, f.grad_inputs)
 
 
 def verdict_of(f: Facts) -> tuple[str, str]:

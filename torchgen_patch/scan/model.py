@@ -34,6 +34,8 @@ class OpRecord(NamedTuple):
     composite_implicit: bool = False
     manual: bool = False
     autograd_gap: str = ""  # "" | OUT_UNCHECKED | INPLACE_UNCHECKED (what its VariableType kernel leaves out)
+    grad_name: str = ""  # OUT_UNCHECKED: the name PyTorch's out= refusal prints for it
+    grad_inputs: tuple[str, ...] = ()  # OUT_UNCHECKED: its differentiable inputs
 
     def to_json(self, path: str | None = None) -> dict:
         return {
@@ -42,22 +44,26 @@ class OpRecord(NamedTuple):
             "written": [{"name": w.name, "form": w.form} for w in self.written],
             "returns": self.returns, "verdict": self.verdict, "reason": self.reason,
             "composite_implicit": self.composite_implicit, "manual": self.manual, "autograd_gap": self.autograd_gap,
+            **({"grad_name": self.grad_name, "grad_inputs": list(self.grad_inputs)} if self.grad_name else {}),
         }
 
     @staticmethod
     def from_json(d: dict, path: str) -> OpRecord:
         return OpRecord(d["name"], d["schema"], Location(path, d["line"]), d["kind"],
                         tuple(WrittenArg(**w) for w in d["written"]), d["returns"], d["verdict"], d["reason"],
-                        d["composite_implicit"], d["manual"], d.get("autograd_gap", ""))
+                        d["composite_implicit"], d["manual"], d.get("autograd_gap", ""),
+                        d.get("grad_name", ""), tuple(d.get("grad_inputs", ())))
 
     def to_row(self) -> list:
         """The compact form the cache keeps (no path: the cache is keyed by content)."""
         return [self.name, self.schema, self.loc.line, self.kind, [list(w) for w in self.written], self.returns,
-                self.verdict, self.reason, self.composite_implicit, self.manual, self.autograd_gap]
+                self.verdict, self.reason, self.composite_implicit, self.manual, self.autograd_gap,
+                self.grad_name, list(self.grad_inputs)]
 
     @staticmethod
     def from_row(r: list, path: str) -> OpRecord:
-        return OpRecord(r[0], r[1], Location(path, r[2]), r[3], tuple(WrittenArg(*w) for w in r[4]), *r[5:])
+        return OpRecord(r[0], r[1], Location(path, r[2]), r[3], tuple(WrittenArg(*w) for w in r[4]), *r[5:12],
+                        tuple(r[12]))
 
 
 @dataclass(frozen=True)

@@ -427,17 +427,20 @@ class _Asker:
         self.derived = derivative_signatures(os.path.join(self.tc.autograd_dir, "derivatives.yaml"), bases)
         gaps = self.autograd_gaps([f for f, w, v in zip(functions, written, views)
                                    if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS])
-        return [self.one(f, reg, w, v, raw)._replace(autograd_gap=gaps.get(str(f.func.name), ""))
+        none = ("", "", ())
+        return [self.one(f, reg, w, v, raw)._replace(**dict(zip(("autograd_gap", "grad_name", "grad_inputs"),
+                                                                gaps.get(str(f.func.name), none))))
                 for f, reg, w, v in zip(functions, registers, written, views)]
 
-    def autograd_gaps(self, functions: list) -> dict[str, str]:
+    def autograd_gaps(self, functions: list) -> dict[str, tuple[str, str, tuple[str, ...]]]:
         """Ask the tree's own ``gen_variable_type`` for the VariableType kernel of each void
         out= / in-place function, and read what it emits: an out= kernel with a differentiable
         input (torchgen's ``is_differentiable``) but no ``throw_error_out_requires_grad`` lets
         inputs that require grad through silently ("out"); an in-place kernel without
         ``check_inplace`` lets a leaf that requires grad be written ("inplace"). The text the
         codegen writes decides, never its rule re-derived: a codegen that ``diff --mode fix``
-        patched answers differently."""
+        patched answers differently. For an out= op also the name PyTorch's own refusal prints
+        (the codegen's ``get_base_name``: ``add`` for add.out) and its differentiable inputs."""
         if not functions:
             return {}
         gvt = _import(self.tc, f"{self.tc.autograd}.gen_variable_type")
@@ -454,10 +457,11 @@ class _Asker:
             body = "".join(line for k, v in written.items() if k.startswith("type_derived_method_definitions")
                            for line in v)
             kind = f.func.kind().name
-            if kind == "out" and "throw_error_out_requires_grad" not in body and self.has_differentiable_input(fn):
-                out[str(f.func.name)] = "out"
+            inputs = self.differentiable_inputs(fn)
+            if kind == "out" and "throw_error_out_requires_grad" not in body and inputs:
+                out[str(f.func.name)] = ("out", str(gvt.get_base_name(f)), inputs)
             elif kind == "inplace" and "check_inplace" not in body:
-                out[str(f.func.name)] = "inplace"
+                out[str(f.func.name)] = ("inplace", "", ())
         return out
 
     def gap_infos(self):
@@ -488,10 +492,13 @@ class _Asker:
             except Exception as e:
                 raise _rejected(self.tc, path, e, who="autograd codegen") from None
 
-    def has_differentiable_input(self, fn) -> bool:
+    def differentiable_inputs(self, fn) -> tuple[str, ...]:
+        """The non-out arguments torchgen's ``is_differentiable`` calls differentiable (under any
+        of the op's differentiability infos), in schema order."""
         is_diff = _import(self.tc, "torchgen.api.autograd").is_differentiable
         infos = list(fn.info.values()) if fn.info else [None]
-        return any(is_diff(a.name, a.type, info) for a in fn.func.func.arguments.flat_non_out for info in infos)
+        return tuple(a.name for a in fn.func.func.arguments.flat_non_out
+                     if any(is_diff(a.name, a.type, info) for info in infos))
 
     def one(self, f, reg: bool, written: tuple, view: bool, raw: dict[int, str]) -> Facts:
         name = str(f.func.name)
