@@ -158,6 +158,19 @@ def p_lint_autograd(run_cli, tmp_path, **_):
     assert {f["rule"] for f in json.loads(out)["findings"]} == {"inplace-check-missing"}
 
 
+def p_verify_check(run_cli, **_):
+    import torchgen_patch
+
+    try:
+        rc, out, err = run_cli("verify", "--check", "requires-grad", "--both", "--backend", "python", "--op",
+                               "aten::split_with_sizes_copy.out", "--format", "json")
+    finally:
+        torchgen_patch.uninstall()
+    runs = json.loads(out)["runs"]
+    assert rc == 0 and runs["without patch"]["counts"] == {"SILENT": 1}, err
+    assert runs["with patch (python)"]["counts"] == {"REFUSE": 1}
+
+
 def p_lint_runtime(run_cli, **_):
     rc, out, _ = run_cli("lint", "--runtime", "--namespace", "aten")
     assert out.endswith("in the live operator registry\n")
@@ -507,6 +520,7 @@ PROBES = {
     ("verify", "--device"): p_verify_device, ("verify", "--without-patch"): p_verify_without,
     ("verify", "--both"): p_verify_both, ("verify", "--format"): p_verify_format,
     ("verify", "--output"): p_verify_output, ("verify", "--subclass"): p_verify_subclass,
+    ("verify", "--check"): p_verify_check,
     ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
     ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,

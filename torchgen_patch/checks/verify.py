@@ -248,3 +248,38 @@ def run_grad_op(op: str, device: str, patched: bool, outputs: bool = False) -> G
 
 def run_grad(ops: list[str], device: str, patched: bool, outputs: bool = False) -> list[GradResult]:
     return [run_grad_op(op, device, patched, outputs) for op in sorted(ops)]
+
+
+def grad_counts(results: list[GradResult]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in counts(results).items())
+
+
+def grad_table(runs: dict[str, list[GradResult]], meta: dict) -> str:
+    out = []
+    for name, rs in runs.items():
+        w = max([len(r.op) for r in rs] + [2])
+        out += [f"== {name}", f"{'op':<{w}}  {'device':<6}  {'verdict':<7}  message"]
+        out += [f"{r.op:<{w}}  {r.device:<6}  {r.verdict:<7}  {r.message}" for r in rs]
+        out.append(f"counts: {grad_counts(rs)}")
+    return "\n".join(out) + "\n"
+
+
+def grad_markdown(runs: dict[str, list[GradResult]], meta: dict) -> str:
+    names = list(runs)
+    lines = ["# torchgen-patch verify --check requires-grad", ""] + [f"- {k}: `{v}`" for k, v in meta.items()]
+    lines += [""] + [f"- {n}: {grad_counts(rs)}" for n, rs in runs.items()]
+    lines += ["", "| op | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    by_op: dict[str, dict[str, GradResult]] = {}
+    for n, rs in runs.items():
+        for r in rs:
+            by_op.setdefault(r.op, {})[n] = r
+    for op in sorted(by_op):
+        cells = [by_op[op][n].verdict + (f" ({by_op[op][n].message[:80]})" if by_op[op][n].verdict in (ERROR, NOT_RUN)
+                                         else "") if n in by_op[op] else "" for n in names]
+        lines.append(f"| `{op}` | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def grad_json(runs: dict[str, list[GradResult]], meta: dict) -> str:
+    doc = {"meta": meta, "runs": {k: {"counts": counts(v), "results": [asdict(r) for r in v]} for k, v in runs.items()}}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

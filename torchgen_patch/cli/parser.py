@@ -154,6 +154,9 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--subclass", choices=("plain", "wrapper", "dtensor", "all"), default="plain",
                    help="wrap every tensor argument: a __torch_dispatch__ wrapper subclass, DTensor on a one-rank "
                         "process group, or each in turn (the verdict is on the wrapper's counter)")
+    v.add_argument("--check", choices=("version", "requires-grad"), default="version",
+                   help="version: each written tensor advances by one (default); requires-grad: each out= op whose "
+                        "kernel refuses requires_grad does so (REFUSE) where it went through before (SILENT)")
     _output(v, "FILE write the report here instead of stdout", ("text", "json", "markdown"))
 
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "
