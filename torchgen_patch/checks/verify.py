@@ -142,10 +142,7 @@ def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
     lines.append("")
     lines += ["- " + line for line in summary(results_by_run).splitlines()]
     lines += ["", "| op | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
-    by_op: dict[str, dict[str, OpResult]] = {}
-    for run_name, rs in results_by_run.items():
-        for r in rs:
-            by_op.setdefault(r.op, {})[run_name] = r
+    by_op = _by_op(results_by_run)
     for op in sorted(by_op):
         cells = []
         for run_name in runs:
@@ -159,6 +156,15 @@ def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
             cells.append(cell)
         lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _by_op(results_by_run: dict[str, list]) -> dict[str, dict]:
+    """op -> run name -> its result."""
+    by_op: dict[str, dict] = {}
+    for run_name, rs in results_by_run.items():
+        for r in rs:
+            by_op.setdefault(r.op, {})[run_name] = r
+    return by_op
 
 
 def to_json(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
@@ -269,17 +275,9 @@ def grad_markdown(runs: dict[str, list[GradResult]], meta: dict) -> str:
     lines = ["# torchgen-patch verify --check requires-grad", ""] + [f"- {k}: `{v}`" for k, v in meta.items()]
     lines += [""] + [f"- {n}: {grad_counts(rs)}" for n, rs in runs.items()]
     lines += ["", "| op | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    by_op: dict[str, dict[str, GradResult]] = {}
-    for n, rs in runs.items():
-        for r in rs:
-            by_op.setdefault(r.op, {})[n] = r
+    by_op = _by_op(runs)
     for op in sorted(by_op):
         cells = [by_op[op][n].verdict + (f" ({by_op[op][n].message[:80]})" if by_op[op][n].verdict in (ERROR, NOT_RUN)
                                          else "") if n in by_op[op] else "" for n in names]
         lines.append(f"| `{op}` | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def grad_json(runs: dict[str, list[GradResult]], meta: dict) -> str:
-    doc = {"meta": meta, "runs": {k: {"counts": counts(v), "results": [asdict(r) for r in v]} for k, v in runs.items()}}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

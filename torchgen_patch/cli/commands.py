@@ -324,7 +324,7 @@ def _verify_requires_grad(args, plan, ops: list[str], torch) -> int:
         install_kernels(ops, backend=args.backend, plan=plan, verbose=args.verbose)
         runs[f"with patch ({args.backend})"] = v.run_grad(ops, args.device, True)
     meta = {"torch": torch.__version__, "device": args.device, "check": "requires-grad", "ops": len(ops)}
-    text = {"json": v.grad_json, "markdown": v.grad_markdown}.get(args.format, v.grad_table)(runs, meta)
+    text = {"json": v.to_json, "markdown": v.grad_markdown}.get(args.format, v.grad_table)(runs, meta)
     bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict not in (v.REFUSE, v.NOT_RUN)]
     for r in bad:
         print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
