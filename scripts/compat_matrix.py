@@ -192,6 +192,9 @@ def check_wheel(wheel: str, notorch: str, work: str) -> dict:
         patched = _json_of(_tgp(notorch, ["lint", "--format", "json", "--pytorch-root", tree], ROOT, cache),
                            "lint (patched tree)")
         row["patched_findings"] = len(patched["findings"])
+        ag = _json_of(_tgp(notorch, ["lint", "--autograd", "--format", "json", "--pytorch-root", tree], ROOT, cache),
+                      "lint --autograd (patched tree)")
+        row["autograd_patched_out"] = sum(f["rule"] == "out-requires-grad-unchecked" for f in ag["findings"])
     except Failed as e:
         row["failed"] = str(e)
     return row
@@ -301,7 +304,8 @@ def autograd_cell(row: dict) -> str:
     if "autograd" not in row:
         return "not checked"
     out, inplace = (len(row["autograd"][rule]) for rule in AUTOGRAD)
-    return f"{out} / {inplace} ({_mark(row['autograd_installed_same'])})"
+    after = f"; out= after fix {row['autograd_patched_out']}" if "autograd_patched_out" in row else ""
+    return f"{out} / {inplace} ({_mark(row['autograd_installed_same'])}{after})"
 
 
 def _mark(ok: bool) -> str:
@@ -347,7 +351,8 @@ def report_md(data: dict) -> str:
            "`upstream` counts the `m.impl` registrations in the tree's own `ADInplaceOrViewType_*.cpp`, "
            "from its own codegen, before and after `git apply` of `diff --mode fix`. `autograd`: `lint --autograd`'s "
            "out= ops that never refuse inputs requiring grad / void in-place ops without `check_inplace`, as the "
-           "tree's own `gen_variable_type.py` writes them (checkout world; the installed world's scan agrees: yes/no).",
+           "tree's own `gen_variable_type.py` writes them (checkout world; the installed world's scan agrees: yes/no; "
+           "out= ops left after `diff --mode fix`, asked of the patched tree's codegen).",
            "",
            "| torch | wheel (sha256, first 12) | functions | covered / missing / unsupported / composite / "
            "not_mutating | `gen --strict` kernels (left out) | installed world agrees (scan, gen) | upstream "

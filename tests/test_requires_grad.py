@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 
-from tests.conftest import ROOT
+import pytest
 
+from tests.conftest import ROOT
+from tests.support import torch_is
 from tests.test_checkout import notorch, tree213  # noqa: F401  (fixtures)
 
 # What torch 2.13's own codegen writes (its VariableType_*.cpp): add.out refuses, these never do.
@@ -33,9 +35,9 @@ def test_lint_autograd_reports_both_finding_classes(run_cli, default_scan):
     rules = _by_rule(out)
     unchecked = rules["out-requires-grad-unchecked"]
     assert SOME_UNCHECKED_OUT <= unchecked and "aten::add.out" not in unchecked
-    # every one is an out= op that returns nothing (torch 2.13: all 95 of them)
+    # every out= op that returns nothing (torch 2.13: all 95 of them)
     void_out = {r.name for r in default_scan.records if r.kind == "out" and r.returns == 0 and r.written}
-    assert unchecked <= void_out and len(unchecked) == 95
+    assert unchecked == void_out and (len(unchecked) == 95 or not torch_is("2.13"))
     # in-place foreach ops record history (check_inplace); the fused optimizers and the AMP unscale do not
     assert rules["inplace-check-missing"] == UNCHECKED_INPLACE
     assert "aten::_foreach_add_.Scalar" not in rules["inplace-check-missing"]
@@ -66,7 +68,8 @@ def test_autograd_rules_in_every_format(run_cli):
 def test_overlay_skip_accepts_autograd_findings(run_cli, tmp_path):
     from tests.yaml_fixtures import subset_yaml
 
-    native, _ = subset_yaml(str(tmp_path), ["split_with_sizes_copy", "split_with_sizes_copy.out", "add.out", "add.Tensor"])
+    native, _ = subset_yaml(str(tmp_path), ["split_with_sizes_copy", "split_with_sizes_copy.out", "add.out",
+                                            "add.Tensor"])
     rc, out, _ = run_cli("lint", "--autograd", "--native-functions", native, "--no-overlay", "--format", "json")
     assert _by_rule(out).get("out-requires-grad-unchecked") == {"aten::split_with_sizes_copy.out"}
     ov = tmp_path / "o.yaml"
@@ -85,7 +88,6 @@ def test_both_worlds_give_the_same_autograd_findings(notorch, tree213, tmp_path)
     tools/autograd/gen_variable_type.py) reports the same ops, at the tree's own lines."""
     import sys
 
-    from tests.conftest import ROOT
     from tests.test_checkout import tgp
 
     ref = tgp(sys.executable, "lint", "--autograd", "--format", "json", pythonpath=ROOT, cache=tmp_path / "c")
@@ -96,13 +98,12 @@ def test_both_worlds_give_the_same_autograd_findings(notorch, tree213, tmp_path)
         return {(f["rule"], f["op"], f["line"]) for f in json.loads(out)["findings"]
                 if f["rule"] in ("out-requires-grad-unchecked", "inplace-check-missing")}
 
-    assert rows(got.stdout) == rows(ref.stdout) and len(rows(ref.stdout)) == 95 + 9
+    assert rows(got.stdout) == rows(ref.stdout)
+    assert len(rows(ref.stdout)) == 95 + 9 or not torch_is("2.13")
 
 
 # ---------------------------------------------------------------------------
 # The generated kernels refuse (tests/test_requires_grad.py -k cuda on the GPU machine)
-
-import pytest  # noqa: E402
 
 CUDA = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="no CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[CUDA, pytest.mark.cuda])]
@@ -186,14 +187,15 @@ def test_no_change_under_no_grad_inference_mode_or_without_requires_grad(kernels
         torch.split_with_sizes_copy(a, [1, 1], dim=1, out=[torch.empty(2, 1, device=device)] * 2)
 
 
-def test_switches_turn_the_check_off(run_cli, tmp_path):
+def test_switches_turn_the_check_off(run_cli, tmp_path, default_scan):
     """Globally (--no-requires-grad-check, install(requires_grad_check=False)) and per op (the
     overlay's 'requires_grad: allow'): the kernel has no refusal; every other kernel keeps it."""
     out = tmp_path / "on"
     assert run_cli("gen", "-o", out)[0] == 0
     text = "".join(p.read_text() for p in sorted(out.glob("ADInplaceOrViewPatch_*.cpp")))
     assert 'torchgen_patch::refuse_requires_grad("split_with_sizes_copy", self, out);' in text
-    assert text.count("torchgen_patch::refuse_requires_grad(") == 95
+    n = len(default_scan.with_gap("out"))
+    assert text.count("torchgen_patch::refuse_requires_grad(") == n and (n == 95 or not torch_is("2.13"))
     off = tmp_path / "off"
     assert run_cli("gen", "-o", off, "--no-requires-grad-check")[0] == 0
     assert "refuse_requires_grad(" not in "".join(p.read_text() for p in off.glob("ADInplaceOrViewPatch_*.cpp"))
@@ -203,7 +205,7 @@ def test_switches_turn_the_check_off(run_cli, tmp_path):
     one = tmp_path / "one"
     assert run_cli("gen", "-o", one, "--overlay", ov)[0] == 0
     text = "".join(p.read_text() for p in sorted(one.glob("ADInplaceOrViewPatch_*.cpp")))
-    assert '"split_with_sizes_copy"' not in text and text.count("torchgen_patch::refuse_requires_grad(") == 94
+    assert '"split_with_sizes_copy"' not in text and text.count("torchgen_patch::refuse_requires_grad(") == n - 1
     bad = tmp_path / "bad.yaml"
     bad.write_text("aten::split_with_sizes_copy.out:\n  requires_grad: maybe\n")
     rc, _, err = run_cli("gen", "-o", tmp_path / "x", "--overlay", bad)
