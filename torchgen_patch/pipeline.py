@@ -28,9 +28,10 @@ class Inputs:
     overlay: ov.Overlay
 
 
-def inputs(opts: Options) -> Inputs:
+def inputs(opts: Options, autograd: bool = True) -> Inputs:
+    """``autograd`` False: a scan without the VariableType kernels' gaps (enough for a plain lint)."""
     src = resolve(opts)
-    sc = scan(src, use_cache=not opts.no_cache)
+    sc = scan(src, use_cache=not opts.no_cache, autograd=autograd)
     return Inputs(src, sc, ov.load(src, sc, template_names()))
 
 

@@ -133,7 +133,7 @@ def lint(args) -> int:
 
         for path in args.paths or [None]:
             o = opts if path is None else dataclasses.replace(opts, native_functions=path, tags=None)
-            runs.append(pipeline.inputs(o))
+            runs.append(pipeline.inputs(o, autograd=args.autograd or bool(args.generated)))
             _inputs_note(args, runs[-1].sources)
         fs = [f for i in runs for f in findings(i.scan, i.overlay, autograd=args.autograd)]
         counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}

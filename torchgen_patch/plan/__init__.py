@@ -103,6 +103,8 @@ def stable_hash(key: str) -> int:
 def make_plan(scan: Scan, overlay: Overlay, strict: bool = False, requires_grad_check: bool = True) -> Plan:
     """``requires_grad_check`` False: no kernel refuses requires_grad (the overlay's ``requires_grad:
     allow`` says the same per op)."""
+    if requires_grad_check and not scan.autograd:
+        raise RuntimeError("make_plan: the scan was made without autograd (scan(..., autograd=False))")
     kernels, left_out = [], []
     for r in sorted(scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED), key=lambda r: r.name):
         entry = overlay.get(r.name)

@@ -16,32 +16,36 @@ from .model import CppSig, OpRecord, Scan
 __all__ = ["scan", "Scan"]
 
 
-def scan(sources: Sources, use_cache: bool = True) -> Scan:
+def scan(sources: Sources, use_cache: bool = True, autograd: bool = True) -> Scan:
+    """``autograd`` False: without what the VariableType kernels leave out (``OpRecord.autograd_gap``),
+    which costs loading derivatives.yaml; a plain lint needs none of it."""
     native_b = read_bytes(sources.native, "native_functions.yaml")
     tags_b = read_bytes(sources.tags, "tags.yaml")
     identity = sources.toolchain.identity()
     k = cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
     name = f"scan-{k[:32]}.json"
+    lean = f"scan-{k[:32]}-no-autograd.json"
     if use_cache:
-        cached = _from_cache(cache.read(name), sources, k)
-        if cached is not None:
-            return cached
+        for n in (name,) if autograd else (name, lean):  # a full scan answers for a lean one
+            cached = _from_cache(cache.read(n), sources, k, n == name)
+            if cached is not None:
+                return cached
     from ..sources import torchgen
 
     native = decode(sources.native, native_b, "native_functions.yaml")
     tags = decode(sources.tags, tags_b, "tags.yaml")
-    facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags, identity)
+    facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags, identity, autograd)
     records = tuple(sorted((record(f) for f in facts), key=lambda r: r.name))
     cpp = {f.name: f.cpp for f in facts if f.cpp is not None}
-    result = Scan(sources, records, dict(sorted(cpp.items())), k)
+    result = Scan(sources, records, dict(sorted(cpp.items())), k, autograd)
     if use_cache:
         # the cache is keyed by content, not by path: the caller's path is attached on reading
-        cache.write(name, {"records": [r.to_row() for r in records],
+        cache.write(name if autograd else lean, {"records": [r.to_row() for r in records],
                            "cpp": {op: c.to_json() for op, c in result.cpp.items()}})
     return result
 
 
-def _from_cache(data, sources: Sources, k: str) -> Scan | None:
+def _from_cache(data, sources: Sources, k: str, autograd: bool = True) -> Scan | None:
     """The cached scan, or None when the entry is missing or not what this version writes
     (damaged, truncated, edited by hand): a bad cache costs a re-parse, never a wrong answer."""
     try:
@@ -49,6 +53,6 @@ def _from_cache(data, sources: Sources, k: str) -> Scan | None:
         cpp = {op: CppSig.from_json(c) for op, c in data["cpp"].items()}
         if not records or not all(isinstance(r.name, str) and isinstance(r.verdict, str) for r in records):
             return None
-        return Scan(sources, records, cpp, k)
+        return Scan(sources, records, cpp, k, autograd)
     except (TypeError, KeyError, IndexError, ValueError, AttributeError):
         return None

@@ -74,6 +74,7 @@ class Scan:
     records: tuple[OpRecord, ...]  # sorted by name
     cpp: dict[str, CppSig]  # C++ signatures of the ops a kernel can be generated for
     key: str  # content key of everything that decided this scan
+    autograd: bool = True  # the VariableType kernels were asked (OpRecord.autograd_gap is known)
     _index: dict = field(default_factory=dict, compare=False, repr=False)
     _counts: dict = field(default_factory=dict, compare=False, repr=False)
 

@@ -362,9 +362,11 @@ def _check_duplicates(path: str, es: list) -> None:
 
 
 def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tags_text: str,
-          identity: str | None = None) -> list[Facts]:
+          identity: str | None = None, autograd: bool = True) -> list[Facts]:
     """Parse both files with ``tc``'s torchgen (once) and ask its autograd codegen
-    about every function (and torchgen's C++ API about every candidate)."""
+    about every function (and torchgen's C++ API about every candidate). ``autograd``
+    False: the VariableType kernels are not asked about (``Facts.autograd_gap`` stays
+    empty; it costs loading derivatives.yaml, about as much again as the parse)."""
     with imported(tc, identity), _gc_paused():
         gen = _import(tc, "torchgen.gen")
         tag_es = load_yaml_list(tc, tags_path, tags_text, "tags.yaml")
@@ -380,7 +382,7 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
             raise _rejected(tc, native_path, e, es) from None
         raw = {e["__line__"]: e["func"].strip() for e in es}
         try:
-            return _Asker(tc, native_path, tags_path).all(list(parsed.native_functions), raw)
+            return _Asker(tc, native_path, tags_path, parsed, autograd).all(list(parsed.native_functions), raw)
         except (AttributeError, TypeError, KeyError) as e:  # a codegen of another shape than asked here
             where = os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")
             raise InputError(where, None, f"the {_whose(tc)} autograd codegen does not have the shape this tool "
@@ -407,8 +409,9 @@ def _gc_paused():
 class _Asker:
     """The autograd codegen's own decisions, asked per function (inside ``imported``)."""
 
-    def __init__(self, tc: Toolchain, native_path: str, tags_path: str):
+    def __init__(self, tc: Toolchain, native_path: str, tags_path: str, parsed=None, autograd: bool = True):
         self.tc, self.native_path, self.tags_path = tc, native_path, tags_path
+        self.parsed, self.autograd = parsed, autograd
         self.g = _import(tc, f"{tc.autograd}.gen_inplace_or_view_type")
         self.t = _import(tc, f"{tc.autograd}.gen_trace_type")
         self.NFWDI = _import(tc, "torchgen.api.autograd").NativeFunctionWithDifferentiabilityInfo
@@ -426,7 +429,8 @@ class _Asker:
         self.names = {str(f.func.name) for f in functions}
         self.derived = derivative_signatures(os.path.join(self.tc.autograd_dir, "derivatives.yaml"), bases)
         gaps = self.autograd_gaps([f for f, w, v in zip(functions, written, views)
-                                   if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS])
+                                   if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS]
+                                  if self.autograd else [])
         none = ("", "", ())
         return [self.one(f, reg, w, v, raw)._replace(**dict(zip(("autograd_gap", "grad_name", "grad_inputs"),
                                                                 gaps.get(str(f.func.name), none))))
@@ -488,9 +492,12 @@ class _Asker:
             with open(part, "w", encoding="utf-8") as fh:
                 fh.write(blocks[0] + "".join(kept))
             try:
-                return ld.load_derivatives(part, self.native_path, self.tags_path)[0]
+                with self._parse_shared():
+                    return ld.load_derivatives(part, self.native_path, self.tags_path)[0]
             except Exception as e:
                 raise _rejected(self.tc, path, e, who="autograd codegen") from None
+            finally:
+                getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((part, self.native_path), None)
 
     def differentiable_inputs(self, fn) -> tuple[str, ...]:
         """The non-out arguments torchgen's ``is_differentiable`` calls differentiable (under any
@@ -536,13 +543,30 @@ class _Asker:
     def infos(self):
         if self._infos is None:
             ld = _import(self.tc, f"{self.tc.autograd}.load_derivatives")
+            path = os.path.join(self.tc.autograd_dir, "derivatives.yaml")
             try:
-                self._infos, _ = ld.load_derivatives(os.path.join(self.tc.autograd_dir, "derivatives.yaml"),
-                                                     self.native_path, self.tags_path)
+                with self._parse_shared():
+                    self._infos, _ = ld.load_derivatives(path, self.native_path, self.tags_path)
             except Exception as e:  # the autograd codegen's own checks of derivatives.yaml against the yaml
-                raise _rejected(self.tc, os.path.join(self.tc.autograd_dir, "derivatives.yaml"), e,
-                                who="autograd codegen") from None
+                raise _rejected(self.tc, path, e, who="autograd codegen") from None
+            finally:  # keyed by path: a file edited later in this process must be read again
+                getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((path, self.native_path), None)
         return self._infos
+
+    @contextlib.contextmanager
+    def _parse_shared(self):
+        """load_derivatives parses the yaml again through torchgen's parse_native_yaml, whose cache
+        (by path) is given this scan's own parse of the same text for the call: the same result,
+        once instead of twice (about a second). Emptied after, so an edited file is parsed afresh."""
+        cache = getattr(_import(self.tc, "torchgen.gen"), "_GLOBAL_PARSE_NATIVE_YAML_CACHE", None)
+        seeded = isinstance(cache, dict) and self.parsed is not None and self.native_path not in cache
+        if seeded:
+            cache[self.native_path] = self.parsed
+        try:
+            yield
+        finally:
+            if seeded:
+                cache.pop(self.native_path, None)
 
     def is_manual(self, f) -> bool:
         if str(f.func.name.name.base) not in self.manual_bases:  # cheap pre-filter by base name
