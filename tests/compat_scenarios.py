@@ -209,6 +209,18 @@ def inference_mode(device):
 
 
 @scenario
+def out_with_requires_grad_input(device):
+    """An out= op that returns nothing, given an input that requires grad in grad mode: unpatched it
+    writes its outputs, which do not require grad (the gradient is lost); patched it refuses, as
+    add(out=) does."""
+    x, = inputs(device, 1)
+    x.requires_grad_()
+    y, z = torch.empty(2, 1, device=device), torch.empty(2, 1, device=device)
+    torch.split_with_sizes_copy(x, [1, 1], dim=1, out=[y, z])
+    return [y, z, y.requires_grad or z.requires_grad], versions(y=y, z=z)
+
+
+@scenario
 def inference_tensor_written_outside_inference_mode(device):
     with torch.inference_mode():
         xs, ys = inputs(device), inputs(device, seed=1)

@@ -34,7 +34,7 @@ def _cli(*argv, env=None, cwd=ROOT):
                           env=e, cwd=cwd)
 
 
-@pytest.mark.parametrize("argv", [["build"], ["install"], ["run", "--", "true"]])
+@pytest.mark.parametrize("argv", [["build"], ["install"], ["run", "--", sys.executable, "-c", "import torch"]])
 def test_a_compiler_that_fails_is_one_line_exit_3(tmp_path, argv):
     # a fresh cache, so that nothing is found already built
     r = _cli(*argv, env={"CXX": "/bin/false", "TORCHGEN_PATCH_CACHE": str(tmp_path / "c")})

@@ -72,6 +72,7 @@ SOURCE_ARGS = {
     "--overlay": lambda ctx: (["--overlay", ctx["overlay"]], "overlay", ctx["overlay"]),
     "--no-overlay": lambda ctx: (["--no-overlay"], "no_overlay", True),
     "--no-cache": lambda ctx: (["--no-cache"], "no_cache", True),
+    "--no-requires-grad-check": lambda ctx: (["--no-requires-grad-check"], "requires_grad_check", False),
 }
 BASE = {  # the smallest run of each subcommand (and how to stub what would need a build)
     "scan": [], "lint": [], "gen": ["--out", "OUT"], "build": [], "install": ["--backend", "python"],
@@ -146,6 +147,29 @@ def p_lint_generated(run_cli, tmp_path, **_):
     assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
     rc, out, _ = run_cli("lint", "--generated", tmp_path / "g")
     assert rc == 0 and out.startswith("0 finding(s)"), out  # every missing op has a current kernel
+
+
+def p_lint_autograd(run_cli, tmp_path, **_):
+    rc, out, _ = run_cli("lint", "--autograd", "--format", "json")
+    rules = {f["rule"] for f in json.loads(out)["findings"]}
+    assert rc == 1 and {"out-requires-grad-unchecked", "inplace-check-missing"} <= rules
+    # with kernels generated (they refuse requires_grad), the out= findings are covered too
+    assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
+    rc, out, _ = run_cli("lint", "--autograd", "--generated", tmp_path / "g", "--format", "json")
+    assert {f["rule"] for f in json.loads(out)["findings"]} == {"inplace-check-missing"}
+
+
+def p_verify_check(run_cli, **_):
+    import torchgen_patch
+
+    try:
+        rc, out, err = run_cli("verify", "--check", "requires-grad", "--both", "--backend", "python", "--op",
+                               "aten::split_with_sizes_copy.out", "--format", "json")
+    finally:
+        torchgen_patch.uninstall()
+    runs = json.loads(out)["runs"]
+    assert rc == 0 and runs["without patch"]["counts"] == {"SILENT": 1}, err
+    assert runs["with patch (python)"]["counts"] == {"REFUSE": 1}
 
 
 def p_lint_runtime(run_cli, **_):
@@ -481,6 +505,7 @@ PROBES = {
     ("lint", "--against-runtime"): p_against_runtime("lint"),
     ("lint", "--baseline"): p_lint_baseline, ("lint", "--write-baseline"): p_lint_baseline,
     ("lint", "--generated"): p_lint_generated, ("lint", "--runtime"): p_lint_runtime,
+    ("lint", "--autograd"): p_lint_autograd,
     ("lint", "--import"): p_lint_import, ("lint", "--namespace"): p_lint_namespace,
     ("gen", "--output"): p_gen_out, ("gen", "--shards"): p_gen_shards, ("gen", "--output-dependencies"): p_gen_deps,
     ("gen", "--dry-run"): p_gen_dry_run, ("gen", "--strict"): p_gen_strict,
@@ -492,6 +517,7 @@ PROBES = {
     ("verify", "--device"): p_verify_device, ("verify", "--without-patch"): p_verify_without,
     ("verify", "--both"): p_verify_both, ("verify", "--format"): p_verify_format,
     ("verify", "--output"): p_verify_output, ("verify", "--subclass"): p_verify_subclass,
+    ("verify", "--check"): p_verify_check,
     ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
     ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,

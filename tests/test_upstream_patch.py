@@ -83,12 +83,53 @@ def _files(d):
     return out
 
 
-def test_only_the_inplace_or_view_files_change(trees):
+def test_only_the_inplace_or_view_and_variable_type_files_change(trees):
     _, out0, out1, _ = trees
     a, b = _files(out0), _files(out1)
     assert sorted(a) == sorted(b) and len(a) > 20
     changed = sorted(n for n in a if a[n] != b[n])
-    assert changed == ["ADInplaceOrViewTypeEverything.cpp", "ADInplaceOrViewType_0.cpp", "ADInplaceOrViewType_1.cpp"]
+    vt = sorted(n for n in a if re.fullmatch(r"VariableType(_\d+|Everything)\.cpp", n))
+    assert len(vt) > 2
+    assert changed == sorted(["ADInplaceOrViewTypeEverything.cpp", "ADInplaceOrViewType_0.cpp",
+                              "ADInplaceOrViewType_1.cpp", *vt])
+
+
+_VT_REG = re.compile(r'm\.impl\("([^"]+)",\s*TORCH_FN\(VariableType::(\w+)\)\s*\);', re.S)
+_VT_FN = re.compile(r"^\S[^\n]*?\b(\w+)\(c10::DispatchKeySet ks[^\n]*\{\n.*?^\}\n", re.S | re.M)
+_REFUSAL = re.compile(r'  if \(compute_requires_grad\( [\w, ]+ \)\) \{\n    throw_error_out_requires_grad\("\w+"\);\n  \}\n')
+
+
+def test_variable_type_gains_the_check_for_exactly_the_lint_ops(trees, run_cli):
+    """The fixed tree's own codegen: VariableType kernels gain throw_error_out_requires_grad
+    (inputs, then outputs) for exactly the ops lint --autograd reports, and nothing else changes."""
+    import difflib
+
+    root, out0, out1, _ = trees
+    rc, out, _ = run_cli("lint", "--autograd", "--format", "json", "--no-overlay")
+    unchecked = {f["op"].split("::", 1)[1] for f in json.loads(out)["findings"]
+                 if f["rule"] == "out-requires-grad-unchecked"}
+    assert unchecked and (len(unchecked) == 95 or not torch_is("2.13"))
+    changed_ops = set()
+    for name in sorted(os.listdir(out0)):
+        if not re.fullmatch(r"VariableType_\d+\.cpp", name):
+            continue
+        old, new = (open(os.path.join(d, name)).read() for d in (out0, out1))
+        # only insertions, each a whole refusal block
+        sm = difflib.SequenceMatcher(None, old.splitlines(True), new.splitlines(True), autojunk=False)
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            assert tag in ("equal", "insert"), (name, tag, old.splitlines()[i1:i2])
+            if tag == "insert":
+                assert _REFUSAL.sub("", "".join(new.splitlines(True)[j1:j2])) == "", name
+        ops_of = {fn: op for op, fn in _VT_REG.findall(new)}
+        fns_old = {m.group(1): m.group(0) for m in _VT_FN.finditer(old)}
+        for m in _VT_FN.finditer(new):
+            if fns_old.get(m.group(1)) != m.group(0):
+                changed_ops.add(ops_of[m.group(1)])
+                assert m.group(0).count("throw_error_out_requires_grad(") == 2, m.group(0)
+    assert changed_ops == unchecked
+    # and the patched checkout's own codegen, asked again, leaves no out= op unchecked
+    rc, out, _ = run_cli("lint", "--autograd", "--format", "json", "--pytorch-root", root)
+    assert {f["rule"] for f in json.loads(out)["findings"]} == {"inplace-check-missing"}
 
 
 def test_new_kernels_are_exactly_the_plan(trees, default_scan):
@@ -151,7 +192,9 @@ def test_fix_adds_a_regression_test_that_needs_only_torch(trees):
 CPU_FAILS = {"test_mutating_ops_without_returns_have_inplace_or_view_kernels",
              "test_amp_foreach_non_finite_check_and_unscale__cpu", "test_cummax_helper_cummax_cpu_float32",
              "test_fused_optimizer_ops_cpu"} | {
-    f"test_fused_optimizer_step_before_backward_raises_{o}_cpu_float32" for o in ("Adagrad", "Adam", "AdamW", "SGD")}
+    f"test_fused_optimizer_step_before_backward_raises_{o}_cpu_float32" for o in ("Adagrad", "Adam", "AdamW", "SGD")} | {
+    # the requires-grad half: out= ops that return nothing refuse inputs and outputs that require grad
+    f"test_{t}_cpu" for t in ("split_with_sizes_copy_out", "unbind_copy_and_unsafe_split_out", "foreach_out")}
 
 
 @pytest.mark.build
@@ -204,18 +247,22 @@ def test_codegen_and_test_pass_ruff_and_mypy(trees, tmp_path, run_cli):
     # PyTorch's settings: the edited codegen (both modes) and the new test file are clean
     for root, rel in ((original, up.TARGET), (fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE)):
         assert ruff_findings(root, rel) == [], (root, rel)
+    for root in (fixed, guarded):  # gen_variable_type.py: the edit adds no finding to what PyTorch's has
+        for settings in RUFF_SETTINGS:
+            assert ruff_findings(root, up.VT_TARGET, settings) == ruff_findings(original, up.VT_TARGET, settings)
     # ruff's defaults select more (isort, TRY004): PyTorch's file has some today; the change adds none
     before = ruff_findings(original, up.TARGET, "default")
     assert ruff_findings(fixed, up.TARGET, "default") == before and \
         ruff_findings(guarded, up.TARGET, "default") == before
     assert ruff_findings(fixed, up.TEST_FILE, "default") == []
-    for root, rel in ((fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE), (original, up.TARGET)):
+    for root, rel in ((fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE), (original, up.TARGET),
+                      (fixed, up.VT_TARGET), (guarded, up.VT_TARGET), (original, up.VT_TARGET)):
         for settings in RUFF_SETTINGS.values():
             r = subprocess.run(_tool("ruff") + ["format", *settings, "--check", rel], cwd=root,
                                capture_output=True, text=True)
             assert r.returncode == 0, (root, rel, settings, r.stdout, r.stderr)
     cache = os.path.join(ROOT, ".cache", "mypy")  # mypy follows torch's imports: minutes cold, seconds warm
-    for root, files in ((fixed, [up.TARGET, up.TEST_FILE]), (guarded, [up.TARGET])):
+    for root, files in ((fixed, [up.TARGET, up.VT_TARGET, up.TEST_FILE]), (guarded, [up.TARGET, up.VT_TARGET])):
         r = subprocess.run(_tool("mypy") + ["--follow-imports=silent", "--cache-dir", cache, *files], cwd=root,
                            capture_output=True, text=True, timeout=1800)
         assert r.returncode == 0 and r.stdout.startswith("Success: no issues found"), r.stdout[-3000:]
@@ -225,6 +272,18 @@ def test_error_mode_fails_the_codegen_listing_the_ops(tmp_path, run_cli, default
     root = make_tree(str(tmp_path / "tree"))
     rc, diff_text, _ = run_cli("diff", "--pytorch-root", root, "--mode", "error")
     assert rc == 0 and _apply(root, diff_text, check=False).returncode == 0
+    # gen_variable_type runs first: it stops at the first out= op that returns nothing
+    r = run_codegen(root, str(tmp_path / "out"))
+    assert r.returncode != 0
+    unchecked = sorted(r.name.split("::", 1)[1] for r in default_scan.with_gap("out"))
+    first = re.search(r"native_functions\.yaml:\d+: (\S+) \(out=\) returns nothing, so its VariableType kernel "
+                      r"would not refuse inputs or outputs that require grad", r.stderr)
+    assert first and first.group(1) in unchecked, r.stderr[-2000:]
+    vt = os.path.join(root, up.VT_TARGET)
+    text = open(vt).read()
+    listed = "OUT_FUNCTIONS_WITHOUT_REQUIRES_GRAD_CHECK: set[str] = set()"
+    assert text.count(listed) == 1
+    open(vt, "w").write(text.replace(listed, listed.replace("set()", "{" + ", ".join(map(repr, unchecked)) + "}")))
     r = run_codegen(root, str(tmp_path / "out"))
     assert r.returncode != 0
     missing = default_scan.by_verdict("missing")

@@ -28,15 +28,16 @@ class Inputs:
     overlay: ov.Overlay
 
 
-def inputs(opts: Options) -> Inputs:
+def inputs(opts: Options, autograd: bool = True) -> Inputs:
+    """``autograd`` False: a scan without the VariableType kernels' gaps (enough for a plain lint)."""
     src = resolve(opts)
-    sc = scan(src, use_cache=not opts.no_cache)
+    sc = scan(src, use_cache=not opts.no_cache, autograd=autograd)
     return Inputs(src, sc, ov.load(src, sc, template_names()))
 
 
 def plan(opts: Options, strict: bool = False) -> tuple[Inputs, Plan]:
     i = inputs(opts)
-    return i, make_plan(i.scan, i.overlay, strict=strict)
+    return i, make_plan(i.scan, i.overlay, strict=strict, requires_grad_check=opts.requires_grad_check)
 
 
 def generate(opts: Options, shards: int = 2, strict: bool = False) -> tuple[Inputs, Plan, dict[str, bytes]]:

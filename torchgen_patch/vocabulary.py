@@ -68,6 +68,17 @@ class Outcome(Word):
     NOT_RUN = "NOT_RUN"  # no sample on this device
     XFAIL = "XFAIL"  # failed, as the overlay expects
     XPASS = "XPASS"  # passed, where the overlay expects a failure
+    # verify --check requires-grad
+    REFUSE = "REFUSE"  # an out= op refused an argument that requires grad, writing nothing
+    SILENT = "SILENT"  # it went through: gradients through its outputs are dropped without a word
+
+
+class Gap(Word):
+    """What the autograd codegen's VariableType kernel of a void op leaves out."""
+
+    NONE = ""
+    OUT = "out"  # an out= op: inputs or outputs that require grad are never refused
+    INPLACE = "inplace"  # an in-place op: no check_inplace (a leaf that requires grad can be written)
 
 
 class Backend(Word):

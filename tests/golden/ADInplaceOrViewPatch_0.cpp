@@ -44,6 +44,7 @@ void _cummin_helper(c10::DispatchKeySet ks, const at::Tensor & self, at::Tensor 
 
 // aten::_foreach_add.Scalar_out  (native_functions.yaml:22)
 void _foreach_add_Scalar_out(c10::DispatchKeySet ks, at::TensorList self, const at::Scalar & scalar, at::TensorList out) {
+  torchgen_patch::refuse_requires_grad("_foreach_add", self, out);
   const auto out_before = torchgen_patch::version_of(out);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -64,6 +65,7 @@ void _foreach_add__Scalar(c10::DispatchKeySet ks, at::TensorList self, const at:
 
 // aten::_fused_adam.out  (native_functions.yaml:31)
 void _fused_adam_out(c10::DispatchKeySet ks, at::TensorList self, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize, const ::std::optional<at::Tensor> & grad_scale, const ::std::optional<at::Tensor> & found_inf, at::TensorList out) {
+  torchgen_patch::refuse_requires_grad("_fused_adam", self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, grad_scale, found_inf, out);
   const auto grads_before = torchgen_patch::version_of(grads);
   const auto exp_avgs_before = torchgen_patch::version_of(exp_avgs);
   const auto exp_avg_sqs_before = torchgen_patch::version_of(exp_avg_sqs);
@@ -100,6 +102,7 @@ void _fused_adam_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList gr
 
 // aten::split_with_sizes_copy.out  (native_functions.yaml:46)
 void split_with_sizes_copy_out(c10::DispatchKeySet ks, const at::Tensor & self, c10::SymIntArrayRef split_sizes, int64_t dim, at::TensorList out) {
+  torchgen_patch::refuse_requires_grad("split_with_sizes_copy", self, out);
   const auto out_before = torchgen_patch::version_of(out);
   {
     at::AutoDispatchBelowADInplaceOrView guard;

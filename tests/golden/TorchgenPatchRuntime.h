@@ -14,8 +14,16 @@
 // passes a written `Tensor(a!)?` as `at::Tensor&`, undefined for None). Inference tensors carry
 // no counter: reading is skipped, and the bump behaves as upstream's
 // increment_version (an error outside InferenceMode, a no-op inside).
+//
+// Kernels of out= ops that return nothing refuse, before anything is written,
+// inputs and outputs that require grad while grad mode is on: PyTorch's own
+// autograd kernels of out= ops that return something (add.out) do so, with
+// this message; those that return nothing only redispatch, and gradients
+// through their outputs would be lost without a word.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstdint>
@@ -90,6 +98,34 @@ inline Versions version_of(at::TensorList ts) {
 inline void bump_if_unchanged(at::TensorList ts, const Versions& before) {
   for (size_t i = 0; i < ts.size(); ++i) {
     bump_if_unchanged(ts[i], before[i]);
+  }
+}
+
+// requires_grad of each argument form an out= kernel checks (undefined, absent: no)
+inline bool requires_grad(const at::Tensor& t) {
+  return t.defined() && t.requires_grad();
+}
+
+inline bool requires_grad(const std::optional<at::Tensor>& t) {
+  return t.has_value() && requires_grad(*t);
+}
+
+inline bool requires_grad(at::TensorList ts) {
+  for (const auto& t : ts) {
+    if (requires_grad(t)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// PyTorch's throw_error_out_requires_grad, under its compute_requires_grad condition
+// (grad mode on, which InferenceMode and no_grad turn off).
+template <typename... Args>
+inline void refuse_requires_grad(const char* name, const Args&... args) {
+  if (c10::GradMode::is_enabled() && (requires_grad(args) || ...)) {
+    TORCH_CHECK(false, name, "(): functions with out=... arguments don't support automatic differentiation, "
+                "but one of the arguments requires grad.");
   }
 }
 

@@ -4,6 +4,11 @@ it writes ends exactly one version higher.
 Verdicts: PASS (+1 each), MISS (some tensor not bumped), EXTRA (some tensor
 bumped more than once), ERROR (the call raised), NOT_RUN (no sample on this
 device, with the reason), and XFAIL/XPASS for ops the overlay expects to fail.
+
+The requires-grad check (``run_grad``): run an out= op of the plan on its sample with every floating
+input (not the tensors it writes) requiring grad, in grad mode, and see whether it refuses: REFUSE
+(PyTorch's out= message, nothing written), SILENT (the call went through: gradients through its outputs
+are lost), ERROR (another failure), NOT_RUN (no sample here, or no floating input).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..runtime.pykernel import OUT_REQUIRES_GRAD
 from ..vocabulary import Outcome
 
 PASS, MISS, EXTRA, ERROR, NOT_RUN, XFAIL, XPASS = (Outcome.PASS, Outcome.MISS, Outcome.EXTRA, Outcome.ERROR,
@@ -138,10 +144,7 @@ def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
     lines.append("")
     lines += ["- " + line for line in summary(results_by_run).splitlines()]
     lines += ["", "| op | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
-    by_op: dict[str, dict[str, OpResult]] = {}
-    for run_name, rs in results_by_run.items():
-        for r in rs:
-            by_op.setdefault(r.op, {})[run_name] = r
+    by_op = _by_op(results_by_run)
     for op in sorted(by_op):
         cells = []
         for run_name in runs:
@@ -157,7 +160,126 @@ def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _by_op(results_by_run: dict[str, list]) -> dict[str, dict]:
+    """op -> run name -> its result."""
+    by_op: dict[str, dict] = {}
+    for run_name, rs in results_by_run.items():
+        for r in rs:
+            by_op.setdefault(r.op, {})[run_name] = r
+    return by_op
+
+
 def to_json(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
     doc = {"meta": meta, "runs": {k: {"counts": counts(v), "results": [asdict(r) for r in v]}
                                   for k, v in results_by_run.items()}}
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# The requires-grad check
+
+REFUSE, SILENT = Outcome.REFUSE, Outcome.SILENT  # and ERROR, NOT_RUN as above
+MESSAGE = OUT_REQUIRES_GRAD  # PyTorch's own, after the op's name
+
+
+@dataclass
+class GradResult:
+    op: str
+    device: str
+    patched: bool
+    verdict: str
+    message: str = ""
+    unwritten: bool | None = None  # REFUSE: the written tensors are unchanged (None: not refused)
+
+
+def _requiring_grad(value, written: set[int]):
+    """``value`` with each floating tensor that is not written replaced by a leaf that requires grad."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_requiring_grad(v, written) for v in value)
+    if hasattr(value, "requires_grad_") and id(value) not in written and value.is_floating_point():
+        return value.detach().clone().requires_grad_(True)
+    return value
+
+
+def _same_bits(before, after) -> bool:
+    import torch
+
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    if before.is_quantized:  # their bytes are not viewable: the integer representation is what is written
+        before, after = before.int_repr(), after.detach().int_repr()
+    return torch.equal(before.contiguous().reshape(-1).view(torch.uint8),
+                       after.detach().contiguous().reshape(-1).view(torch.uint8))
+
+
+def run_grad_op(op: str, device: str, patched: bool, outputs: bool = False) -> GradResult:
+    """``op`` once, in grad mode, with its floating inputs requiring grad (``outputs``: its written
+    tensors instead, as leaves that require grad)."""
+    import torch
+
+    from .samples import NoSample, opoverload, sample
+
+    try:
+        s = sample(op, device)
+    except NoSample as e:
+        return GradResult(op, device, patched, NOT_RUN, str(e))
+    except Exception as e:  # a recipe that does not fit this torch: never a pass
+        return GradResult(op, device, patched, ERROR, f"building the sample: {type(e).__name__}: {e}")
+    written = {id(t) for _, t in s.written_tensors()}
+    if outputs:
+        for _, t in s.written_tensors():
+            if t.is_floating_point():
+                t.requires_grad_(True)
+        args, kwargs = s.args, s.kwargs
+        asked = any(t.requires_grad for _, t in s.written_tensors())
+    else:
+        args = [_requiring_grad(a, written) for a in s.args]
+        kwargs = {k: _requiring_grad(v, written) for k, v in s.kwargs.items()}
+        asked = any(getattr(t, "requires_grad", False) for v in [*args, *kwargs.values()]
+                    for t in (v if isinstance(v, (list, tuple)) else [v]))
+    if not asked:
+        return GradResult(op, device, patched, NOT_RUN, "no floating tensor to require grad")
+    before = [t.detach().clone() for _, t in s.written_tensors()]
+    try:
+        with torch.enable_grad():
+            opoverload(op)(*args, **kwargs)
+    except RuntimeError as e:
+        text = str(e).splitlines()[0] if str(e) else ""
+        if text.endswith(MESSAGE):
+            same = all(_same_bits(b, t) for b, (_, t) in zip(before, s.written_tensors()))
+            return GradResult(op, device, patched, REFUSE, text, same)
+        return GradResult(op, device, patched, ERROR, f"RuntimeError: {text}")
+    except Exception as e:  # the op's own failure is a result
+        return GradResult(op, device, patched, ERROR, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return GradResult(op, device, patched, SILENT)
+
+
+def run_grad(ops: list[str], device: str, patched: bool, outputs: bool = False) -> list[GradResult]:
+    return [run_grad_op(op, device, patched, outputs) for op in sorted(ops)]
+
+
+def grad_counts(results: list[GradResult]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in counts(results).items())
+
+
+def grad_table(runs: dict[str, list[GradResult]], meta: dict) -> str:
+    out = []
+    for name, rs in runs.items():
+        w = max([len(r.op) for r in rs] + [2])
+        out += [f"== {name}", f"{'op':<{w}}  {'device':<6}  {'verdict':<7}  message"]
+        out += [f"{r.op:<{w}}  {r.device:<6}  {r.verdict:<7}  {r.message}" for r in rs]
+        out.append(f"counts: {grad_counts(rs)}")
+    return "\n".join(out) + "\n"
+
+
+def grad_markdown(runs: dict[str, list[GradResult]], meta: dict) -> str:
+    names = list(runs)
+    lines = ["# torchgen-patch verify --check requires-grad", ""] + [f"- {k}: `{v}`" for k, v in meta.items()]
+    lines += [""] + [f"- {n}: {grad_counts(rs)}" for n, rs in runs.items()]
+    lines += ["", "| op | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    by_op = _by_op(runs)
+    for op in sorted(by_op):
+        cells = [by_op[op][n].verdict + (f" ({by_op[op][n].message[:80]})" if by_op[op][n].verdict in (ERROR, NOT_RUN)
+                                         else "") if n in by_op[op] else "" for n in names]
+        lines.append(f"| `{op}` | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -132,6 +132,8 @@ def lint(args) -> int:
                                          "--generated or --against-runtime")
         if args.no_cache:
             raise InputError(None, None, "--runtime reads no yaml: --no-cache does not apply")
+        if args.autograd:
+            raise InputError(None, None, "--autograd asks the yaml's autograd codegen: it does not go with --runtime")
         _needs_torch("lint --runtime")
     elif args.against_runtime:
         _needs_torch("--against-runtime")
@@ -144,7 +146,7 @@ def lint(args) -> int:
 
     req = lint_.Request(opts, tuple(args.paths), args.runtime, tuple(args.imports),
                         tuple(args.namespace) if args.namespace is not None else None, args.generated, args.baseline,
-                        args.against_runtime)
+                        args.against_runtime, args.autograd)
     rep = lint_.run(req, noted, apply_baseline=not args.write_baseline)
     fs = list(rep.findings)
     if args.write_baseline:
@@ -256,6 +258,8 @@ def verify(args) -> int:
     opts = options(args)
     i, plan = pipeline.plan(opts)
     ops = plan.pick(qualified(args.op), i.scan)
+    if args.check == "requires-grad":
+        return _verify_requires_grad(args, plan, ops, torch)
     xfails = plan.xfails()
     subclasses = SUBCLASSES if args.subclass == "all" else (args.subclass,)
     runs: dict[str, list] = {}
@@ -286,6 +290,36 @@ def verify(args) -> int:
         print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
     if args.output:
         _say(args, "\n".join(f"verify ({args.device}) {line}" for line in v.summary(runs).splitlines()))
+    _emit(args, text, "report")
+    return 1 if bad else 0
+
+
+def _verify_requires_grad(args, plan, ops: list[str], torch) -> int:
+    """verify --check requires-grad: the plan's out= ops whose kernels refuse requires_grad, given inputs
+    that require it in grad mode, without and then with the kernels."""
+    from ..checks import verify as v
+    from ..runtime.install import install as install_kernels
+
+    if args.subclass != "plain":
+        raise InputError(None, None, "--check requires-grad runs plain tensors: drop --subclass")
+    refusing = {k.op for k in plan.kernels if k.refuse_name}
+    ops = [op for op in ops if op in refusing]
+    if args.op and not ops:
+        raise InputError(None, None, "none of the --op ops is an out= op whose kernel refuses requires_grad")
+    runs: dict[str, list] = {}
+    if args.without_patch or args.both:
+        runs["without patch"] = v.run_grad(ops, args.device, False)
+    if not args.without_patch:
+        install_kernels(ops, backend=args.backend, plan=plan, verbose=args.verbose)
+        runs[f"with patch ({args.backend})"] = v.run_grad(ops, args.device, True)
+    meta = {"torch": torch.__version__, "device": args.device, "check": "requires-grad", "ops": len(ops)}
+    text = {"json": v.to_json, "markdown": v.grad_markdown}.get(args.format, v.grad_table)(runs, meta)
+    bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict not in (v.REFUSE, v.NOT_RUN)]
+    for r in bad:
+        print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
+    if args.output:
+        _say(args, "\n".join(f"verify --check requires-grad ({args.device}) {name}: {v.grad_counts(rs)}"
+                             for name, rs in runs.items()))
     _emit(args, text, "report")
     return 1 if bad else 0
 
@@ -368,7 +402,7 @@ def _pr_body(root: str) -> str:
 
     devices = ["cpu"] + (["cuda"] if require_torch("--pr-body").cuda.is_available() else [])
     return pr_body.render(pr_body.missing_by_kind(checkout.scan), checkout.sources.torch_version,
-                          [pr_body.measure(plan, d) for d in devices])
+                          [pr_body.measure(plan, d) for d in devices], len(checkout.scan.with_gap("out")))
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
             "run": run, "diff": diff, "wheel": wheel}

@@ -65,6 +65,9 @@ def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) ->
     if overlay:
         g.add_argument("--overlay", metavar="PATH", help="overlay of per-op decisions (default: the shipped one)")
         g.add_argument("--no-overlay", action="store_true", help="use no overlay at all")
+        g.add_argument("--no-requires-grad-check", action="store_true",
+                       help="generated out= kernels do not refuse inputs or outputs that require grad "
+                            "(per op: 'requires_grad: allow' in the overlay)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the scan cache")
 
 
@@ -107,7 +110,8 @@ def qualified(ops: list[str] | None) -> list[str] | None:
 def options(args: argparse.Namespace) -> Options:
     return Options(native_functions=getattr(args, "native_functions", None), tags=getattr(args, "tags", None),
                    pytorch_root=getattr(args, "pytorch_root", None), overlay=getattr(args, "overlay", None),
-                   no_overlay=getattr(args, "no_overlay", False), no_cache=getattr(args, "no_cache", False))
+                   no_overlay=getattr(args, "no_overlay", False), no_cache=getattr(args, "no_cache", False),
+                   requires_grad_check=not getattr(args, "no_requires_grad_check", False))
 
 
 BACKEND = "cpp: the compiled kernels (default); python: torch.library kernels, no compiler needed"
@@ -148,6 +152,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
     b.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
     lint.add_argument("--generated", metavar="DIR", help="also check the kernels generated in DIR against the plan")
+    lint.add_argument("--autograd", action="store_true",
+                      help="also report the autograd half: out= ops whose autograd kernel never refuses inputs "
+                           "that require grad, void in-place ops that skip check_inplace")
     lint.add_argument("--runtime", action="store_true",
                       help="lint the live operator registry (any namespace) instead of a yaml (needs torch)")
     lint.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
@@ -202,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--subclass", choices=("plain", "wrapper", "dtensor", "all"), default="plain",
                    help="wrap every tensor argument: a __torch_dispatch__ wrapper subclass, DTensor on a one-rank "
                         "process group, or each in turn (the verdict is on the wrapper's counter)")
+    v.add_argument("--check", choices=("version", "requires-grad"), default="version",
+                   help="version: each written tensor advances by one (default); requires-grad: each out= op whose "
+                        "kernel refuses requires_grad does so (REFUSE) where it went through before (SILENT)")
     _output(v, "FILE write the report here instead of stdout", VERIFY_FORMATS, compiles=True)
 
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "

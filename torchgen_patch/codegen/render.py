@@ -91,7 +91,8 @@ def render(plan, shards: int) -> dict[str, bytes]:
         "shards": shards,
         "kernels": [
             {"op": k.op, "schema": k.schema, "yaml": f"{k.yaml_name}:{k.line}", "template": k.template,
-             "shard": k.shard(shards), "xfail_devices": k.xfail_devices, "xfail_reason": k.xfail_reason}
+             "shard": k.shard(shards), "xfail_devices": k.xfail_devices, "xfail_reason": k.xfail_reason,
+             "refuses_requires_grad": k.refuse_name is not None}
             for k in plan.kernels
         ],
         "left_out": [{"op": lo.op, "why": lo.why} for lo in plan.left_out],

@@ -1,7 +1,8 @@
 """Lint: every finding of a lint run is made here, whatever it looks at: the missing and
 unsupported ops of each yaml that the overlay does not accept, the live operator registry
 (``--runtime``), a generated directory (``--generated``), the baseline, and the drift between
-the yaml and the running torch (``--against-runtime``). The CLI parses flags and prints."""
+the yaml and the running torch (``--against-runtime``), and, asked (``autograd``), the ops whose autograd kernel skips its
+requires-grad checks. The CLI parses flags and prints."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..plan.overlay import Overlay
-from ..scan.model import MISSING, UNSUPPORTED, VERDICTS, Scan
+from ..scan.model import INPLACE_UNCHECKED, MISSING, OUT_UNCHECKED, UNSUPPORTED, VERDICTS, Scan
 from ..sources import Options
 from . import Finding, rules
 from .render import Summary
@@ -27,6 +28,7 @@ class Request:
     generated: str | None = None
     baseline: str | None = None
     against_runtime: bool = False
+    autograd: bool = False  # also the autograd half's findings
 
 
 @dataclass(frozen=True)
@@ -37,12 +39,23 @@ class Report:
     drifts: tuple = field(default=())  # (Scan, [Drift]) per yaml, with against_runtime
 
 
-def findings(scan: Scan, overlay: Overlay) -> list[Finding]:
+def findings(scan: Scan, overlay: Overlay, autograd: bool = False) -> list[Finding]:
+    """The version-counter findings; with ``autograd`` also those of the autograd half."""
     out = []
     for r in scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED):
         if overlay.skipped(r.name):
             continue
         out.append(rules.missing(r) if r.verdict == MISSING else rules.unsupported(r))
+    if autograd:
+        out += autograd_findings(scan, overlay)
+    return sorted(out, key=Finding.sort_key)
+
+
+def autograd_findings(scan: Scan, overlay: Overlay) -> list[Finding]:
+    """The autograd half: out= ops whose VariableType kernel never refuses requires_grad, and void
+    in-place ops whose kernel skips check_inplace (both as the tree's own codegen writes them)."""
+    out = [rules.out_requires_grad(r) for r in scan.with_gap(OUT_UNCHECKED) if not overlay.skipped(r.name)]
+    out += [rules.inplace_unchecked(r) for r in scan.with_gap(INPLACE_UNCHECKED) if not overlay.skipped(r.name)]
     return sorted(out, key=Finding.sort_key)
 
 
@@ -56,13 +69,13 @@ def run(req: Request, noted=lambda inputs: None, apply_baseline: bool = True) ->
 
         for path in req.paths or (None,):
             o = req.options if path is None else dataclasses.replace(req.options, native_functions=path)
-            runs.append(pipeline.inputs(o))
+            runs.append(pipeline.inputs(o, autograd=req.autograd or bool(req.generated)))
             noted(runs[-1])
-        fs = [f for i in runs for f in findings(i.scan, i.overlay)]
+        fs = [f for i in runs for f in findings(i.scan, i.overlay, autograd=req.autograd)]
         counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
         summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
     if req.generated:
-        fs = _generated(runs, fs, req.generated)
+        fs = _generated(runs, fs, req.generated, req.options)
     if apply_baseline and req.baseline:
         from . import baseline
 
@@ -90,14 +103,17 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
     return fs, Summary(source="runtime", left_out=len(ops) - len(fs))
 
 
-def _generated(runs, fs: list[Finding], directory: str) -> list[Finding]:
+def _generated(runs, fs: list[Finding], directory: str, options: Options) -> list[Finding]:
     from ..errors import InputError
     from ..plan import make_plan
     from .generated import check
 
     if len(runs) != 1:
         raise InputError(None, None, "--generated checks one yaml at a time")
-    # with generated kernels, a missing op is covered when its kernel is there and current
-    plan = make_plan(runs[0].scan, runs[0].overlay)
+    # with generated kernels, a missing op is covered when its kernel is there and current (and an
+    # out= op's requires-grad gap when that kernel refuses it)
+    plan = make_plan(runs[0].scan, runs[0].overlay, requires_grad_check=options.requires_grad_check)
     planned = set(plan.ops())
-    return [f for f in fs if not (f.rule == rules.MISSING.id and f.op in planned)] + check(plan, directory)
+    refusing = {k.op for k in plan.kernels if k.refuse_name}
+    return [f for f in fs if not (f.rule == rules.MISSING.id and f.op in planned)
+            and not (f.rule == rules.OUT_REQUIRES_GRAD.id and f.op in refusing)] + check(plan, directory)

@@ -57,9 +57,22 @@ REGISTRATION = Rule(
     "RegisterADInplaceOrViewPatch.cpp decides which kernels a build registers; one that names other kernels "
     "than the plan leaves ops unpatched or registers kernels nobody planned; run torchgen-patch gen.")
 
+OUT_REQUIRES_GRAD = Rule(
+    "out-requires-grad-unchecked", "OutRequiresGradUnchecked", "out= op that never refuses inputs requiring grad",
+    "The op is out= and returns nothing, so PyTorch's autograd codegen (gen_variable_type) gives it no "
+    "derivative and its VariableType kernel only redispatches: it never raises \"functions with out=... "
+    "arguments don't support automatic differentiation\" as add(out=) does. With grad mode on, an input that "
+    "requires grad is accepted and the outputs do not require grad: gradients through them are dropped "
+    "without a word.")
+INPLACE_UNCHECKED = Rule(
+    "inplace-check-missing", "InplaceCheckMissing", "Void in-place op whose autograd kernel skips check_inplace",
+    "The op writes its arguments in place and returns nothing, and its VariableType kernel calls no "
+    "check_inplace: in grad mode a leaf that requires grad is modified without the error other in-place ops "
+    "raise (\"a leaf Variable that requires grad is being used in an in-place operation\").", "warning")
+
 # One rule, one entry: a new rule is a Rule above, its entry here and the function that makes its findings.
 RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE,
-                           FILE_MISSING, FILE_MODIFIED, REGISTRATION)}
+                           FILE_MISSING, FILE_MODIFIED, REGISTRATION, OUT_REQUIRES_GRAD, INPLACE_UNCHECKED)}
 
 
 def _make(rule: Rule, loc: Location, op: str, message: str) -> Finding:
@@ -73,6 +86,18 @@ def missing(record) -> Finding:
 
 def unsupported(record) -> Finding:
     return _make(UNSUPPORTED, record.loc, record.name, f"{record.name}: {record.reason}")
+
+
+def out_requires_grad(record) -> Finding:
+    return _make(OUT_REQUIRES_GRAD, record.loc, record.name,
+                 f"{record.name}: out= op that returns nothing: its autograd kernel never refuses an input or "
+                 "output that requires grad, so gradients through its outputs are silently lost")
+
+
+def inplace_unchecked(record) -> Finding:
+    return _make(INPLACE_UNCHECKED, record.loc, record.name,
+                 f"{record.name}: in-place op that returns nothing: its autograd kernel never calls check_inplace, "
+                 "so a leaf that requires grad is written without an error")
 
 
 def missing_at_runtime(op) -> Finding:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError, Location, printable, unknown_names
-from ..scan.model import COVERED, MISSING, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
+from ..scan.model import COVERED, MISSING, OUT_UNCHECKED, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
 from .overlay import Overlay
 
 DEFAULT_TEMPLATE = "kernel.cpp.j2"
@@ -33,6 +33,11 @@ class Kernel:
     written: tuple[WrittenArg, ...]
     xfail_devices: tuple[str, ...] | None = None  # None: expected to pass; () everywhere
     xfail_reason: str | None = None
+    # An out= op whose autograd kernel never refuses requires_grad: the kernel refuses instead, as
+    # PyTorch's own out= kernels do, naming the op as they do (refuse_name) and checking these arguments
+    # (its differentiable inputs, then what it writes). None: no such check.
+    refuse_name: str | None = None
+    refuse_args: tuple[str, ...] = ()
 
     @property
     def yaml_name(self) -> str:
@@ -100,7 +105,11 @@ def stable_hash(key: str) -> int:
     return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "little")
 
 
-def make_plan(scan: Scan, overlay: Overlay, strict: bool = False) -> Plan:
+def make_plan(scan: Scan, overlay: Overlay, strict: bool = False, requires_grad_check: bool = True) -> Plan:
+    """``requires_grad_check`` False: no kernel refuses requires_grad (the overlay's ``requires_grad:
+    allow`` says the same per op)."""
+    if requires_grad_check and not scan.autograd:
+        raise RuntimeError("make_plan: the scan was made without autograd (scan(..., autograd=False))")
     kernels, left_out = [], []
     for r in sorted(scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED), key=lambda r: r.name):
         entry = overlay.get(r.name)
@@ -113,7 +122,7 @@ def make_plan(scan: Scan, overlay: Overlay, strict: bool = False) -> Plan:
                                  "add a 'skip' entry with a reason to the overlay")
             left_out.append(LeftOut(r.name, r.loc, r.reason))
             continue
-        kernels.append(_kernel(r, entry, scan.cpp[r.name]))
+        kernels.append(_kernel(r, entry, scan.cpp[r.name], requires_grad_check))
     return Plan(tuple(sorted(kernels, key=lambda k: k.op)), tuple(sorted(left_out, key=lambda lo: lo.op)),
                 scan.torch_version)
 
@@ -160,12 +169,22 @@ def cpp_names(formals: list[str], written: list[str]) -> dict[str, str]:
         out[bad] = m
 
 
-def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
+def _kernel(r: OpRecord, entry, sig: CppSig, requires_grad_check: bool = True) -> Kernel:
     _check_identifiers(r, sig)
+    refuse = (requires_grad_check and r.autograd_gap == OUT_UNCHECKED
+              and (entry is None or entry.requires_grad == "refuse"))
     rename = cpp_names([n for _, n in sig.formals], [w.name for w in r.written])
     sig = CppSig(tuple((t, rename.get(n, n)) for t, n in sig.formals),
                  tuple(rename.get(a, a) for a in sig.call_args), sig.unambiguous_name, sig.root_name)
     written = tuple(w._replace(name=rename.get(w.name, w.name)) for w in r.written)
+    refuse_args = ()
+    if refuse:
+        formals = {n for _, n in sig.formals}
+        asked = tuple(dict.fromkeys((*r.grad_inputs, *(w.name for w in r.written))))
+        if not (_IDENTIFIER.match(r.grad_name or "") and all(a in formals for a in (rename.get(n, n) for n in asked))):
+            raise InputError(r.loc.path, r.loc.line, f"{r.name}: the autograd facts name {printable(repr(r.grad_name))} "
+                                                     "or arguments the schema does not have", "regenerate the scan (--no-cache)")
+        refuse_args = tuple(rename.get(n, n) for n in asked)
     xfail_devices = None
     xfail_reason = None
     if entry is not None and entry.action == "xfail":
@@ -184,6 +203,8 @@ def _kernel(r: OpRecord, entry, sig: CppSig) -> Kernel:
         written=written,
         xfail_devices=xfail_devices,
         xfail_reason=xfail_reason,
+        refuse_name=r.grad_name if refuse else None,
+        refuse_args=refuse_args,
     )
 
 

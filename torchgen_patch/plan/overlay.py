@@ -12,6 +12,8 @@ Format (a mapping keyed by operator name with overload)::
       action: xfail
       reason: why verify is expected to fail
       devices: [cuda]             # xfail only: where (default: everywhere)
+    aten::split_copy.Tensor_out:
+      requires_grad: allow        # refuse (default) | allow: no out= requires-grad refusal in its kernel
 
 Every problem is an InputError at the overlay's file:line.
 """
@@ -28,7 +30,8 @@ from ..vocabulary import Action
 from ..sources import Sources
 
 ACTIONS = tuple(Action)
-KEYS = {"action", "reason", "template", "devices"}
+KEYS = {"action", "reason", "template", "devices", "requires_grad"}
+REQUIRES_GRAD = ("refuse", "allow")  # an out= op's kernel refuses inputs/outputs that require grad, or not
 DEVICES = ("cpu", "cuda")
 
 
@@ -40,6 +43,7 @@ class Entry:
     reason: str | None = None
     template: str | None = None
     devices: tuple[str, ...] = ()
+    requires_grad: str = "refuse"
 
 
 @dataclass(frozen=True)
@@ -236,7 +240,11 @@ def _fields(path, op, line, node, templates: set[str] | None = None) -> Entry:
     for d in devices:
         if d not in DEVICES:
             raise InputError(path, lines["devices"], f"unknown device '{d}'", f"allowed: {', '.join(DEVICES)}")
-    return Entry(op, line, action, reason, template, tuple(devices))
+    requires_grad = fields.get("requires_grad", "refuse")
+    if requires_grad not in REQUIRES_GRAD:
+        raise InputError(path, lines["requires_grad"], f"requires_grad must be one of {', '.join(REQUIRES_GRAD)}, "
+                                                       f"not '{requires_grad}'")
+    return Entry(op, line, action, reason, template, tuple(devices), requires_grad)
 
 
 def _difflib():

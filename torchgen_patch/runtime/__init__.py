@@ -111,7 +111,7 @@ def _inputs_key(opts: Options, shards: int) -> str:
                  if n.endswith(".j2")]
     overlay = read_bytes(src.overlay, "overlay") if src.overlay else b""
     return cache.key(key_of(src), overlay, *templates, str(shards), *default_flags(), _compiler(), torch.__version__,
-                     torch.__file__)
+                     torch.__file__, f"requires_grad_check={opts.requires_grad_check}")
 
 
 def _indexed(index: str) -> Artifact | None:

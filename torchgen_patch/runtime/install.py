@@ -63,6 +63,7 @@ class Candidate:
     op: str
     schema: str
     written: tuple = ()
+    refuse: tuple | None = None  # (name PyTorch prints, arguments): the kernel refuses requires_grad
 
 
 def check(candidates: list[Candidate]) -> tuple[list[Candidate], list[str], dict[str, str]]:
@@ -98,7 +99,7 @@ class InstallOptions:
     build: bool = True  # False: no usable prebuilt kernels is an error, nothing compiles
 
 
-_SOURCE_KEYWORDS = ("native_functions", "tags", "overlay", "no_overlay", "no_cache")
+_SOURCE_KEYWORDS = ("native_functions", "tags", "overlay", "no_overlay", "no_cache", "requires_grad_check")
 
 
 def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Options | None = None, plan=None,
@@ -109,7 +110,7 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
     of making one; ``how`` (InstallOptions), or its fields as keywords (``library=``,
     ``runtime_ops=``, ``verbose=``, ``evidence=``, ``boxed_library=``, ``build=``); and, when
     ``options`` is not given, its input fields as keywords (``native_functions=``, ``tags=``,
-    ``overlay=``, ``no_overlay=``, ``no_cache=``).
+    ``overlay=``, ``no_overlay=``, ``no_cache=``, ``requires_grad_check=``).
 
     ``runtime_ops``: operators of any namespace found in the live registry
     (``torchgen-patch lint --runtime``), served by one boxed kernel that reads
@@ -120,6 +121,8 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
     With neither ``library`` nor ``plan``, installed prebuilt kernels (``torchgen-patch wheel``)
     are used when they match this torch exactly; else the report says why not and the cached
     build is used, unless ``build=False``, which refuses instead (InputError).
+    ``requires_grad_check=False``: the kernels of out= ops do not refuse arguments that require
+    grad (by default they do, with PyTorch's own message, in grad mode).
     """
     sources = {k: keywords.pop(k) for k in _SOURCE_KEYWORDS if k in keywords}
     unknown = sorted(set(keywords) - {f.name for f in dataclasses.fields(InstallOptions)})
@@ -144,7 +147,8 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
                 from ..pipeline import plan as make
 
                 _, plan = make(opts)
-            cands = [Candidate(k.op, k.schema, k.written) for k in plan.kernels]
+            cands = [Candidate(k.op, k.schema, k.written, (k.refuse_name, k.refuse_args) if k.refuse_name else None)
+                     for k in plan.kernels]
             return _install_python(_select(cands, ops))
         from . import artifact_at, library
 
@@ -216,7 +220,7 @@ def _c_names(names: list[str]):
     return (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
 
 
-def _python_kernel(op: str, written, evidence=None) -> object:
+def _python_kernel(op: str, written, evidence=None, refuse=None) -> object:
     """Register the Python fallback kernel for ``op`` (ns::name.overload); returns the Library."""
     torch = require_torch("installing the kernels")
     from .pykernel import make_kernel
@@ -225,7 +229,7 @@ def _python_kernel(op: str, written, evidence=None) -> object:
     base, _, overload = rest.partition(".")
     opov = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
     lib = torch.library.Library(ns, "IMPL")
-    lib.impl(rest, make_kernel(opov, written, evidence), "ADInplaceOrView", with_keyset=True)
+    lib.impl(rest, make_kernel(opov, written, evidence, refuse), "ADInplaceOrView", with_keyset=True)
     return lib
 
 
@@ -251,7 +255,7 @@ def _install_python(cands: list[Candidate]) -> InstallReport:
     rep = InstallReport("python")
     ok, rep.already, rep.refused = check(cands)
     for c in ok:
-        _HANDLES.append(_python_kernel(c.op, [w.name for w in c.written]))
+        _HANDLES.append(_python_kernel(c.op, [w.name for w in c.written], refuse=c.refuse))
         _INSTALLED[c.op] = "python"
         rep.registered.append(c.op)
     return rep

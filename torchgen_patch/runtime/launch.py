@@ -178,9 +178,15 @@ def after_import(name: str) -> None:
     if not spec or "torch" not in sys.modules or "runtime" in _DONE:
         return
     spec = json.loads(spec)
+    from ..errors import InputError
+
     try:
         _install(spec, name)
-    except Exception as e:  # noqa: BLE001 — report, never break the program's import
+    except InputError as e:  # the kernels cannot be had (no compiler, a refused cache): stop, never run unpatched
+        _DONE.update(("kernels", "runtime"))
+        print(e.render(), file=sys.stderr, flush=True)
+        raise SystemExit(e.exit_code) from None
+    except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
         _DONE.update(("kernels", "runtime"))
         print(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}", file=sys.stderr,
               flush=True)

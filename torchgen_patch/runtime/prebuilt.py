@@ -229,6 +229,8 @@ def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
         return None, f"{name} was made by torchgen-patch {rec.get('torchgen_patch')}, this is {__version__}"
     if opts.native_functions or opts.tags or opts.pytorch_root:
         return None, f"{name} holds the kernels of the installed torch's own yaml; other inputs were asked for"
+    if not opts.requires_grad_check:  # `torchgen-patch wheel` builds the default plan, whose out= kernels refuse it
+        return None, f"{name} holds kernels that refuse requires_grad in out= ops; no such check was asked for"
     if rec.get("overlay_sha256") != overlay_sha256(opts):
         return None, f"{name} was built with another overlay than the one asked for"
     path = os.path.join(where, os.path.basename(lib))

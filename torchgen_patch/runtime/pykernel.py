@@ -74,10 +74,18 @@ def _changed(before, after) -> bool | None:
         return None
 
 
-def make_kernel(opov, written: list[str], evidence: Evidence | None = None):
+OUT_REQUIRES_GRAD = ("(): functions with out=... arguments don't support automatic differentiation, but one of "
+                     "the arguments requires grad.")  # PyTorch's own message (throw_error_out_requires_grad)
+
+
+def make_kernel(opov, written: list[str], evidence: Evidence | None = None,
+                refuse: tuple[str, tuple[str, ...]] | None = None):
     """The ADInplaceOrView kernel for ``opov`` whose arguments named ``written`` are written.
     ``evidence``: also record, per call, which written arguments' data changed (a copy of
-    each is taken before the call: for finding out, not for production)."""
+    each is taken before the call: for finding out, not for production).
+    ``refuse`` (the name PyTorch prints, the arguments to check): in grad mode, refuse before the
+    call when one of those requires grad, as the generated C++ kernel does."""
+    import torch
     from torch.autograd.graph import increment_version
 
     from .dispatcher import below_inplace_or_view
@@ -86,8 +94,13 @@ def make_kernel(opov, written: list[str], evidence: Evidence | None = None):
     where = _positions(opov, written)
 
     name = opov._schema.name + (f".{opov._schema.overload_name}" if opov._schema.overload_name else "")
+    checked = _positions(opov, list(refuse[1])) if refuse else []
+    message = refuse[0] + OUT_REQUIRES_GRAD if refuse else ""
 
     def kernel(keyset, *args, **kwargs):
+        if checked and torch.is_grad_enabled() and any(
+                t.requires_grad for p, n, k in checked for t in _tensors(_get(args, kwargs, p, n, k))):
+            raise RuntimeError(message)
         ts = [t for p, n, k in where for t in _tensors(_get(args, kwargs, p, n, k))]
         before = [_version(t) for t in ts]
         if evidence is not None:

@@ -28,30 +28,35 @@ def _keyed(sources: Sources) -> tuple[bytes, bytes, str, str]:
     return native_b, tags_b, identity, cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
 
 
-def scan(sources: Sources, use_cache: bool = True) -> Scan:
+def scan(sources: Sources, use_cache: bool = True, autograd: bool = True) -> Scan:
+    """``autograd`` False: without what the VariableType kernels leave out (``OpRecord.autograd_gap``),
+    which costs loading derivatives.yaml; a plain lint needs none of it."""
     native_b, tags_b, identity, k = _keyed(sources)
     name = f"scan-{k[:32]}.json"
+    lean = f"scan-{k[:32]}-no-autograd.json"
     if use_cache:
-        cached = _from_cache(cache.read(name), sources, k, name)
-        if cached is not None:
-            return cached
+        for n in (name,) if autograd else (name, lean):  # a full scan answers for a lean one
+            cached = _from_cache(cache.read(n), sources, k, n, n == name)
+            if cached is not None:
+                return cached
     from ..sources import torchgen
 
     native = decode(sources.native, native_b, "native_functions.yaml")
     tags = decode(sources.tags, tags_b, "tags.yaml")
-    facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags, identity)
+    facts = torchgen.facts(sources.toolchain, sources.native, sources.tags, native, tags, identity, autograd)
     facts = sorted(facts, key=lambda f: f.name)
     records = tuple(record(f) for f in facts)
     cpp = {f.name: f.cpp for f in facts if f.cpp is not None}
-    result = Scan(sources, records, dict(sorted(cpp.items())), k)
+    result = Scan(sources, records, dict(sorted(cpp.items())), k, autograd)
     if use_cache:
         # the cache is keyed by content, not by path: the caller's path is attached on reading
-        cache.write(name, {"records": [r.to_row() for r in records], "facts": [[f.view, f.generates] for f in facts],
+        cache.write(name if autograd else lean, {"records": [r.to_row() for r in records],
+                                                 "facts": [[f.view, f.generates] for f in facts],
                            "cpp": {op: c.to_json() for op, c in result.cpp.items()}})
     return result
 
 
-def _from_cache(data, sources: Sources, k: str, name: str) -> Scan | None:
+def _from_cache(data, sources: Sources, k: str, name: str, autograd: bool = True) -> Scan | None:
     """The cached scan, or None when the entry is missing or fails validation (damaged, truncated,
     edited by hand or by someone else): a bad cache costs a re-parse, never a wrong answer. Every
     string that the codegen writes into C++ passes the checks of ``validate`` first."""
@@ -63,7 +68,7 @@ def _from_cache(data, sources: Sources, k: str, name: str) -> Scan | None:
         if not records:
             raise ValueError("no records")
         validate(records, cpp, data["facts"])
-        return Scan(sources, records, cpp, k)
+        return Scan(sources, records, cpp, k, autograd)
     except (TypeError, KeyError, IndexError, ValueError, AttributeError) as e:
         cache.invalid(name, f"{type(e).__name__}: {e}")
         return None

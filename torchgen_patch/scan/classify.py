@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from ..errors import Location
-from ..vocabulary import Form, Kind
+from ..vocabulary import Form, Gap, Kind
 from .model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, Facts, OpRecord
 
 SUPPORTED_FORMS = {Form.TENSOR, Form.TENSOR_LIST, Form.OPTIONAL_TENSOR}
@@ -19,7 +19,8 @@ _WHAT = {Kind.OUT: "out= op", Kind.INPLACE: "in-place op", Kind.MUTABLE: "mutabl
 def record(f: Facts) -> OpRecord:
     verdict, reason = verdict_of(f)
     return OpRecord(f.name, f.schema, Location(f.file, f.line), f.kind, f.written, f.returns, verdict, reason,
-                    f.composite_implicit, f.manual)
+                    f.composite_implicit, f.manual, f.autograd_gap,
+                    f.grad_name, f.grad_inputs)
 
 
 def verdict_of(f: Facts) -> tuple[str, str]:
@@ -95,6 +96,10 @@ def validate(records, cpp: dict, facts: list) -> None:
         for w in r.written:
             _check(isinstance(w.name, str) and bool(_IDENT.match(w.name)) and w.form in FORMS,
                    f"{r.name}: written argument")
+        # the autograd facts name the op and arguments in the kernels' requires-grad refusal
+        _check(r.autograd_gap in tuple(Gap) and isinstance(r.grad_name, str)
+               and (r.grad_name == "" or bool(_IDENT.match(r.grad_name)))
+               and all(isinstance(a, str) and _IDENT.match(a) for a in r.grad_inputs), f"{r.name}: autograd facts")
         f = Facts(r.name, r.schema, r.loc.path, r.loc.line, r.kind, r.written, r.returns, extra[0], extra[1],
                   r.composite_implicit, r.manual, None)
         _check(verdict_of(f) == (r.verdict, r.reason), f"{r.name}: verdict {r.verdict!r} is not what its facts give")

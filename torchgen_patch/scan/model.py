@@ -8,10 +8,13 @@ from typing import NamedTuple
 from ..errors import Location
 from ..sources import Sources
 from ..sources.facts import CppSig, Facts, WrittenArg  # noqa: F401  (re-exported)
-from ..vocabulary import Verdict
+from ..vocabulary import Gap, Verdict
 
 # Verdicts, in the order they are reported (the names the rest of the package imports).
 COVERED, MISSING, UNSUPPORTED, COMPOSITE, NOT_MUTATING = VERDICTS = tuple(Verdict)
+
+# What the autograd codegen's VariableType kernel of a void op leaves out (independent of the verdict).
+OUT_UNCHECKED, INPLACE_UNCHECKED = Gap.OUT, Gap.INPLACE
 
 
 class OpRecord(NamedTuple):
@@ -25,6 +28,9 @@ class OpRecord(NamedTuple):
     reason: str
     composite_implicit: bool = False
     manual: bool = False
+    autograd_gap: str = ""  # "" | OUT_UNCHECKED | INPLACE_UNCHECKED (what its VariableType kernel leaves out)
+    grad_name: str = ""  # OUT_UNCHECKED: the name PyTorch's out= refusal prints for it
+    grad_inputs: tuple[str, ...] = ()  # OUT_UNCHECKED: its differentiable inputs
 
     def to_json(self, path: str | None = None) -> dict:
         return {
@@ -32,23 +38,27 @@ class OpRecord(NamedTuple):
             "line": self.loc.line, "kind": self.kind,
             "written": [{"name": w.name, "form": w.form} for w in self.written],
             "returns": self.returns, "verdict": self.verdict, "reason": self.reason,
-            "composite_implicit": self.composite_implicit, "manual": self.manual,
+            "composite_implicit": self.composite_implicit, "manual": self.manual, "autograd_gap": self.autograd_gap,
+            **({"grad_name": self.grad_name, "grad_inputs": list(self.grad_inputs)} if self.grad_name else {}),
         }
 
     @staticmethod
     def from_json(d: dict, path: str) -> OpRecord:
         return OpRecord(d["name"], d["schema"], Location(path, d["line"]), d["kind"],
                         tuple(WrittenArg(**w) for w in d["written"]), d["returns"], d["verdict"], d["reason"],
-                        d["composite_implicit"], d["manual"])
+                        d["composite_implicit"], d["manual"], d.get("autograd_gap", ""),
+                        d.get("grad_name", ""), tuple(d.get("grad_inputs", ())))
 
     def to_row(self) -> list:
         """The compact form the cache keeps (no path: the cache is keyed by content)."""
         return [self.name, self.schema, self.loc.line, self.kind, [list(w) for w in self.written], self.returns,
-                self.verdict, self.reason, self.composite_implicit, self.manual]
+                self.verdict, self.reason, self.composite_implicit, self.manual, self.autograd_gap,
+                self.grad_name, list(self.grad_inputs)]
 
     @staticmethod
     def from_row(r: list, path: str) -> OpRecord:
-        return OpRecord(r[0], r[1], Location(path, r[2]), r[3], tuple(WrittenArg(*w) for w in r[4]), *r[5:])
+        return OpRecord(r[0], r[1], Location(path, r[2]), r[3], tuple(WrittenArg(*w) for w in r[4]), *r[5:12],
+                        tuple(r[12]))
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class Scan:
     records: tuple[OpRecord, ...]  # sorted by name
     cpp: dict[str, CppSig]  # C++ signatures of the ops a kernel can be generated for
     key: str  # content key of everything that decided this scan
+    autograd: bool = True  # the VariableType kernels were asked (OpRecord.autograd_gap is known)
     _index: dict = field(default_factory=dict, compare=False, repr=False)
     _counts: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -81,6 +92,10 @@ class Scan:
 
     def counts(self) -> dict[str, int]:
         return dict(self._counts)
+
+    def with_gap(self, gap: str) -> list[OpRecord]:
+        """The ops whose VariableType kernel leaves out ``gap``'s check (OUT_UNCHECKED, INPLACE_UNCHECKED)."""
+        return [r for r in self.records if r.autograd_gap == gap]
 
     def total(self) -> int:
         return len(self.records)

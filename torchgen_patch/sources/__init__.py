@@ -33,6 +33,7 @@ class Options:
     overlay: str | None = None
     no_overlay: bool = False
     no_cache: bool = False
+    requires_grad_check: bool = True  # out= kernels refuse requires_grad as PyTorch's own out= kernels do
 
 
 @dataclass(frozen=True)

@@ -47,3 +47,9 @@ class Facts(NamedTuple):
     composite_implicit: bool
     manual: bool  # in MANUAL_AUTOGRAD: kernels written by hand in VariableTypeManual.cpp
     cpp: CppSig | None  # for candidates of a generated kernel
+    # What the autograd codegen's VariableType kernel for this op leaves out (gen_variable_type, asked):
+    # "out": an out= op with a differentiable input whose kernel never calls throw_error_out_requires_grad;
+    # "inplace": a void in-place op whose kernel never calls check_inplace; "" otherwise.
+    autograd_gap: str = ""
+    grad_name: str = ""  # "out": the name PyTorch's refusal prints (the codegen's get_base_name)
+    grad_inputs: tuple[str, ...] = ()  # "out": its differentiable inputs (torchgen's is_differentiable)

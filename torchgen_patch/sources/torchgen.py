@@ -32,6 +32,7 @@ from ..files import check_depth, private_dirs, yaml_error
 from .facts import CppSig, Facts, WrittenArg
 
 INSTALLED, CHECKOUT = "installed", "checkout"
+_GAP_KINDS = ("out", "inplace")  # the void ops whose VariableType kernel is asked what it checks
 _OWNED = ("torchgen", "tools")
 
 
@@ -361,9 +362,11 @@ def _check_duplicates(path: str, es: list) -> None:
 
 
 def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tags_text: str,
-          identity: str | None = None) -> list[Facts]:
+          identity: str | None = None, autograd: bool = True) -> list[Facts]:
     """Parse both files with ``tc``'s torchgen (once) and ask its autograd codegen
-    about every function (and torchgen's C++ API about every candidate)."""
+    about every function (and torchgen's C++ API about every candidate). ``autograd``
+    False: the VariableType kernels are not asked about (``Facts.autograd_gap`` stays
+    empty; it costs loading derivatives.yaml, about as much again as the parse)."""
     with imported(tc, identity), _gc_paused():
         gen = _import(tc, "torchgen.gen")
         tag_es = load_yaml_list(tc, tags_path, tags_text, "tags.yaml")
@@ -379,7 +382,7 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
             raise _rejected(tc, native_path, e, es) from None
         raw = {e["__line__"]: e["func"].strip() for e in es}
         try:
-            return _Asker(tc, native_path, tags_path).all(list(parsed.native_functions), raw)
+            return _Asker(tc, native_path, tags_path, parsed, autograd).all(list(parsed.native_functions), raw)
         except (AttributeError, TypeError, KeyError) as e:  # a codegen of another shape than asked here
             where = os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")
             raise InputError(where, None, f"the {_whose(tc)} autograd codegen does not have the shape this tool "
@@ -406,8 +409,9 @@ def _gc_paused():
 class _Asker:
     """The autograd codegen's own decisions, asked per function (inside ``imported``)."""
 
-    def __init__(self, tc: Toolchain, native_path: str, tags_path: str):
+    def __init__(self, tc: Toolchain, native_path: str, tags_path: str, parsed=None, autograd: bool = True):
         self.tc, self.native_path, self.tags_path = tc, native_path, tags_path
+        self.parsed, self.autograd = parsed, autograd
         self.g = _import(tc, f"{tc.autograd}.gen_inplace_or_view_type")
         self.t = _import(tc, f"{tc.autograd}.gen_trace_type")
         self.NFWDI = _import(tc, "torchgen.api.autograd").NativeFunctionWithDifferentiabilityInfo
@@ -422,8 +426,86 @@ class _Asker:
         views = [self.g.get_view_info(f) is not None for f in functions]
         registers = [self.registers(f) if w or v else False for f, w, v in zip(functions, written, views)]
         bases = {str(f.func.name.name.base) for f, r in zip(functions, registers) if r and not f.is_abstract}
+        self.names = {str(f.func.name) for f in functions}
         self.derived = derivative_signatures(os.path.join(self.tc.autograd_dir, "derivatives.yaml"), bases)
-        return [self.one(f, reg, w, v, raw) for f, reg, w, v in zip(functions, registers, written, views)]
+        gaps = self.autograd_gaps([f for f, w, v in zip(functions, written, views)
+                                   if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS]
+                                  if self.autograd else [])
+        none = ("", "", ())
+        return [self.one(f, reg, w, v, raw)._replace(**dict(zip(("autograd_gap", "grad_name", "grad_inputs"),
+                                                                gaps.get(str(f.func.name), none))))
+                for f, reg, w, v in zip(functions, registers, written, views)]
+
+    def autograd_gaps(self, functions: list) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+        """Ask the tree's own ``gen_variable_type`` for the VariableType kernel of each void
+        out= / in-place function, and read what it emits: an out= kernel with a differentiable
+        input (torchgen's ``is_differentiable``) but no ``throw_error_out_requires_grad`` lets
+        inputs that require grad through silently ("out"); an in-place kernel without
+        ``check_inplace`` lets a leaf that requires grad be written ("inplace"). The text the
+        codegen writes decides, never its rule re-derived: a codegen that ``diff --mode fix``
+        patched answers differently. For an out= op also the name PyTorch's own refusal prints
+        (the codegen's ``get_base_name``: ``add`` for add.out) and its differentiable inputs."""
+        if not functions:
+            return {}
+        gvt = _import(self.tc, f"{self.tc.autograd}.gen_variable_type")
+        api = _import(self.tc, "torchgen.api.autograd")
+        out = {}
+        for fn in api.match_differentiability_info(functions, self.gap_infos()):
+            f = fn.func
+            if api.dispatch_strategy(fn) != "use_derived":  # no VariableType kernel of its own: it decomposes
+                continue
+            try:
+                written = gvt.gen_variable_type_func(fn)
+            except (AssertionError, RuntimeError):  # the codegen itself refuses this op with this yaml (a
+                continue  # foreach op of a partial yaml lacks the formula of its reference op): nothing to read
+            body = "".join(line for k, v in written.items() if k.startswith("type_derived_method_definitions")
+                           for line in v)
+            kind = f.func.kind().name
+            inputs = self.differentiable_inputs(fn)
+            if kind == "out" and "throw_error_out_requires_grad" not in body and inputs:
+                out[str(f.func.name)] = ("out", str(gvt.get_base_name(f)), inputs)
+            elif kind == "inplace" and "check_inplace" not in body:
+                out[str(f.func.name)] = ("inplace", "", ())
+        return out
+
+    def gap_infos(self):
+        """The differentiability infos, as the tree's codegen loads them. A yaml that is a part of
+        PyTorch's (a fixture, an extension's few ops) lacks functions that derivatives.yaml names,
+        which load_derivatives refuses: it is then asked again with the entries of this yaml's own
+        functions only."""
+        path = os.path.join(self.tc.autograd_dir, "derivatives.yaml")
+        try:
+            return self.infos()
+        except InputError:
+            with open(path, encoding="utf-8") as fh:
+                blocks = re.split(r"(?m)^(?=- name:)", fh.read())
+        kept = [b for b in blocks[1:] if _name_of(b) in self.names]
+        if len(kept) == len(blocks) - 1:  # every entry is of this yaml: the whole file's refusal stands
+            return self.infos()
+        if not kept:  # none of this yaml's functions has a derivative formula
+            return {}
+        import tempfile
+
+        ld = _import(self.tc, f"{self.tc.autograd}.load_derivatives")
+        with tempfile.TemporaryDirectory(prefix="torchgen-patch-") as d:
+            part = os.path.join(d, "derivatives.yaml")
+            with open(part, "w", encoding="utf-8") as fh:
+                fh.write(blocks[0] + "".join(kept))
+            try:
+                with self._parse_shared():
+                    return ld.load_derivatives(part, self.native_path, self.tags_path)[0]
+            except Exception as e:
+                raise _rejected(self.tc, path, e, who="autograd codegen") from None
+            finally:
+                getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((part, self.native_path), None)
+
+    def differentiable_inputs(self, fn) -> tuple[str, ...]:
+        """The non-out arguments torchgen's ``is_differentiable`` calls differentiable (under any
+        of the op's differentiability infos), in schema order."""
+        is_diff = _import(self.tc, "torchgen.api.autograd").is_differentiable
+        infos = list(fn.info.values()) if fn.info else [None]
+        return tuple(a.name for a in fn.func.func.arguments.flat_non_out
+                     if any(is_diff(a.name, a.type, info) for info in infos))
 
     def one(self, f, reg: bool, written: tuple, view: bool, raw: dict[int, str]) -> Facts:
         name = str(f.func.name)
@@ -461,13 +543,30 @@ class _Asker:
     def infos(self):
         if self._infos is None:
             ld = _import(self.tc, f"{self.tc.autograd}.load_derivatives")
+            path = os.path.join(self.tc.autograd_dir, "derivatives.yaml")
             try:
-                self._infos, _ = ld.load_derivatives(os.path.join(self.tc.autograd_dir, "derivatives.yaml"),
-                                                     self.native_path, self.tags_path)
+                with self._parse_shared():
+                    self._infos, _ = ld.load_derivatives(path, self.native_path, self.tags_path)
             except Exception as e:  # the autograd codegen's own checks of derivatives.yaml against the yaml
-                raise _rejected(self.tc, os.path.join(self.tc.autograd_dir, "derivatives.yaml"), e,
-                                who="autograd codegen") from None
+                raise _rejected(self.tc, path, e, who="autograd codegen") from None
+            finally:  # keyed by path: a file edited later in this process must be read again
+                getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((path, self.native_path), None)
         return self._infos
+
+    @contextlib.contextmanager
+    def _parse_shared(self):
+        """load_derivatives parses the yaml again through torchgen's parse_native_yaml, whose cache
+        (by path) is given this scan's own parse of the same text for the call: the same result,
+        once instead of twice (about a second). Emptied after, so an edited file is parsed afresh."""
+        cache = getattr(_import(self.tc, "torchgen.gen"), "_GLOBAL_PARSE_NATIVE_YAML_CACHE", None)
+        seeded = isinstance(cache, dict) and self.parsed is not None and self.native_path not in cache
+        if seeded:
+            cache[self.native_path] = self.parsed
+        try:
+            yield
+        finally:
+            if seeded:
+                cache.pop(self.native_path, None)
 
     def is_manual(self, f) -> bool:
         if str(f.func.name.name.base) not in self.manual_bases:  # cheap pre-filter by base name
@@ -513,6 +612,11 @@ def derivative_signatures(path: str, bases: set[str] | None = None) -> frozenset
         except Exception:  # an entry this torchgen cannot parse: let load_derivatives judge
             sigs.add("*")
     return frozenset(sigs)
+
+
+def _name_of(block: str) -> str:
+    """The operator name of one derivatives.yaml entry (``- name: add.Tensor(...`` -> ``add.Tensor``)."""
+    return block[len("- name:"):].split("(", 1)[0].strip()
 
 
 def cpp_signature(f) -> CppSig:

@@ -1,4 +1,5 @@
-"""Patch PyTorch's own autograd codegen (tools/autograd/gen_inplace_or_view_type.py).
+"""Patch PyTorch's own autograd codegen (tools/autograd/gen_inplace_or_view_type.py and
+tools/autograd/gen_variable_type.py).
 
 The edit is made on the file's real content, located by structure (Python's
 ``ast``), not by line numbers; when the file no longer has the shape the edit
@@ -12,9 +13,14 @@ Modes:
   already did), inside the existing template and shards; and add a
   regression test in PyTorch's style (``TEST_FILE``) that fails without the
   kernels and passes with them.
+  In gen_variable_type.py (``VT_TARGET``): the VariableType kernels of out= ops
+  that return nothing refuse inputs and outputs that require grad
+  (``throw_error_out_requires_grad``), as those of out= ops that return
+  something do.
 - ``error``: make the codegen raise, listing every such op with its yaml
   line and kind (sorted by file and line), unless the op is on the allowlist
-  the patch adds.
+  the patch adds; in gen_variable_type.py, raise at the first out= op that
+  returns nothing and is not on that file's allowlist.
 
 The edited file stays as PyTorch's formatter (ruff format) wants it and gains
 no ruff or mypy finding (tests/test_upstream_patch.py).
@@ -37,6 +43,7 @@ def _inject(name: str) -> str:
 
 
 TARGET = "tools/autograd/gen_inplace_or_view_type.py"
+VT_TARGET = "tools/autograd/gen_variable_type.py"
 # The regression test `fix` adds, where PyTorch keeps its autograd tests (beside
 # test_autograd_fallback.py); it depends on nothing but torch's own test utilities.
 TEST_FILE = "test/test_autograd_inplace_or_view.py"
@@ -54,6 +61,17 @@ TEST_SOURCE = _inject("test_autograd_inplace_or_view.py.in")
 ERROR_HELPERS = _inject("error_helpers.py.in")
 
 ERROR_CALL = _inject("error_call.py.in")
+
+VT_FIX = _inject("vt_fix.py.in")
+
+VT_ERROR_HELPERS = _inject("vt_error_helpers.py.in")
+
+VT_ERROR_CALL = _inject("vt_error_call.py.in")
+
+# The statement of emit_body() (as ast.unparse prints it) before which the VariableType edit goes,
+# and the names the edit reads (assigned in emit_body() before it).
+VT_ANCHOR = "body.append(emit_call(f, unpacked_bindings, try_jit_decomposition))"
+VT_NAMES = {"is_out_fn", "returns_void", "requires_derivative", "differentiable_inputs", "base_name"}
 
 # The `if` test (as ast.unparse prints it) that drops ops with no returns.
 DROP_TEST = "get_view_info(f) is None and (not modifies_arguments(f) or len(f.func.returns) == 0)"
@@ -125,6 +143,35 @@ def plan_edits(source: str, mode: str, path: str = TARGET) -> list[Insertion]:
     return edits
 
 
+def plan_vt_edits(source: str, mode: str, path: str = VT_TARGET) -> list[Insertion]:
+    """The edit of gen_variable_type.py: one whole statement inserted in emit_body() before the
+    call is emitted (and, in mode error, the allowlist before emit_body())."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise InputError(path, e.lineno, f"not valid Python: {e.msg}") from None
+    if mode not in ("fix", "error"):
+        raise InputError(None, None, f"unknown --mode '{mode}'", "use 'fix' or 'error'")
+    if not any(isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["SETUP_NONE_REQUIRES_GRAD"]
+               for n in tree.body):
+        raise _shape(path, "no module-level SETUP_NONE_REQUIRES_GRAD template")
+    body = _function(tree, "emit_body", path)
+    anchor = [n for n in body.body if ast.unparse(n) == VT_ANCHOR]
+    if len(anchor) != 1:
+        raise _shape(path, f"emit_body() has no `{VT_ANCHOR}`")
+    assigned = {t.id for n in body.body if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.lineno < anchor[0].lineno
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    if not VT_NAMES <= assigned:
+        raise _shape(path, f"emit_body() does not assign {', '.join(sorted(VT_NAMES - assigned))} before "
+                           f"`{VT_ANCHOR}`")
+    text = VT_FIX if mode == "fix" else VT_ERROR_CALL
+    edits = [Insertion(anchor[0].lineno, _indent(text, anchor[0].col_offset))]
+    if mode == "error":
+        first = min([body.lineno] + [d.lineno for d in body.decorator_list])
+        edits.append(Insertion(first, VT_ERROR_HELPERS.strip("\n") + "\n\n\n"))
+    return edits
+
+
 def apply_edits(source: str, edits: list[Insertion]) -> str:
     lines = source.splitlines(keepends=True)
     for e in sorted(edits, key=lambda e: e.line, reverse=True):
@@ -159,10 +206,22 @@ def new_file_diff(text: str, rel: str) -> str:
     return f"--- /dev/null\n+++ b/{rel}\n@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + line for line in lines)
 
 
+def vt_patched(source: str, mode: str, path: str = VT_TARGET) -> str:
+    if "# torchgen-patch (fix)" in source or "# torchgen-patch (error)" in source:
+        raise InputError(path, None, "already applied", "nothing to do")
+    return apply_edits(source, plan_vt_edits(source, mode, path))
+
+
 def tree_diff(root: str, source: str, mode: str) -> str:
     """The whole diff for the checkout at ``root`` whose codegen reads ``source``: the codegen
-    edit and, in mode fix, the regression test it adds."""
+    edits (gen_inplace_or_view_type.py, then gen_variable_type.py) and, in mode fix, the
+    regression test it adds."""
+    from ..files import read_text
+
     text = unified_diff(source, patched(source, mode, os.path.join(root, TARGET)))
+    vt_path = os.path.join(root, VT_TARGET)
+    vt = read_text(vt_path, "the autograd codegen")
+    text += unified_diff(vt, vt_patched(vt, mode, vt_path), VT_TARGET)
     if mode != "fix":
         return text
     test_path = os.path.join(root, TEST_FILE)

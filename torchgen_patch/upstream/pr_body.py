@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..checks import verify as v
-from .patch import TARGET, TEST_FILE
+from .patch import TARGET, TEST_FILE, VT_TARGET
 
 ISSUE = "https://github.com/pytorch/pytorch/issues/132014"
 EARLIER_PR = "https://github.com/pytorch/pytorch/pull/133044"
@@ -33,20 +33,30 @@ class Measurement:
     before: list[v.OpResult]
     after: list[v.OpResult]
     refused: dict[str, str]
+    grad_before: list[v.GradResult] = ()  # the out= ops whose kernels refuse requires_grad, unpatched
+    grad_after: list[v.GradResult] = ()
 
 
 def measure(plan, device: str) -> Measurement:
-    """Every op of the plan checked without, then with, the kernels installed in this process."""
+    """Every op of the plan checked without, then with, the kernels installed in this process
+    (and the out= ops whose kernels refuse requires_grad, given inputs that require it)."""
     import torch
 
     from ..runtime.install import install
 
     ops = plan.ops()
     xfails = plan.xfails()
+    refusing = [k.op for k in plan.kernels if k.refuse_name]
     before = v.run(ops, device, False, xfails)
+    grad_before = v.run_grad(refusing, device, False)
     report = install(ops, backend="cpp", plan=plan)
     after = v.run(ops, device, True, xfails)
-    return Measurement(torch.__version__, device, before, after, dict(report.refused))
+    grad_after = v.run_grad(refusing, device, True)
+    return Measurement(torch.__version__, device, before, after, dict(report.refused), grad_before, grad_after)
+
+
+def _grad_counts(results) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(Counter(r.verdict for r in results).items()))
 
 
 def _counts(results: list[v.OpResult]) -> str:
@@ -74,15 +84,26 @@ def _table(m: Measurement) -> list[str]:
               "advanced by more; NOT_RUN: the call needs what this machine lacks."]
     if m.refused:
         lines.append("Refused by the runtime install: " + "; ".join(f"`{k}`: {r}" for k, r in sorted(m.refused.items())))
+    if m.grad_before:
+        lines += ["", f"The {len(m.grad_before)} `out=` operators that return nothing, called in grad mode with "
+                  "every floating input requiring grad:", "",
+                  "| without the kernels | with the kernels |", "|---|---|",
+                  f"| {_grad_counts(m.grad_before)} | {_grad_counts(m.grad_after)} |", "",
+                  "SILENT: the call went through and its outputs do not require grad; REFUSE: it raised "
+                  "`<name>(): functions with out=... arguments don't support automatic differentiation, but one "
+                  "of the arguments requires grad.` before writing anything."]
     return lines
 
 
-def render(missing_kinds: dict[str, int], checkout_version: str, measurements: list[Measurement]) -> str:
-    """The markdown body. ``missing_kinds``: kernels the patched codegen adds, by kind."""
+def render(missing_kinds: dict[str, int], checkout_version: str, measurements: list[Measurement],
+           unchecked: int = 0) -> str:
+    """The markdown body. ``missing_kinds``: kernels the patched codegen adds, by kind; ``unchecked``:
+    out= operators whose VariableType kernels gain the requires-grad refusal."""
     total = sum(missing_kinds.values())
     kinds = ", ".join(f"{n} {KIND_WORDS.get(k, k)}" for k, n in sorted(missing_kinds.items(), key=lambda kv: -kv[1]))
     out = [
-        "Generate ADInplaceOrView kernels for operators that mutate arguments and return nothing",
+        "Generate ADInplaceOrView kernels (and requires-grad checks) for operators that mutate arguments and return "
+        "nothing",
         "",
         f"Fixes {ISSUE}.",
         "",
@@ -102,13 +123,30 @@ def render(missing_kinds: dict[str, int], checkout_version: str, measurements: l
         f"{EARLIER_PR} fixed it in the codegen and was closed without being merged; the codegen is unchanged "
         "since.",
         "",
+        f"The same special case has an autograd half, in `{VT_TARGET}`: `requires_derivative` needs a "
+        "differentiable output, so an `out=` operator that returns nothing gets a `VariableType` kernel that "
+        "only redispatches (the codegen's own comment: \"out= ops for autograd just redispatch\"). Where "
+        "`add.out` raises \"add(): functions with out=... arguments don't support automatic differentiation, "
+        "but one of the arguments requires grad.\", `torch.split_with_sizes_copy(x, [1, 1], dim=1, out=[y, z])` "
+        "with `x` requiring grad succeeds, and `y`, `z` do not require grad: gradients through them are lost "
+        "without a word.",
+        "",
         "## What this change does",
         "",
         f"`{TARGET}` emits and registers an `ADInplaceOrView` kernel for every operator that mutates an "
         f"argument and returns nothing and is not a view ({total} operators in this checkout, PyTorch "
         f"{checkout_version}: {kinds}). The kernels go into the existing template and shards "
         "(`ADInplaceOrViewType_{0,1}.cpp`): no new generated file, no build-file edit; every other generated "
-        f"file stays byte-identical. It also adds `{TEST_FILE}`.",
+        "file but the `VariableType_*.cpp` stays byte-identical.",
+        "",
+        f"`{VT_TARGET}` gives the `VariableType` kernel of every `out=` operator that returns nothing and has a "
+        f"differentiable input ({unchecked} operators in this checkout) the checks `out=` operators that return "
+        "something already have: `throw_error_out_requires_grad` when an input, or an output, requires grad in "
+        "grad mode, before the call. Nothing changes under `no_grad` or `inference_mode` (FSDP2 calls "
+        "`split_with_sizes_copy.out` under `no_grad`). The in-place operators that return nothing and skip "
+        "`check_inplace` (`_fused_*_`, `_amp_foreach_non_finite_check_and_unscale_`) are left as they are.",
+        "",
+        f"It also adds `{TEST_FILE}`.",
         "",
         "## Exactly one bump per call",
         "",
@@ -139,12 +177,17 @@ def render(missing_kinds: dict[str, int], checkout_version: str, measurements: l
         "  - per device, each written tensor advances exactly once for `split_with_sizes_copy.out`, "
         "`_foreach_add`/`_foreach_sqrt` (`.out` and in-place), `_foreach_zero_`, the fused Adam/AdamW/SGD/Adagrad "
         "operators, `_amp_foreach_non_finite_check_and_unscale_` and `_cummax_helper`;",
-        "  - a fused-optimizer step between forward and backward makes backward raise.",
+        "  - a fused-optimizer step between forward and backward makes backward raise;",
+        "  - `split_with_sizes_copy.out`, `unbind_copy.int_out`, `unsafe_split.Tensor_out`, `_foreach_add.Scalar_out` "
+        "and `_foreach_exp.out` refuse an input (or an output) that requires grad, and write nothing; under "
+        "`no_grad` they work as before.",
         "- The test fails on the released torch (listing the operators without a kernel) and passes with the "
         "kernels installed: the checks of this tool's own CI on CPU, and on CUDA where a GPU was at hand.",
         "- The patched codegen's output differs from the unpatched one only in `ADInplaceOrViewType_*.cpp`, which "
-        f"gain exactly the {total} kernels.",
-        f"- `ruff check`, `ruff format --check` and `mypy` on `{TARGET}` (no new finding) and `{TEST_FILE}`.",
+        f"gain exactly the {total} kernels, and in `VariableType_*.cpp`, whose kernels of exactly the {unchecked} "
+        "`out=` operators gain the two checks (nothing else in them changes).",
+        f"- `ruff check`, `ruff format --check` and `mypy` on `{TARGET}`, `{VT_TARGET}` (no new finding) and "
+        f"`{TEST_FILE}`.",
         "",
     ]
     return "\n".join(out)
