@@ -25,6 +25,7 @@ lintrunner and this project. Steps:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
@@ -73,11 +75,11 @@ NEEDS_NETWORK = {"TESTOWNERS": "fetches PyTorch's label list from GitHub",
 # "intended" (the test asserted the old counter behaviour, or the op now correctly raises) or "defect".
 VERDICTS: dict[str, tuple[str, str]] = {
     "test_torch.TestTorch.test_terminate_handler_on_crash": (
-        "defect", "the test's child process sets TORCH_CUSTOM_TERMINATE before its own `import torch`; "
-        "`torchgen-patch run` imports torch at interpreter start (sitecustomize), before the child's first "
-        "line, so the variable comes too late and the crash handler's message is missing from stderr. "
-        "Cause: how `run` starts Python processes (torch installed at start rather than on the program's "
-        "own first import)"),
+        "defect", "the test's child process (`python -c`) sets TORCH_CUSTOM_TERMINATE in its first statement, "
+        "then imports torch and aborts; under `torchgen-patch run` torch is already imported at interpreter start "
+        "(the launcher's sitecustomize installs the kernels there), so the variable comes too late and the crash "
+        "handler's message is missing from the child's output. Cause: how `run` starts Python processes; the "
+        "launcher that installs on the program's own first import of torch removes it"),
 }
 
 
@@ -306,15 +308,18 @@ def step_tests(group: str, tree: str, work: str, python: str) -> dict:
     differ = []
     for test in sorted(set(a) | set(b)):
         if a.get(test) != b.get(test):
-            verdict, why = VERDICTS.get(test, ("unjudged", "no verdict recorded"))
-            differ.append({"test": test, "unpatched": a.get(test, "absent"), "patched": b.get(test, "absent"),
-                           "verdict": verdict, "why": why})
+            differ.append({"test": test, "unpatched": a.get(test, "absent"), "patched": b.get(test, "absent")})
     return {"files": TEST_GROUPS[group], "differ": differ,
             **{side: {k: sides[side][k] for k in ("rc", "wall_s", "counts")} for side in sides}}
 
 
 # ---------------------------------------------------------------------------
 # Report
+
+
+def verdict(test: str) -> tuple[str, str]:
+    """(verdict, why) of a differing test, from VERDICTS (read when the report is rendered)."""
+    return VERDICTS.get(test, ("unjudged", "no verdict recorded"))
 
 
 def defects(data: dict) -> list[str]:
@@ -348,8 +353,8 @@ def defects(data: dict) -> list[str]:
             out.append(f"{group}: not run")
             continue
         for d in t["differ"]:
-            if d["verdict"] != "intended":
-                out.append(f"{group}: {d['test']}: {d['verdict']}")
+            if verdict(d["test"])[0] != "intended":
+                out.append(f"{group}: {d['test']}: {verdict(d['test'])[0]}")
     return out
 
 
@@ -382,7 +387,8 @@ def results_table(data: dict) -> str:
         if t is None:
             lines.append(f"| {group} | not run | not run | | |")
             continue
-        diff = "; ".join(f"`{d['test']}` ({d['unpatched']} → {d['patched']}: {d['verdict']})" for d in t["differ"])
+        diff = "; ".join(f"`{d['test']}` ({d['unpatched']} → {d['patched']}: {verdict(d['test'])[0]})"
+                        for d in t["differ"])
         lines.append(f"| {group} | {_counts(t['unpatched']['counts'])} | {_counts(t['patched']['counts'])} | "
                      f"{t['unpatched']['wall_s']:.0f} s / {t['patched']['wall_s']:.0f} s | {diff or 'none'} |")
     return "\n".join(lines) + "\n"
@@ -428,7 +434,7 @@ def report_md(data: dict) -> str:
     diffs = [(g, d) for g, t in data.get("tests", {}).items() for d in t["differ"]]
     if diffs:
         out += ["## Differing tests", "", "| test | unpatched | patched | verdict | why |", "|---|---|---|---|---|"]
-        out += [f"| `{d['test']}` ({g}) | {d['unpatched']} | {d['patched']} | {d['verdict']} | {d['why']} |"
+        out += [f"| `{d['test']}` ({g}) | {d['unpatched']} | {d['patched']} | {' | '.join(verdict(d['test']))} |"
                 for g, d in diffs]
         out.append("")
     return "\n".join(out)
@@ -441,10 +447,24 @@ def doc_block(text: str) -> str | None:
 
 
 def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def _save(path: str, seed: str, updates: dict, tests: dict | None = None) -> dict:
+    """Merge one step's results into the json as it is on disk now (runs of other steps may have
+    written it meanwhile); returns the merged data."""
+    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+    with open(os.path.join(ROOT, "build", "pytorch-check.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        src = path if os.path.isfile(path) else seed
+        data = json.load(open(src)) if os.path.isfile(src) else {}
+        data.update(updates)
+        data.setdefault("tests", {}).update(tests or {})
+        _write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
 
 
 def main() -> int:
@@ -469,31 +489,32 @@ def main() -> int:
     data = json.load(open(seed)) if os.path.isfile(seed) else {"tests": {}}
     if not args.render_only:
         with open(tarball, "rb") as f:
-            data.update(release=release, tarball=os.path.basename(tarball),
+            head = dict(release=release, tarball=os.path.basename(tarball),
                         tarball_sha256=hashlib.file_digest(f, "sha256").hexdigest())
         python = release_venv(release)
-        data["torch"] = torch_version(python)
-        work = os.path.join(ROOT, "build", "pytorch-check")
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
-        print(f"unpacking {os.path.basename(tarball)}", file=sys.stderr)
+        head["torch"] = torch_version(python)
+        data = _save(json_path, seed, head)
+        os.makedirs(os.path.join(ROOT, "build", "pytorch-check"), exist_ok=True)
+        work = tempfile.mkdtemp(prefix="run-", dir=os.path.join(ROOT, "build", "pytorch-check"))  # one per run
+        print(f"unpacking {os.path.basename(tarball)} into {os.path.relpath(work, ROOT)}", file=sys.stderr)
         tree = tree_from_tarball(tarball, os.path.join(work, "pytorch"))
-        data["checkout"] = step_checkout(tree, work, release) if "checkout" in todo else data.get("checkout")
-        if "checkout" not in todo or "failed" in (data["checkout"] or {}):  # the fix applied for what follows
+        if "checkout" in todo:
+            data = _save(json_path, seed, {"checkout": step_checkout(tree, work, release)})
+        if "checkout" not in todo or "failed" in data["checkout"]:  # the fix applied for what follows
             notorch = make_venv(os.path.join(ROOT, ".cache", "notorch-venv"), ["lintrunner"])
-            row: dict = {}
-            cm.check_tree(tree, notorch, os.path.join(work, "again"), row)
+            try:
+                cm.check_tree(tree, notorch, os.path.join(work, "again"), {})
+            except cm.Failed as e:
+                sys.exit(f"error: the fix does not apply to the tree: {e}")
             shutil.copy(os.path.join(work, "again", "fix.diff"), os.path.join(work, "fix.diff"))
         for step in todo:
             print(f"{step} ...", file=sys.stderr)
             if step == "adapters":
-                data["adapters"] = step_adapters(tree, work, python)
+                data = _save(json_path, seed, {"adapters": step_adapters(tree, work, python)})
             elif step == "regression":
-                data["regression"] = step_regression(tree, work, python)
+                data = _save(json_path, seed, {"regression": step_regression(tree, work, python)})
             elif step in TEST_GROUPS:
-                data.setdefault("tests", {})[step] = step_tests(step, tree, work, python)
-            _write(json_path, json.dumps(data, indent=1, sort_keys=True) + "\n")  # progress survives a stop
-    _write(json_path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+                data = _save(json_path, seed, {}, {step: step_tests(step, tree, work, python)})
     _write(os.path.join(out_dir, f"{name}.md"), report_md(data))
     if args.report and os.path.isfile(DOC):
         text = open(DOC, encoding="utf-8").read()

@@ -75,7 +75,7 @@ def test_linters_are_matched_by_their_patterns():
 _CASE = {"passed": "", "failed": "<failure message='x'/>", "skipped": "<skipped/>", "error": "<error/>"}
 
 
-def test_outcomes_are_read_test_by_test_and_a_difference_needs_a_verdict(tmp_path):
+def test_outcomes_are_read_test_by_test_and_a_difference_needs_a_verdict(tmp_path, monkeypatch):
     xml = tmp_path / "r.xml"
     cases = [("test_x.TestA", "test_1", "passed"), ("test_x.TestA", "test_2", "failed"),
              ("test_x.TestB", "test_1", "skipped"), ("test_x.TestB", "test_3", "error")]
@@ -86,9 +86,12 @@ def test_outcomes_are_read_test_by_test_and_a_difference_needs_a_verdict(tmp_pat
     data = json.load(open(REPORT))
     group = next(iter(pc.TEST_GROUPS))
     data["tests"][group] = dict(data["tests"].get(group) or {"unpatched": {}, "patched": {}},
-                                differ=[{"test": "test_x.TestA.test_2", "unpatched": "passed", "patched": "failed",
-                                         "verdict": "unjudged", "why": "no verdict recorded"}])
+                                differ=[{"test": "test_x.TestA.test_2", "unpatched": "passed", "patched": "failed"}])
     assert f"{group}: test_x.TestA.test_2: unjudged" in pc.defects(data)
+    monkeypatch.setitem(pc.VERDICTS, "test_x.TestA.test_2", ("intended", "asserted the old counter"))
+    assert not [d for d in pc.defects(data) if "test_x" in d]
+    monkeypatch.setitem(pc.VERDICTS, "test_x.TestA.test_2", ("defect", "a launcher bug"))
+    assert f"{group}: test_x.TestA.test_2: defect" in pc.defects(data)
 
 
 def test_report_and_docs_table_are_rendered_from_the_json():
