@@ -65,12 +65,15 @@ TEST_GROUPS = {
 }
 STEPS = ["checkout", "adapters", "regression", *TEST_GROUPS]
 # Test dependencies of PyTorch's test files, next to torch and lintrunner in the release-check venv
-# (pytest as PyTorch 2.6's CI pins it: its test/conftest.py uses a hook argument pytest 9 removed)
+# (pytest as PyTorch 2.6's CI pins it: its test/conftest.py uses a hook argument pytest 9 removed;
+# setuptools of the release's time: the FLAKE8 adapter's plugins import pkg_resources, gone in newer ones)
 TEST_DEPS = ["numpy", "pyyaml", "jinja2", "typing_extensions", "pytest==7.3.2", "hypothesis>=6", "expecttest==0.3.0",
-             "psutil", "ninja", "setuptools>=70.1", "lintrunner"]
+             "psutil", "ninja", "setuptools==75.8.0", "lintrunner"]
 # Linters whose adapter needs the network beyond the package index (lintrunner init installs from it)
 NEEDS_NETWORK = {"TESTOWNERS": "fetches PyTorch's label list from GitHub",
                  "WORKFLOWSYNC": "reads GitHub workflows", "BAZEL_LINTER": "downloads bazel"}
+# Linters with no init_command of their own that run another's tools
+INIT_WITH = {"MYPYSTRICT": "MYPY"}
 # Every test whose outcome differs unpatched and patched: test id -> (verdict, why). A verdict is
 # "intended" (the test asserted the old counter behaviour, or the op now correctly raises) or "defect".
 VERDICTS: dict[str, tuple[str, str]] = {
@@ -228,14 +231,17 @@ def step_adapters(tree: str, work: str, python: str) -> dict:
     lintrunner, env = os.path.join(os.path.dirname(python), "lintrunner"), _env(python)
     data = os.path.join(work, "lr-adapters")
     result: dict = {"files": files, "linters": {}}
-    for code, paths in sorted(linters_for(config, files).items()):
+    matched = linters_for(config, files)
+    runnable = sorted(c for c in matched if c not in NEEDS_NETWORK)
+    take = ",".join(sorted({INIT_WITH.get(c, c) for c in runnable} | set(runnable)))
+    init = subprocess.run([lintrunner, "init", "--take", take, "--data-path", data], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    for code, paths in sorted(matched.items()):
         entry: dict = {"files": paths}
         result["linters"][code] = entry
         if code in NEEDS_NETWORK:
             entry["not_run"] = f"needs the network: {NEEDS_NETWORK[code]}"
             continue
-        init = subprocess.run([lintrunner, "init", "--take", code, "--data-path", data], cwd=tree, env=env,
-                              capture_output=True, text=True)
         if init.returncode != 0:
             entry["not_run"] = "lintrunner init failed: " + ((init.stderr or init.stdout).strip().splitlines()
                                                             or ["no message"])[-1][:200]
@@ -246,8 +252,11 @@ def step_adapters(tree: str, work: str, python: str) -> dict:
         if r.returncode not in (0, 1):
             entry["not_run"] = f"lintrunner exited {r.returncode}: " + (r.stderr.strip().splitlines() or [""])[-1][:200]
             continue
-        entry["findings"] = [{k: m.get(k) for k in ("path", "line", "code", "name", "severity", "description")}
-                             for m in msgs]
+        # a message with no path is the adapter failing, not a finding
+        entry["failures"] = [(m.get("description") or m["name"]).strip().splitlines()[0][:300]
+                             for m in msgs if m.get("path") is None]
+        entry["findings"] = [dict({k: m.get(k) for k in ("line", "code", "name", "severity")},
+                                  path=os.path.relpath(m["path"], tree)) for m in msgs if m.get("path") is not None]
     return result
 
 
@@ -342,8 +351,8 @@ def defects(data: dict) -> list[str]:
         out.append("adapters: not run")
     else:
         for code, e in sorted(a["linters"].items()):
-            if e.get("findings"):
-                out.append(f"adapters: {code}: {len(e['findings'])} findings")
+            if e.get("findings") or e.get("failures"):
+                out.append(f"adapters: {code}: {len(e['findings'])} findings, {len(e['failures'])} failures")
     r = data.get("regression")
     if r is None or not (r["fails_unpatched"] and r["passes_patched"]):
         out.append("regression test: not run" if r is None else "regression test: not fail -> pass")
@@ -420,8 +429,9 @@ def report_md(data: dict) -> str:
                 "|---|---|---|"]
         for code, e in sorted(a["linters"].items()):
             res = (f"not run: {e['not_run']}" if "not_run" in e else
-                   "clean" if not e["findings"] else
-                   "; ".join(f"{m['path']}:{m['line']}: {m['name']}" for m in e["findings"]))
+                   "clean" if not (e["findings"] or e["failures"]) else
+                   "; ".join([f"{m['path']}:{m['line']}: {m['severity']}: {m['name']}" for m in e["findings"]]
+                             + [f"adapter failed: {f}" for f in e["failures"]]))
             out.append(f"| {code} | {', '.join(f'`{f}`' for f in e['files'])} | {res} |")
         out.append("")
     r = data.get("regression")
