@@ -70,8 +70,7 @@ STEPS = ["checkout", "adapters", "regression", *TEST_GROUPS]
 TEST_DEPS = ["numpy", "pyyaml", "jinja2", "typing_extensions", "pytest==7.3.2", "hypothesis>=6", "expecttest==0.3.0",
              "psutil", "ninja", "setuptools==75.8.0", "lintrunner"]
 # Linters whose adapter needs the network beyond the package index (lintrunner init installs from it)
-NEEDS_NETWORK = {"TESTOWNERS": "fetches PyTorch's label list from GitHub",
-                 "WORKFLOWSYNC": "reads GitHub workflows", "BAZEL_LINTER": "downloads bazel"}
+NEEDS_NETWORK = {"TESTOWNERS": "downloads PyTorch's label list (ossci-metrics.s3.amazonaws.com)"}
 # Linters with no init_command of their own that run another's tools
 INIT_WITH = {"MYPYSTRICT": "MYPY"}
 # Every test whose outcome differs unpatched and patched: test id -> (verdict, why). A verdict is

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import types
+
 from torchgen_patch.codegen import template_names
 from torchgen_patch.plan import overlay as ov
 from torchgen_patch.scan import scan
@@ -43,3 +47,12 @@ def fsdp2() -> tuple[str, list[str]]:
     ops = [f"fsdp::{n}" for n in ("split_with_sizes_copy", "chunk_cat", "copy_")
            if hasattr(torch.ops.fsdp, n.split(".")[0])]
     return name, ops
+
+
+def script(name: str) -> types.ModuleType:
+    """scripts/<name>.py, loaded as a module (scripts/ is no package)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

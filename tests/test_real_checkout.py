@@ -5,7 +5,6 @@ verdicts and the docs' table generated from it. PyTorch's own test files are the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -14,10 +13,9 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.debian_source import fetch_tarball, mirror, release_of, tree_from_tarball
+from tests.support import script
 
-_spec = importlib.util.spec_from_file_location("pytorch_check", os.path.join(ROOT, "scripts", "pytorch_check.py"))
-pc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pc)
+pc = script("pytorch_check")
 
 REPORT = os.path.join(ROOT, "reports", "pytorch-own-2.6.0.json")
 
