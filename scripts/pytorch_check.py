@@ -76,7 +76,7 @@ INIT_WITH = {"MYPYSTRICT": "MYPY"}
 # Every test whose outcome differs unpatched and patched: test id -> (verdict, why). A verdict is
 # "intended" (the test asserted the old counter behaviour, or the op now correctly raises) or "defect".
 VERDICTS: dict[str, tuple[str, str]] = {
-    "test_torch.TestTorch.test_terminate_handler_on_crash": (
+    "test.test_torch.TestTorch.test_terminate_handler_on_crash": (
         "defect", "the test's child process (`python -c`) sets TORCH_CUSTOM_TERMINATE in its first statement, "
         "then imports torch and aborts; under `torchgen-patch run` torch is already imported at interpreter start "
         "(the launcher's sitecustomize installs the kernels there), so the variable comes too late and the crash "
@@ -472,6 +472,8 @@ def _save(path: str, seed: str, updates: dict, tests: dict | None = None) -> dic
         data = json.load(open(src)) if os.path.isfile(src) else {}
         data.update(updates)
         data.setdefault("tests", {}).update(tests or {})
+        for t in data["tests"].values():  # verdicts live in VERDICTS, never in the json
+            t["differ"] = [{k: d[k] for k in ("test", "unpatched", "patched")} for d in t["differ"]]
         _write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
 

@@ -22,7 +22,7 @@ REPORT = os.path.join(ROOT, "reports", "pytorch-own-2.6.0.json")
 
 @pytest.fixture(scope="module")
 def tarball():
-    found, why = fetch_tarball(pc.CACHE)
+    found, why = fetch_tarball(pc.CACHE, timeout=180)  # a mirror that hangs costs CI minutes, not an hour
     if found is None:
         pytest.skip(f"PyTorch's source tarball is neither cached nor fetchable: {why}")
     return found
