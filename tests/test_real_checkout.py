@@ -98,3 +98,13 @@ def test_report_and_docs_table_are_rendered_from_the_json():
         assert f.read() == pc.report_md(data), "stale: run `python scripts/pytorch_check.py --render-only --report`"
     with open(pc.DOC, encoding="utf-8") as f:
         assert pc.doc_block(f.read()) == pc.results_table(data), "docs/release-check.md's table differs from the report"
+
+
+def test_without_a_cached_tarball_or_apt_the_reason_is_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert fetch_tarball(str(tmp_path / "cache")) == (None, "no apt-get on this machine")
+    cached = tmp_path / "cache" / "src" / "pytorch_2.6.0+dfsg.orig.tar.xz"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"")
+    assert fetch_tarball(str(tmp_path / "cache")) == (str(cached), "")  # a cached one needs no apt
+    assert release_of(str(cached)) == "2.6.0"
