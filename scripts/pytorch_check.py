@@ -269,6 +269,16 @@ def _junit(path: str) -> dict[str, str]:
     return outcomes
 
 
+def _skip_reasons(path: str) -> dict[str, int]:
+    """skip message -> how many tests gave it (the three commonest), from a pytest junit xml."""
+    seen: dict[str, int] = {}
+    if os.path.isfile(path):
+        for skipped in ET.parse(path).getroot().iter("skipped"):
+            msg = (skipped.get("message") or "").strip()[:120]
+            seen[msg] = seen.get(msg, 0) + 1
+    return dict(sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+
+
 def run_tests(tree: str, python: str, files: list[str], patched: bool, xml: str, log: str) -> dict:
     """PyTorch's test files with pytest from the tree's test/ folder, at low priority; patched under
     `torchgen-patch run`. Returns counts, wall time, exit status and per-test outcomes."""
@@ -283,7 +293,8 @@ def run_tests(tree: str, python: str, files: list[str], patched: bool, xml: str,
     counts: dict[str, int] = {}
     for kind in outcomes.values():
         counts[kind] = counts.get(kind, 0) + 1
-    return {"rc": rc, "wall_s": round(time.monotonic() - t0, 1), "counts": counts, "outcomes": outcomes}
+    return {"rc": rc, "wall_s": round(time.monotonic() - t0, 1), "counts": counts, "outcomes": outcomes,
+            "skip_reasons": _skip_reasons(xml)}
 
 
 def step_regression(tree: str, work: str, python: str) -> dict:
@@ -313,7 +324,7 @@ def step_tests(group: str, tree: str, work: str, python: str) -> dict:
         if a.get(test) != b.get(test):
             differ.append({"test": test, "unpatched": a.get(test, "absent"), "patched": b.get(test, "absent")})
     return {"files": TEST_GROUPS[group], "differ": differ,
-            **{side: {k: sides[side][k] for k in ("rc", "wall_s", "counts")} for side in sides}}
+            **{side: {k: sides[side][k] for k in ("rc", "wall_s", "counts", "skip_reasons")} for side in sides}}
 
 
 # ---------------------------------------------------------------------------
@@ -363,8 +374,11 @@ def defects(data: dict) -> list[str]:
     return out
 
 
-def _counts(c: dict) -> str:
-    return ", ".join(f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped") if c.get(k)) or "no tests"
+def _counts(c: dict, skips: dict | None = None) -> str:
+    text = ", ".join(f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped") if c.get(k)) or "no tests"
+    if set(c) == {"skipped"} and skips:  # nothing ran: say why
+        text += " (all skipped: " + "; ".join(f"{n}× \"{m}\"" for m, n in skips.items()) + ")"
+    return text
 
 
 def results_table(data: dict) -> str:
@@ -394,7 +408,9 @@ def results_table(data: dict) -> str:
             continue
         diff = "; ".join(f"`{d['test']}` ({d['unpatched']} → {d['patched']}: {verdict(d['test'])[0]})"
                         for d in t["differ"])
-        lines.append(f"| {group} | {_counts(t['unpatched']['counts'])} | {_counts(t['patched']['counts'])} | "
+        u, p = t["unpatched"], t["patched"]
+        lines.append(f"| {group} | {_counts(u['counts'], u.get('skip_reasons'))} | "
+                     f"{_counts(p['counts'], p.get('skip_reasons'))} | "
                      f"{t['unpatched']['wall_s']:.0f} s / {t['patched']['wall_s']:.0f} s | {diff or 'none'} |")
     return "\n".join(lines) + "\n"
 
