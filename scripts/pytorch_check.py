@@ -62,6 +62,9 @@ TEST_GROUPS = {
                    "distributed/_composable/fsdp/test_fully_shard_state.py"],
     "DTensor optimizers (CPU)": ["distributed/_tensor/test_optimizers.py"],
 }
+# Environment a group runs with (both sides): PyTorch's own knobs. DTensor's multi-process tests wait 300 s
+# for a rank that hangs; test_adam_1d_sharding hangs here unpatched (gloo, 4 ranks on 2 cores), so 120 s.
+GROUP_ENV = {"DTensor optimizers (CPU)": {"DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": "120"}}
 STEPS = ["checkout", "adapters", "regression", *TEST_GROUPS]
 # Test dependencies of PyTorch's test files, next to torch and lintrunner in the release-check venv
 # (pytest as PyTorch 2.6's CI pins it: its test/conftest.py uses a hook argument pytest 9 removed;
@@ -279,7 +282,8 @@ def _skip_reasons(path: str) -> dict[str, int]:
     return dict(sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
 
 
-def run_tests(tree: str, python: str, files: list[str], patched: bool, xml: str, log: str) -> dict:
+def run_tests(tree: str, python: str, files: list[str], patched: bool, xml: str, log: str,
+              env: dict[str, str] | None = None) -> dict:
     """PyTorch's test files with pytest from the tree's test/ folder, at low priority; patched under
     `torchgen-patch run`. Returns counts, wall time, exit status and per-test outcomes."""
     cmd = [python, "-m", "pytest", *files, "-p", "no:cacheprovider", f"--junit-xml={xml}", "-q"]
@@ -287,7 +291,7 @@ def run_tests(tree: str, python: str, files: list[str], patched: bool, xml: str,
         cmd = [python, "-m", "torchgen_patch", "run", "--", *cmd]
     t0 = time.monotonic()
     with open(log, "w") as f:
-        rc = subprocess.run(["nice", "-n", "10", *cmd], cwd=os.path.join(tree, "test"), env=_env(python),
+        rc = subprocess.run(["nice", "-n", "10", *cmd], cwd=os.path.join(tree, "test"), env=dict(_env(python), **(env or {})),
                             stdout=f, stderr=subprocess.STDOUT).returncode
     outcomes = _junit(xml)
     counts: dict[str, int] = {}
@@ -316,14 +320,15 @@ def step_tests(group: str, tree: str, work: str, python: str) -> dict:
     for side in ("unpatched", "patched"):
         slug = re.sub(r"\W+", "-", group).strip("-")
         sides[side] = run_tests(tree, python, TEST_GROUPS[group], side == "patched",
-                                os.path.join(work, f"{slug}-{side}.xml"), os.path.join(work, f"{slug}-{side}.log"))
+                                os.path.join(work, f"{slug}-{side}.xml"), os.path.join(work, f"{slug}-{side}.log"),
+                                GROUP_ENV.get(group))
         print(f"  {group} {side}: {sides[side]['counts']} in {sides[side]['wall_s']} s", file=sys.stderr)
     a, b = sides["unpatched"]["outcomes"], sides["patched"]["outcomes"]
     differ = []
     for test in sorted(set(a) | set(b)):
         if a.get(test) != b.get(test):
             differ.append({"test": test, "unpatched": a.get(test, "absent"), "patched": b.get(test, "absent")})
-    return {"files": TEST_GROUPS[group], "differ": differ,
+    return {"files": TEST_GROUPS[group], "differ": differ, "env": GROUP_ENV.get(group, {}),
             **{side: {k: sides[side][k] for k in ("rc", "wall_s", "counts", "skip_reasons")} for side in sides}}
 
 
@@ -455,7 +460,15 @@ def report_md(data: dict) -> str:
                 f"{r['unpatched']['rc']}); under `torchgen-patch run` {_counts(r['patched']['counts'])} (exit "
                 f"{r['patched']['rc']}). Fails unpatched: {cm._mark(r['fails_unpatched'])}; passes patched: "
                 f"{cm._mark(r['passes_patched'])}.", ""]
-    diffs = [(g, d) for g, t in data.get("tests", {}).items() for d in t["differ"]]
+    tests = data.get("tests", {})
+    if tests:
+        out += ["## Test groups", "", "Each group run with pytest from the tree's `test/` folder (`python -m pytest "
+                "FILES --junit-xml=...`), then the same under `torchgen-patch run --`:", ""]
+        out += [f"- {g}: " + ", ".join(f"`test/{f}`" for f in tests[g]["files"])
+                + "".join(f"; `{k}={v}`" for k, v in sorted(tests[g].get("env", {}).items()))
+                for g in TEST_GROUPS if g in tests]
+        out.append("")
+    diffs = [(g, d) for g, t in tests.items() for d in t["differ"]]
     if diffs:
         out += ["## Differing tests", "", "| test | unpatched | patched | verdict | why |", "|---|---|---|---|---|"]
         out += [f"| `{d['test']}` ({g}) | {d['unpatched']} | {d['patched']} | {' | '.join(verdict(d['test']))} |"
