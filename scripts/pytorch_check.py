@@ -169,7 +169,14 @@ def _requires_grad_checks(out: str) -> set[str]:
     return found
 
 
+def fix_files(work: str) -> list[str]:
+    """The files `diff --mode fix` (work/fix.diff) adds or edits, tree-relative."""
+    return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", open(os.path.join(work, "fix.diff")).read(), re.M)))
+
+
 def step_checkout(tree: str, work: str, release: str) -> dict:
+    """The checkout world on the tree (compat_matrix.check_tree) with real lintrunner before and after, the
+    requires-grad checks of the tree's VariableType before and after, and the comparison with the matrix row."""
     notorch = make_venv(os.path.join(ROOT, ".cache", "notorch-venv"), ["lintrunner"])
     row: dict = {}
     t0 = time.monotonic()
@@ -184,8 +191,7 @@ def step_checkout(tree: str, work: str, release: str) -> dict:
         row["requires_grad_checks_before"], row["requires_grad_checks_after"] = len(old), len(new)
         row["requires_grad_checks_added"] = sorted(new - old)
         row["requires_grad_checks_removed"] = sorted(old - new)
-        row["fix_edits"] = sorted(set(re.findall(r"^\+\+\+ b/(\S+)", open(os.path.join(work, "fix.diff")).read(),
-                                                 re.M)))
+        row["fix_edits"] = fix_files(work)
     matrix = json.load(open(os.path.join(REPORTS, "compat-matrix.json")))["releases"].get(release, {})
     keys = ("total", "counts", "gen_kernels", "gen_left_out", "upstream_before", "upstream_after", "patched_findings")
     row["matrix_row_same"] = bool(matrix) and all(row.get(k) == matrix.get(k) for k in keys)
@@ -223,7 +229,7 @@ def linters_for(config: dict, paths: list[str]) -> dict[str, list[str]]:
 
 def step_adapters(tree: str, work: str, python: str) -> dict:
     """PyTorch's own lint adapters on the files the fix adds or edits."""
-    files = sorted(set(re.findall(r"^\+\+\+ b/(\S+)", open(os.path.join(work, "fix.diff")).read(), re.M)))
+    files = fix_files(work)
     config = tomllib.load(open(os.path.join(tree, ".lintrunner.toml"), "rb"))
     lintrunner, env = os.path.join(os.path.dirname(python), "lintrunner"), _env(python)
     data = os.path.join(work, "lr-adapters")
