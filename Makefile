@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch
+.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check
 
 setup: $(STAMP)
 
@@ -98,3 +98,11 @@ test-torch:
 	{ echo "# make test-torch TORCH=$(TORCH) (torch $$($(TV)/bin/python -c 'import torch; print(torch.__version__)'), run on CPU at commit $$(git describe --always --dirty); no GPU on this machine)"; \
 	  TORCHGEN_PATCH_CACHE=$(CURDIR)/.cache/torchgen-patch-$(TORCH) $(TV)/bin/python -m pytest -q -ra -p no:cacheprovider; } \
 		> build/pytest-torch$(TORCH).txt 2>&1; rc=$$?; tail -30 build/pytest-torch$(TORCH).txt; exit $$rc
+
+
+# The release check (docs/release-check.md): PyTorch's own source tree (Debian's source package), its
+# lint adapters and its own test files, unpatched and under `torchgen-patch run`, on CPU in a venv of the
+# matching torch release (.venv-check-<release>, 3-5 GB). Writes build/; REPORT=1 writes reports/ and
+# the docs' table; CHECK_ARGS='--only test_torch.py' re-runs one step or test group.
+pytorch-check: setup
+	$(BIN)/python scripts/pytorch_check.py $(if $(filter 1,$(REPORT)),--report) $(CHECK_ARGS)

@@ -150,53 +150,66 @@ def check_wheel(wheel: str, notorch: str, work: str) -> dict:
     site = site_from_wheel(wheel, os.path.join(work, "site"))
     cache = os.path.join(work, "cache")
     try:
-        lint = _json_of(_tgp(notorch, ["lint", "--format", "json", "--pytorch-root", tree], ROOT, cache), "lint")
-        row["total"], row["counts"] = lint["total"], lint["counts"]
-        missing = {f["op"] for f in lint["findings"]}
-        row["findings"] = len(lint["findings"])
+        check_tree(tree, notorch, work, row)
         inst = _json_of(_tgp(sys.executable, ["scan", "--format", "json", "--no-cache"],
                              os.pathsep.join([site, ROOT]), cache), "scan (installed world)")
-        row["installed_world_same_counts"] = inst["counts"] == lint["counts"] and inst["total"] == lint["total"]
-        ag = _json_of(_tgp(notorch, ["lint", "--autograd", "--format", "json", "--pytorch-root", tree], ROOT, cache),
-                      "lint --autograd")
-        row["autograd"] = {rule: sorted(f["op"] for f in ag["findings"] if f["rule"] == rule) for rule in AUTOGRAD}
+        row["installed_world_same_counts"] = inst["counts"] == row["counts"] and inst["total"] == row["total"]
         row["autograd_installed_same"] = all(
             sorted(o["name"] for o in inst["ops"] if o.get("autograd_gap") == gap) == row["autograd"][rule]
             for rule, gap in AUTOGRAD.items())
-        for world, python, pp, extra in (("checkout", notorch, ROOT, ["--pytorch-root", tree]),
-                                         ("installed", sys.executable, os.pathsep.join([site, ROOT]), [])):
-            r = _tgp(python, ["gen", "--strict", "--out", os.path.join(work, f"gen-{world}"), *extra], pp, cache)
-            if r.returncode != 0:
-                raise Failed(f"gen --strict ({world} world)", r)
-        manifest = json.load(open(os.path.join(work, "gen-checkout", "torchgen_patch_manifest.json")))
-        row["gen_kernels"], row["gen_left_out"] = len(manifest["kernels"]), len(manifest["left_out"])
+        r = _tgp(sys.executable, ["gen", "--strict", "--out", os.path.join(work, "gen-installed")],
+                 os.pathsep.join([site, ROOT]), cache)
+        if r.returncode != 0:
+            raise Failed("gen --strict (installed world)", r)
         row["installed_world_same_gen"] = (_gen_files(os.path.join(work, "gen-checkout"))
                                            == _gen_files(os.path.join(work, "gen-installed")))
-        before = run_codegen(tree, os.path.join(work, "up0"), python=notorch)
-        if before.returncode != 0:
-            raise Failed("the tree's own codegen (unpatched)", before)
-        r = _tgp(notorch, ["diff", "--pytorch-root", tree, "--mode", "fix", "-o", os.path.join(work, "fix.diff")],
-                 ROOT, cache)
-        if r.returncode != 0:
-            raise Failed("diff --mode fix", r)
-        r = subprocess.run(["git", "apply", os.path.join(work, "fix.diff")], cwd=tree, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise Failed("git apply of the fix diff", r)
-        after = run_codegen(tree, os.path.join(work, "up1"), python=notorch)
-        if after.returncode != 0:
-            raise Failed("the tree's own codegen (patched)", after)
-        old, new = registrations(os.path.join(work, "up0")), registrations(os.path.join(work, "up1"))
-        row["upstream_before"], row["upstream_after"] = len(old), len(new)
-        row["upstream_added_are_the_missing"] = (set(old) <= set(new)
-                                                 and {f"aten::{n}" for n in set(new) - set(old)} == missing)
-        patched = _json_of(_tgp(notorch, ["lint", "--format", "json", "--pytorch-root", tree], ROOT, cache),
-                           "lint (patched tree)")
-        row["patched_findings"] = len(patched["findings"])
-        ag = _json_of(_tgp(notorch, ["lint", "--autograd", "--format", "json", "--pytorch-root", tree], ROOT, cache),
-                      "lint --autograd (patched tree)")
-        row["autograd_patched_out"] = sum(f["rule"] == "out-requires-grad-unchecked" for f in ag["findings"])
     except Failed as e:
         row["failed"] = str(e)
+    return row
+
+
+def check_tree(tree: str, notorch: str, work: str, row: dict) -> dict:
+    """The checkout world on a tree under git (from a wheel, or a real PyTorch source tree), in the
+    torch-less venv ``notorch``, into ``row``: lint's counts, `gen --strict` (into work/gen-checkout),
+    the tree's own codegen (work/up0), `diff --mode fix` (work/fix.diff) applied with git, its codegen
+    again (work/up1), and lint of the patched tree. Raises Failed at the first step that fails."""
+    cache = os.path.join(work, "cache")
+    lint = _json_of(_tgp(notorch, ["lint", "--format", "json", "--pytorch-root", tree], ROOT, cache), "lint")
+    row["total"], row["counts"] = lint["total"], lint["counts"]
+    missing = {f["op"] for f in lint["findings"]}
+    row["findings"] = len(lint["findings"])
+    ag = _json_of(_tgp(notorch, ["lint", "--autograd", "--format", "json", "--pytorch-root", tree], ROOT, cache),
+                  "lint --autograd")
+    row["autograd"] = {rule: sorted(f["op"] for f in ag["findings"] if f["rule"] == rule) for rule in AUTOGRAD}
+    r = _tgp(notorch, ["gen", "--strict", "--out", os.path.join(work, "gen-checkout"), "--pytorch-root", tree],
+             ROOT, cache)
+    if r.returncode != 0:
+        raise Failed("gen --strict (checkout world)", r)
+    manifest = json.load(open(os.path.join(work, "gen-checkout", "torchgen_patch_manifest.json")))
+    row["gen_kernels"], row["gen_left_out"] = len(manifest["kernels"]), len(manifest["left_out"])
+    before = run_codegen(tree, os.path.join(work, "up0"), python=notorch)
+    if before.returncode != 0:
+        raise Failed("the tree's own codegen (unpatched)", before)
+    r = _tgp(notorch, ["diff", "--pytorch-root", tree, "--mode", "fix", "-o", os.path.join(work, "fix.diff")],
+             ROOT, cache)
+    if r.returncode != 0:
+        raise Failed("diff --mode fix", r)
+    r = subprocess.run(["git", "apply", os.path.join(work, "fix.diff")], cwd=tree, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Failed("git apply of the fix diff", r)
+    after = run_codegen(tree, os.path.join(work, "up1"), python=notorch)
+    if after.returncode != 0:
+        raise Failed("the tree's own codegen (patched)", after)
+    old, new = registrations(os.path.join(work, "up0")), registrations(os.path.join(work, "up1"))
+    row["upstream_before"], row["upstream_after"] = len(old), len(new)
+    row["upstream_added_are_the_missing"] = (set(old) <= set(new)
+                                             and {f"aten::{n}" for n in set(new) - set(old)} == missing)
+    patched = _json_of(_tgp(notorch, ["lint", "--format", "json", "--pytorch-root", tree], ROOT, cache),
+                       "lint (patched tree)")
+    row["patched_findings"] = len(patched["findings"])
+    ag = _json_of(_tgp(notorch, ["lint", "--autograd", "--format", "json", "--pytorch-root", tree], ROOT, cache),
+                  "lint --autograd (patched tree)")
+    row["autograd_patched_out"] = sum(f["rule"] == "out-requires-grad-unchecked" for f in ag["findings"])
     return row
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import types
+
 from torchgen_patch.codegen import template_names
 from torchgen_patch.plan import overlay as ov
 from torchgen_patch.scan import scan
@@ -56,3 +60,12 @@ def entry_point(python: str, bin_dir: str) -> str:
         fh.write(f"#!{python}\nimport sys\nfrom torchgen_patch.cli import main\nsys.exit(main())\n")
     os.chmod(path, 0o755)
     return path
+
+
+def script(name: str) -> types.ModuleType:
+    """scripts/<name>.py, loaded as a module (scripts/ is no package)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,17 +4,15 @@ the package's torch lower bound is the oldest release the evidence supports."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support import script
 
-_spec = importlib.util.spec_from_file_location("compat_matrix", os.path.join(ROOT, "scripts", "compat_matrix.py"))
-cm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cm)
+cm = script("compat_matrix")
 
 JSON = os.path.join(ROOT, "reports", "compat-matrix.json")
 

@@ -254,7 +254,9 @@ def test_codegen_and_test_pass_ruff_and_mypy(trees, tmp_path, run_cli):
     before = ruff_findings(original, up.TARGET, "default")
     assert ruff_findings(fixed, up.TARGET, "default") == before and \
         ruff_findings(guarded, up.TARGET, "default") == before
-    assert ruff_findings(fixed, up.TEST_FILE, "default") == []
+    # ...except isort's import order (I001): the test file's imports are ordered as PyTorch's own formatter
+    # (usort, its PYFMT linter) orders them, case-insensitively; the release check runs that adapter
+    assert [f for f in ruff_findings(fixed, up.TEST_FILE, "default") if f[0] != "I001"] == []
     for root, rel in ((fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE), (original, up.TARGET),
                       (fixed, up.VT_TARGET), (guarded, up.VT_TARGET), (original, up.VT_TARGET)):
         for settings in RUFF_SETTINGS.values():
