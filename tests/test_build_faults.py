@@ -206,11 +206,11 @@ def test_a_killed_build_ends_its_compilers_and_the_next_run_cleans_up(tmp_path, 
                                                os.path.basename(lib.directory) + ".lock"])
 
 
-def test_run_hands_its_children_an_absolute_cache(tmp_path, monkeypatch, default_plan):
+def test_run_hands_its_children_an_absolute_cache(tmp_path, monkeypatch):
     from torchgen_patch.runtime import launch
     from torchgen_patch.sources import Options
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", "relative-cache")
-    env = launch.prepare(default_plan, Options(), "python", None, [], [])
+    env = launch.prepare(Options(), "python", None, [], [])
     assert env["TORCHGEN_PATCH_CACHE"] == str(tmp_path / "relative-cache")

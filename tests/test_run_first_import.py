@@ -7,8 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 from tests.test_run import tgp_run
 
 # The child of PyTorch's test: sets TORCH_CUSTOM_TERMINATE, then imports torch and aborts; torch's
@@ -22,8 +20,6 @@ def test_the_scenario_shows_the_message_unpatched():
     assert r.returncode != 0 and MESSAGE in r.stdout, r.stdout[-500:] + r.stderr[-500:]
 
 
-@pytest.mark.xfail(strict=True, reason="the launcher imports torch at interpreter start (sitecustomize), before "
-                   "the program's first statement; installing on the program's own first import of torch fixes it")
 def test_an_environment_variable_set_before_import_torch_reaches_torch_under_run():
     r = tgp_run("--backend", "python", "--op", "aten::_cummax_helper", "--", sys.executable, "-c", CHILD)
     assert r.returncode != 0 and MESSAGE in r.stdout, r.stdout[-500:] + r.stderr[-500:]
