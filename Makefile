@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch
+.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch docs
 
 setup: $(STAMP)
 
@@ -18,12 +18,23 @@ $(STAMP): pyproject.toml requirements-dev.txt
 
 # The main job on the embedded default (the installed torch's own native_functions.yaml):
 # find the ops, generate their kernels, build them and check every op before/after.
-# Each step prints one summary line; the full reports land in build/.
+# Each step prints one summary line on stdout (progress and notes go to stderr, so
+# `make run > log` keeps the summary); the full reports land in build/.
 run: setup
 	@mkdir -p build
 	@$(BIN)/torchgen-patch lint --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
 	@$(BIN)/torchgen-patch gen --strict -o $(OUT) --output-dependencies $(OUT).cmake
 	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md
+	@echo "lint counts the ops with no version-counter kernel; verify counts those whose tensors really kept"
+	@echo "their version on this machine (the others bump by luck of their backend kernel): build/verify-cpu.md"
+	@echo "Next, by what you do (README.md):"
+	@echo "  train with torch:       pip install . in your environment, then: torchgen-patch run -- python train.py"
+	@echo "  maintain PyTorch/fork:  torchgen-patch lint --pytorch-root ~/pytorch   (docs/checkout-and-ci.md)"
+	@echo "  write an extension:     torchgen-patch lint --runtime --import mylib   (docs/guide.md)"
+
+# docs/cli.md, generated from the parser (tests/test_docs.py checks it is current).
+docs: setup
+	$(BIN)/python scripts/cli_reference.py
 
 test: setup
 	$(BIN)/python -m pytest -q -ra

@@ -40,7 +40,7 @@ def test_goldens_cover_each_family():
 def _gen(run_cli, out, *extra):
     rc, stdout, err = run_cli("gen", "--out", out, *extra)
     assert rc == 0, err
-    return err
+    return stdout  # the summary: gen's result goes to files, its summary to stdout
 
 
 def test_write_if_changed_keeps_mtimes(run_cli, tmp_path):

@@ -1,0 +1,46 @@
+"""Output for people: the verify report opens with its legend and the failing ops, the words of the
+output are defined in `--help`, results go to stdout and notes to stderr. No torch, no build."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+from torchgen_patch.checks import verify
+from torchgen_patch.scan.model import VERDICTS
+
+
+def _r(op: str, verdict: str, before: int = 0, after: int = 1, patched: bool = False) -> verify.OpResult:
+    return verify.OpResult(op, "cpu", patched, verdict, [verify.TensorResult("out", before, after)])
+
+
+def test_verify_report_starts_with_the_legend_and_the_failing_ops_then_every_op():
+    runs = {"without patch": [_r("aten::a.out", verify.PASS), _r("aten::b_", verify.MISS, 0, 0),
+                              _r("aten::c.out", verify.EXTRA, 0, 2), _r("aten::d_", verify.MISS, 0, 0)],
+            "with patch (cpp)": [_r(op, verify.PASS, patched=True) for op in ("aten::a.out", "aten::b_",
+                                                                              "aten::c.out", "aten::d_")]}
+    text = verify.markdown(runs, {"torch": "x"})
+    legend = [text.index(f"- **{v}**: ") for v in verify.LEGEND]
+    failing = text.index("## Failing ops")
+    table = text.index("| op |")
+    assert max(legend) < failing < table
+    head = text[failing:table]
+    assert "- without patch, MISS (2): `aten::b_`, `aten::d_`" in head
+    assert "- without patch, EXTRA (1): `aten::c.out`" in head
+    assert "with patch" not in head and "aten::a.out" not in head  # only what failed
+    assert text.count("| `aten::") == 4  # and the full table after it
+
+
+def test_verify_report_says_when_nothing_failed():
+    text = verify.markdown({"with patch (cpp)": [_r("aten::a.out", verify.PASS, patched=True)]}, {})
+    head = text[text.index("## Failing ops"):text.index("| op |")]
+    assert "- none:" in head
+
+
+def test_help_defines_every_word_of_the_output():
+    out = subprocess.run([sys.executable, "-m", "torchgen_patch", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    epilog = out[out.index("words used in the output:"):]
+    for word in (*VERDICTS, *verify.LEGEND, "drift", "finding", "plan", "overlay", "runtime op"):
+        assert f"\n  {word} " in epilog, word
