@@ -87,7 +87,7 @@ audit: setup
 
 # The compatibility matrix (reports/compat-matrix.md): every torch release from 2.4 to the newest
 # the index serves, checked from its wheel (downloaded one at a time, never installed, deleted
-# after). Writes build/; REPORT=1 writes reports/ and the README table.
+# after). Writes build/; REPORT=1 writes reports/ and the table of docs/compatibility.md.
 matrix: setup
 	$(BIN)/python scripts/compat_matrix.py $(if $(filter 1,$(REPORT)),--report) $(MATRIX_ARGS)
 
