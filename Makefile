@@ -30,7 +30,7 @@ run: setup
 	@echo "Next, by what you do (README.md):"
 	@echo "  train with torch:       pip install . in your environment, then: torchgen-patch run -- python train.py"
 	@echo "  maintain PyTorch/fork:  torchgen-patch lint --pytorch-root ~/pytorch   (docs/checkout-and-ci.md)"
-	@echo "  write an extension:     torchgen-patch lint --runtime --import mylib   (docs/guide.md)"
+	@echo "  write an extension:     torchgen-patch lint --runtime --import YOURLIB   (docs/guide.md)"
 
 # docs/cli.md, generated from the parser (tests/test_docs.py checks it is current).
 docs: setup
