@@ -44,3 +44,23 @@ def test_help_defines_every_word_of_the_output():
     epilog = out[out.index("words used in the output:"):]
     for word in (*VERDICTS, *verify.LEGEND, "drift", "finding", "plan", "overlay", "runtime op"):
         assert f"\n  {word} " in epilog, word
+
+
+def test_make_run_ends_with_the_next_step_for_each_audience():
+    """The run recipe's last lines: one per audience, each with a command the CLI accepts."""
+    import re
+    import shlex
+
+    from torchgen_patch.cli.parser import parser
+
+    make = open(f"{ROOT}/Makefile", encoding="utf-8").read()
+    recipe = make[make.index("\nrun:") + 1:].split("\n\n", 1)[0].splitlines()[1:]
+    assert all(line.startswith("\t") for line in recipe)
+    steps = [line for line in recipe if "@echo" in line and "torchgen-patch " in line]
+    assert recipe[-len(steps):] == steps  # the recipe ends with them
+    assert [re.search(r'"\s*(\w[\w /]*?):', s).group(1) for s in steps] == \
+        ["train with torch", "maintain PyTorch/fork", "write an extension"]
+    for s in steps:
+        cmd = s[s.index("torchgen-patch ") + len("torchgen-patch "):].rstrip('"')
+        argv = shlex.split(cmd.split("(")[0].replace("YOURLIB", "mylib"))
+        parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)  # exits 2 when refused
