@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check
+.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs
 
 setup: $(STAMP)
 
@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml requirements-dev.txt
 
 # The main job on the embedded default (the installed torch's own native_functions.yaml):
 # find the ops, generate their kernels, build them and check every op before/after.
-# Each step prints one summary line; the full reports land in build/.
+# Each step prints one summary line on stdout (progress and notes go to stderr, so
+# `make run > log` keeps the summary); the full reports land in build/.
 run: setup
 	@mkdir -p build
 	@$(BIN)/torchgen-patch lint --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
@@ -27,6 +28,16 @@ run: setup
 	@# the job fails only when a row with the patch fails
 	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md || [ $$? -eq 1 ]
 	@$(BIN)/torchgen-patch verify -q -o /dev/null
+	@echo "lint counts the ops with no version-counter kernel; verify counts those whose tensors really kept"
+	@echo "their version on this machine (the others bump by luck of their backend kernel): build/verify-cpu.md"
+	@echo "Next, by what you do (README.md):"
+	@echo "  train with torch:       pip install . in your environment, then: torchgen-patch run -- python train.py"
+	@echo "  maintain PyTorch/fork:  torchgen-patch lint --pytorch-root ~/pytorch   (docs/checkout-and-ci.md)"
+	@echo "  write an extension:     torchgen-patch lint --runtime --import YOURLIB   (docs/guide.md)"
+
+# docs/cli.md, generated from the parser (tests/test_docs.py checks it is current).
+docs: setup
+	$(BIN)/python scripts/cli_reference.py
 
 test: setup
 	$(BIN)/python -m pytest -q -ra
@@ -79,7 +90,7 @@ audit: setup
 
 # The compatibility matrix (reports/compat-matrix.md): every torch release from 2.4 to the newest
 # the index serves, checked from its wheel (downloaded one at a time, never installed, deleted
-# after). Writes build/; REPORT=1 writes reports/ and the README table.
+# after). Writes build/; REPORT=1 writes reports/ and the table of docs/compatibility.md.
 matrix: setup
 	$(BIN)/python scripts/compat_matrix.py $(if $(filter 1,$(REPORT)),--report) $(MATRIX_ARGS)
 

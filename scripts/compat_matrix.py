@@ -3,7 +3,7 @@ serves here (each x.y at its last patch release), checked statically from its wh
 the test suite's results on each release where it was run (committed pytest reports).
 
     python scripts/compat_matrix.py                      # every release -> build/compat-matrix.{json,md}
-    python scripts/compat_matrix.py --report             # the same, into reports/ and the README table
+    python scripts/compat_matrix.py --report             # the same, into reports/ and docs/compatibility.md
     python scripts/compat_matrix.py --releases 2.6.0     # one release, merged into the existing results
     python scripts/compat_matrix.py --render-only --report   # re-render from the json (new pytest reports)
 
@@ -325,7 +325,7 @@ def _mark(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def readme_table(data: dict) -> str:
+def page_table(data: dict) -> str:
     lines = ["| torch | static (missing ops; `diff --mode fix` adds) | build + install | verify CPU "
              "| suite on CPU | CUDA |", "|---|---|---|---|---|---|"]
     for release in sorted(data["releases"], key=_key):
@@ -335,8 +335,8 @@ def readme_table(data: dict) -> str:
         if rt:
             build, verify = _mark(rt["areas"]["build + install"]), _mark(rt["areas"]["verify CPU"])
             again = f"; {rt['rerun']} failed at first, rerun after fixes" if rt["rerun"] else ""
-            suite = f"{_counts_text(rt['counts'])} ([report](reports/{rt['report']}){again})"
-        cuda_cell = (f"{cu['device']}: {_counts_text(cu['counts'])} ([report](reports/{cu['report']}))"
+            suite = f"{_counts_text(rt['counts'])} ([report](../reports/{rt['report']}){again})"
+        cuda_cell = (f"{cu['device']}: {_counts_text(cu['counts'])} ([report](../reports/{cu['report']}))"
                      if cu else "not measured")
         if cu and not rt:
             build, verify = (f"{_mark(cu['areas'][a])} ({cu['device']})" for a in ("build + install", "verify CPU"))
@@ -358,7 +358,7 @@ def report_md(data: dict) -> str:
            "`reports/pytest-torch<release>.txt` of `make test-torch TORCH=<release>` (the suite on CPU in a "
            "venv of that release); the CUDA column from the GPU machine's suite run.", "",
            f"Index versions seen: {data['index_newest']} newest.", "",
-           "## Summary", "", readme_table(data), "## Static checks, in detail", "",
+           "## Summary", "", page_table(data), "## Static checks, in detail", "",
            "Checkout world: a tree assembled from the wheel (`tests/trees.py`), in a venv without torch. "
            "Installed world: the wheel's own torchgen and packaged autograd codegen on `PYTHONPATH`. "
            "`upstream` counts the `m.impl` registrations in the tree's own `ADInplaceOrViewType_*.cpp`, "
@@ -394,12 +394,12 @@ def report_md(data: dict) -> str:
 
 def replace_block(text: str, table: str) -> str:
     if BEGIN not in text or END not in text:
-        sys.exit(f"error: README.md has no '{BEGIN}' ... '{END}' block for the table")
+        sys.exit(f"error: docs/compatibility.md has no '{BEGIN}' ... '{END}' block for the table")
     head, rest = text.split(BEGIN, 1)
     return head + BEGIN + "\n" + table + rest[rest.index(END):]
 
 
-def readme_block(text: str) -> str | None:
+def page_block(text: str) -> str | None:
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0].lstrip("\n")
@@ -415,7 +415,7 @@ def _write(path: str, text: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", help="comma-separated releases to (re)check, merged into the existing results")
-    ap.add_argument("--report", action="store_true", help="write reports/ and the README table (default: build/)")
+    ap.add_argument("--report", action="store_true", help="write reports/ and the table of docs/compatibility.md (default: build/)")
     ap.add_argument("--render-only", action="store_true", help="check nothing; render the existing json again")
     args = ap.parse_args()
     out_dir = REPORTS if args.report else os.path.join(ROOT, "build")
@@ -438,8 +438,8 @@ def main() -> int:
     _write(json_path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     _write(os.path.join(out_dir, f"{NAME}.md"), report_md(data))
     if args.report:
-        readme = os.path.join(ROOT, "README.md")
-        _write(readme, replace_block(open(readme, encoding="utf-8").read(), readme_table(data)))
+        page = os.path.join(ROOT, "docs", "compatibility.md")
+        _write(page, replace_block(open(page, encoding="utf-8").read(), page_table(data)))
     print(f"wrote {os.path.relpath(out_dir, ROOT)}/{NAME}.md", file=sys.stderr)
     return 0
 

@@ -1,5 +1,5 @@
 """The compatibility matrix (reports/compat-matrix.md, scripts/compat_matrix.py): the committed
-report, its json and the README table agree; every release from 2.4 to the newest is in it;
+report, its json and the table of docs/compatibility.md agree; every release from 2.4 to the newest is in it;
 the package's torch lower bound is the oldest release the evidence supports."""
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ def test_failed_tests_are_counted_against_their_area():
     assert cm.failed_files(text) == {"tests/test_verify.py", "tests/test_build.py"}
 
 
-def test_report_and_readme_are_rendered_from_the_json(data):
+def test_report_and_compatibility_page_are_rendered_from_the_json(data):
     with open(os.path.join(ROOT, "reports", "compat-matrix.md"), encoding="utf-8") as f:
         assert f.read() == cm.report_md(data), "stale: run `make matrix REPORT=1 MATRIX_ARGS=--render-only`"
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        assert cm.readme_block(f.read()) == cm.readme_table(data), "README table differs from the report"
+    with open(os.path.join(ROOT, "docs", "compatibility.md"), encoding="utf-8") as f:
+        assert cm.page_block(f.read()) == cm.page_table(data), "docs/compatibility.md's table differs from the report"
 
 
 def test_every_release_from_2_4_to_the_newest_is_listed(data):

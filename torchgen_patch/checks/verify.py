@@ -22,6 +22,16 @@ from ..vocabulary import Outcome
 PASS, MISS, EXTRA, ERROR, NOT_RUN, XFAIL, XPASS = (Outcome.PASS, Outcome.MISS, Outcome.EXTRA, Outcome.ERROR,
                                                    Outcome.NOT_RUN, Outcome.XFAIL, Outcome.XPASS)
 FAILING = {MISS, EXTRA, ERROR}
+# What each verdict means, for people: the report's legend and the CLI's --help say it from here.
+LEGEND = {
+    PASS: "every tensor the op writes went up by exactly one version",
+    MISS: "some written tensor kept its version: autograd cannot see the write",
+    EXTRA: "some written tensor went up by more than one version",
+    ERROR: "the call raised (the message says why)",
+    NOT_RUN: "no sample can run here (another device, a missing state); the reason is given",
+    XFAIL: "failed, as the overlay expects",
+    XPASS: "passed, although the overlay expects a failure",
+}
 
 
 @dataclass
@@ -136,14 +146,32 @@ def table(results: list[OpResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _failing(results_by_run: dict[str, list[OpResult]]) -> list[str]:
+    """The markdown list of every op that failed, per run and verdict (or a line saying none did)."""
+    lines = []
+    for name, rs in results_by_run.items():
+        for verdict in (MISS, EXTRA, ERROR):
+            ops = [r.op for r in rs if r.verdict == verdict]
+            if ops:
+                lines.append(f"- {name}, {verdict} ({len(ops)}): " + ", ".join(f"`{op}`" for op in ops))
+    return lines or ["- none: no op missed a bump, bumped twice or raised"]
+
+
 def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
+    """The report for people: what was run, the legend, the failing ops, then every op's row."""
     runs = list(results_by_run)
     lines = ["# torchgen-patch verify report", ""]
     for k, v in meta.items():
         lines.append(f"- {k}: `{v}`")
     lines.append("")
     lines += ["- " + line for line in summary(results_by_run).splitlines()]
-    lines += ["", "| op | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += ["", "Every op here lacks the ADInplaceOrView kernel that bumps versions; many still bump because "
+                  "their backend kernel does it by itself, so only some MISS without the patch. Each op runs once on "
+                  "a small sample; the cells show, for every tensor it writes, its version before and after the "
+                  "call (`0->1`).", ""]
+    lines += [f"- **{k}**: {v}" for k, v in LEGEND.items()]
+    lines += ["", "## Failing ops", ""] + _failing(results_by_run)
+    lines += ["", "## Every op", "", "| op | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
     by_op = _by_op(results_by_run)
     for op in sorted(by_op):
         cells = []

@@ -57,6 +57,13 @@ def _say(args, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def _summary(args, text: str, to_stdout: bool) -> None:
+    """The command's summary for people; -q silences it. On stdout when the result itself went to a
+    file (so `make run > log` keeps it), else on stderr beside the result on stdout."""
+    if not args.quiet:
+        print(text, file=sys.stdout if to_stdout else sys.stderr, flush=True)
+
+
 def _inputs_note(args, sources) -> None:
     """-v: where each input came from."""
     if args.verbose:
@@ -155,7 +162,7 @@ def lint(args) -> int:
         return 0
     report = RENDERERS[args.format](fs, rep.summary)
     if args.output or args.format not in ("text", "lintrunner"):  # the text report's last line, for people
-        _say(args, "lint: " + summary_line(fs, rep.summary))
+        _summary(args, "lint: " + summary_line(fs, rep.summary), bool(args.output))
     _emit(args, report, "lint report")
     if args.format == "lintrunner":
         return 0
@@ -193,8 +200,8 @@ def gen(args) -> int:
             print(f"wrote {os.path.join(args.output, name)}", file=sys.stderr)
     for lo in plan.left_out:
         _say(args, f"left out: {lo.op}: {printable(lo.why)}")
-    _say(args, f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
-               f"{len(written)} of {len(files)} files written to {args.output}")
+    _summary(args, f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
+                   f"{len(written)} of {len(files)} files written to {args.output}", True)
     return 0
 
 
@@ -289,7 +296,7 @@ def verify(args) -> int:
     for r in bad:
         print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
     if args.output:
-        _say(args, "\n".join(f"verify ({args.device}) {line}" for line in v.summary(runs).splitlines()))
+        _summary(args, "\n".join(f"verify ({args.device}) {line}" for line in v.summary(runs).splitlines()), True)
     _emit(args, text, "report")
     return 1 if bad else 0
 

@@ -4,6 +4,7 @@ parsed namespace into the pipeline's ``Options``. argparse lives here only."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from ..scan.model import VERDICTS
 from ..sources import Options
@@ -13,6 +14,36 @@ DESCRIPTION = """Find and generate the ADInplaceOrView (version-counter) kernels
 
 Exit codes: 0 success/clean, 1 findings (lint) or failures (verify), 2 bad input,
 3 the machine lacks something the command needs (torch, a C++ compiler, CUDA)."""
+
+
+def glossary() -> str:
+    """The words of the output, defined once: the top-level --help epilog (and so docs/cli.md)."""
+    from ..checks.verify import LEGEND
+
+    scan = {
+        "covered": "PyTorch's autograd codegen already emits its ADInplaceOrView kernel",
+        "missing": "writes an argument and returns nothing, so the codegen emits no kernel: a finding, fixed by "
+                   "the plan's kernel",
+        "unsupported": "the same, but a generated kernel cannot serve it (a view, metadata only, scratch space): a "
+                       "finding, skipped by the shipped overlay",
+        "composite": "writes and returns, no kernel of its own: it decomposes into ops that bump (or is written by "
+                     "hand)",
+        "not_mutating": "writes no argument: nothing to bump",
+    }
+    words = {
+        "finding": "one op lint reports (missing or unsupported), at its native_functions.yaml line",
+        "plan": "the missing ops, less the overlay's skips: what gen, build, install and verify act on",
+        "overlay": "per-op decisions (skip, xfail, another template): native_functions_overlay.yaml",
+        "runtime op": "an operator of the live registry (any namespace), defined outside native_functions.yaml",
+        "drift": "the yaml and the running torch's dispatcher disagree about an op (--against-runtime)",
+    }
+    out = []
+    for title, terms in (("words used in the output:", words), ("scan verdicts (one per function):", scan),
+                         ("verify verdicts (one per op and run):", LEGEND)):
+        out.append(title)
+        out += [textwrap.fill(v, 100, initial_indent=f"  {k:<13} ", subsequent_indent=" " * 16)
+                for k, v in terms.items()]
+    return "\n".join(out)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -120,8 +151,8 @@ BACKEND = "cpp: the compiled kernels (default); python: torch.library kernels, n
 def parser() -> argparse.ArgumentParser:
     from ..version import __version__
 
-    p = _Parser(prog="torchgen-patch", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
+    p = _Parser(prog="torchgen-patch", description=DESCRIPTION, epilog=glossary(),
+                formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
     p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}",
                    help="print the version and exit")
     p.add_argument("--cmake-dir", action=_CMakeDir, nargs=0,
