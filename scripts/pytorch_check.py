@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compat_matrix as cm  # noqa: E402
 from tests.debian_source import fetch_tarball, release_of, tree_from_tarball  # noqa: E402
 from tests.notorch_venv import make_venv  # noqa: E402
+from tests.support import entry_point  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "pytorch-src")
 REPORTS = os.path.join(ROOT, "reports")
@@ -147,7 +148,8 @@ def _versioncounter_lint(notorch: str, tree: str, work: str) -> int:
     """Real lintrunner, the tree's own .lintrunner.toml plus the block for PyTorch's repository from
     lintrunner.toml.example (as .lintrunner.private.toml, which lintrunner merges by default)."""
     text = open(os.path.join(ROOT, "lintrunner.toml.example"), encoding="utf-8").read()
-    block = text[text.index("# --- PyTorch's own repository"):].replace("'python3'", repr(notorch))
+    tool = entry_point(notorch, os.path.join(work, "bin"))  # the console script pip would write for that venv
+    block = text[text.index("# --- PyTorch's own repository"):].replace("'torchgen-patch'", repr(tool))
     with open(os.path.join(tree, ".lintrunner.private.toml"), "w", encoding="utf-8") as f:
         f.write(block)
     env = dict(os.environ, PYTHONPATH=ROOT, TORCHGEN_PATCH_CACHE=os.path.join(work, "cache"))

@@ -8,6 +8,7 @@ call only what exists; toml, yaml and CMake blocks parse and name only what exis
 from __future__ import annotations
 
 import ast
+import dataclasses
 import fnmatch
 import glob
 import importlib
@@ -162,6 +163,8 @@ def _parse_cli(argv: list[str]) -> None:
     try:
         parser().parse_args(argv)
     except SystemExit as e:
+        if e.code == 0:  # an option that answers and exits (--version, --cmake-dir)
+            return
         raise AssertionError(f"torchgen-patch {shlex.join(argv)}: the parser refuses it (exit {e.code})") from None
 
 
@@ -239,7 +242,9 @@ def _python_names_exist(tree: ast.AST) -> None:
     import torchgen_patch
     from torchgen_patch.runtime import install as install_module
 
-    install_kwargs = set(inspect.signature(install_module.install).parameters)
+    install_kwargs = (set(inspect.signature(install_module.install).parameters) - {"keywords"}
+                      | {f.name for f in dataclasses.fields(install_module.InstallOptions)}
+                      | set(install_module._SOURCE_KEYWORDS))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torchgen_patch":
             assert hasattr(torchgen_patch, node.attr), f"torchgen_patch.{node.attr}"
@@ -275,11 +280,13 @@ def test_lintrunner_blocks_parse_and_call_the_entry_point(page, line, text, tmp_
                          ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None)
 def test_overlay_blocks_use_only_the_overlays_keys(page, line, text):
     from torchgen_patch.codegen import template_names
+    from torchgen_patch.plan.overlay import ACTIONS, KEYS, REQUIRES_GRAD
 
     for op, entry in yaml.safe_load(text).items():
-        assert "::" in op and set(entry) <= {"action", "reason", "template"}, (op, entry)
+        assert "::" in op and set(entry) <= KEYS - {"devices"}, (op, entry)
         assert entry.get("template", "kernel.cpp.j2") in template_names()
-        assert entry.get("action", "generate") in ("generate", "skip", "xfail")
+        assert entry.get("action", "generate") in ACTIONS
+        assert entry.get("requires_grad", "refuse") in REQUIRES_GRAD
 
 
 @pytest.mark.parametrize("page, line, text", [(p, n, t) for p, n, lang, t in _all_blocks() if lang == "cmake"],
