@@ -328,8 +328,12 @@ def test_checkout_blocks_run_as_written(page, line, text, tmp_path):
     environment's torchgen-patch on PATH; `pip install .` is left out (tests/test_user_path.py
     installs the project as a user does). Every command succeeds (lint: 1 with findings), and a
     lint after `git apply` of the fix finds nothing."""
+    from tests.support import entry_point
+
     tree_from_installed(str(tmp_path / "pytorch"), git=False)
-    env = dict(os.environ, HOME=str(tmp_path), PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    bin_dir = os.path.dirname(entry_point(sys.executable, str(tmp_path / "bin")))  # as pip writes it, for this Python
+    env = dict(os.environ, HOME=str(tmp_path), PATH=bin_dir + os.pathsep + os.environ["PATH"],
+               PYTHONPATH=ROOT)
     cwd, applied = str(tmp_path), False
     for words in _commands(text):
         if words[:2] == ["pip", "install"]:

@@ -148,7 +148,9 @@ def test_patched_out_ops_refuse_requires_grad_unpatched_are_silent(default_scan,
     after = {r.op: r for r in rg.run_grad(ops, device, True, outputs)}
     ran = [op for op in ops if before[op].verdict != rg.NOT_RUN]
     assert all(after[op].verdict == rg.NOT_RUN for op in set(ops) - set(ran))
-    assert len(ran) >= (91 if device == "cpu" else 80), [(op, before[op].message) for op in ops if op not in ran]
+    # 91 of the 95 run on CPU with torch 2.13 (the rest need cuDNN, MPS, MIOpen or have no floating tensor)
+    floor = 91 if device == "cpu" and torch_is("2.13") else 80
+    assert len(ran) >= floor, [(op, before[op].message) for op in ops if op not in ran]
     silent = {op for op in ran if before[op].verdict == rg.SILENT}
     # unpatched: silent (with outputs requiring grad one op already refuses through the op it calls)
     assert len(silent) >= len(ran) - (0 if not outputs else 1), {op: before[op] for op in ran if op not in silent}

@@ -88,7 +88,9 @@ def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
 
 
 def _says_left_out(s: Summary | None) -> bool:
-    return s is not None and s.source == "runtime"
+    """Machine formats note the runtime operators the overlay left out when there are any (the text
+    and JSON summaries always give the count)."""
+    return s is not None and s.source == "runtime" and s.left_out > 0
 
 
 def lintrunner_failure(err: InputError) -> str:
