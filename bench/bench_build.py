@@ -17,7 +17,7 @@ from procmem import run_measured
 
 sys.path.insert(0, ROOT)
 
-BUILD_TARGET = 0.7  # clean build vs one torch/extension.h TU (a regression guard since issue 16)
+BUILD_TARGET = 0.7  # clean build vs one torch/extension.h TU (a regression guard)
 NO_CHANGE_EXTRA = 0.1  # no-change build: seconds beyond `import torch` alone
 
 

@@ -2,7 +2,7 @@
 (what upstream's codegen emits once fixed: bench/pytorch_shaped.py) and with this project's
 kernel. Paired rounds, the three interleaved in a rotating order against drift; per case the
 medians of the per-round ratios with their spread. The Python fallback and the boxed kernel
-(issue 9) are timed in the same rounds, against the unpatched op.
+are timed in the same rounds, against the unpatched op.
 
 Target: this project's kernel <= 1.00x the PyTorch-shaped one (within +-1 % counts as equal).
 

@@ -32,19 +32,19 @@ def main() -> int:
     only = set(args.only or ("lint", "gen", "build", "call", "trust", "startup"))
     results = {}
     if "lint" in only:
-        print("== lint (issue 2)", flush=True)
+        print("== lint", flush=True)
         results["lint"] = bench_lint.main()
     if "gen" in only:
-        print("== gen (issue 3)", flush=True)
+        print("== gen", flush=True)
         results["gen"] = bench_gen.main()
     if "build" in only:
-        print("== build (issue 4)", flush=True)
+        print("== build", flush=True)
         results["build"] = bench_build.main()
     if "trust" in only:
         print("== the cache and library checks in a cached install() vs before them", flush=True)
         results["trust"] = bench_trust.main()
     if "call" in only:
-        print("== per-call cost: unpatched | PyTorch-shaped kernel | this project's kernel (issue 16)", flush=True)
+        print("== per-call cost: unpatched | PyTorch-shaped kernel | this project's kernel", flush=True)
         out = os.path.join(ROOT, "build", f"bench-call-{args.device}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         r = subprocess.run([sys.executable, os.path.join(HERE, "bench_call.py"), "--device", args.device,
@@ -55,7 +55,7 @@ def main() -> int:
             results["call"] = json.load(fh)
     if "startup" in only:
         print("== start-up: prebuilt wheel, warm cache, python backend vs import torch; the launcher vs the plain "
-              "program (issue 16, issue 25)", flush=True)
+              "program", flush=True)
         results["startup"] = bench_startup.main(args.startup_rounds)
     from torchgen_patch.sources import installed_torch_version as torch_version
 

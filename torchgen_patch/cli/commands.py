@@ -11,7 +11,7 @@ import sys
 
 from ..errors import InputError, printable
 from ..files import STDOUT, check_output_dir, check_output_file, write_output
-from ..sources import Options
+from ..sources import Options, resolve
 from .parser import options, qualified
 
 
@@ -347,10 +347,13 @@ def run(args) -> int:
     check_program(program)
     _torch_present("run")  # present, not imported: the program's own processes import it
     opts = options(args)
-    i, plan = pipeline.plan(opts)
     args.op = qualified(args.op)
-    if args.op:
+    if args.op or opts.native_functions or opts.tags or opts.overlay:
+        # inputs and ops the user named are checked, against the plan, before the program starts
+        i, plan = pipeline.plan(opts)
         plan.pick(args.op, i.scan)
+    else:  # the installed torch's own inputs: the plan is made (or found by its inputs' key) where torch is imported
+        resolve(opts)
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
                                        args.quiet))
     try:
