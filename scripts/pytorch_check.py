@@ -76,16 +76,10 @@ TEST_DEPS = ["numpy", "pyyaml", "jinja2", "typing_extensions", "pytest==7.3.2", 
 NEEDS_NETWORK = {"TESTOWNERS": "downloads PyTorch's label list (ossci-metrics.s3.amazonaws.com)"}
 # Linters with no init_command of their own that run another's tools
 INIT_WITH = {"MYPYSTRICT": "MYPY"}
-# Every test whose outcome differs unpatched and patched: test id -> (verdict, why). A verdict is
-# "intended" (the test asserted the old counter behaviour, or the op now correctly raises) or "defect".
-VERDICTS: dict[str, tuple[str, str]] = {
-    "test.test_torch.TestTorch.test_terminate_handler_on_crash": (
-        "defect", "the test's child process (`python -c`) sets TORCH_CUSTOM_TERMINATE in its first statement, "
-        "then imports torch and aborts; under `torchgen-patch run` torch is already imported at interpreter start "
-        "(the launcher's sitecustomize installs the kernels there), so the variable comes too late and the crash "
-        "handler's message is missing from the child's output. Cause: how `run` starts Python processes; the "
-        "launcher that installs on the program's own first import of torch removes it"),
-}
+# Every test whose outcome differs unpatched and patched, and differs again when run alone (see RERUNS):
+# test id -> (verdict, why). A verdict is "intended" (the test asserted the old counter behaviour, or the op
+# now correctly raises) or "defect".
+VERDICTS: dict[str, tuple[str, str]] = {}
 
 
 # ---------------------------------------------------------------------------
@@ -193,6 +187,13 @@ def step_checkout(tree: str, work: str, release: str) -> dict:
         row["requires_grad_checks_before"], row["requires_grad_checks_after"] = len(old), len(new)
         row["requires_grad_checks_added"] = sorted(new - old)
         row["requires_grad_checks_removed"] = sorted(old - new)
+        # the kernels gaining the check, as ops (`<op>_out_<overload>`, nested-tensor kernels of the same op
+        # folded in), must be exactly the out= ops of lint --autograd's rule on the unpatched tree
+        gained = sorted({f"aten::{m.group(1)}.{m.group(2)}" for m in
+                         (re.fullmatch(r"(.+?)_out_(.+?)(?:_AutogradNestedTensor)?", k) for k in new - old) if m})
+        row["requires_grad_checks_added_ops"] = len(gained)
+        row["requires_grad_checks_added_are_the_lint_ops"] = (
+            gained == sorted(row.get("autograd", {}).get("out-requires-grad-unchecked", [None])))
         row["fix_edits"] = fix_files(work)
     matrix = json.load(open(os.path.join(REPORTS, "compat-matrix.json")))["releases"].get(release, {})
     keys = ("total", "counts", "gen_kernels", "gen_left_out", "upstream_before", "upstream_after", "patched_findings")
@@ -335,7 +336,11 @@ def step_tests(group: str, tree: str, work: str, python: str) -> dict:
     differ = []
     for test in sorted(set(a) | set(b)):
         if a.get(test) != b.get(test):
-            differ.append({"test": test, "unpatched": a.get(test, "absent"), "patched": b.get(test, "absent")})
+            d = {"test": test, "unpatched": a.get(test, "absent"), "patched": b.get(test, "absent")}
+            d["reruns"] = {side: [_rerun(group, test, tree, work, python, side, i) for i in range(RERUNS)]
+                           for side in ("unpatched", "patched")}
+            print(f"  {group} {test}: {d['unpatched']} / {d['patched']}, alone again: {d['reruns']}", file=sys.stderr)
+            differ.append(d)
     return {"files": TEST_GROUPS[group], "differ": differ, "env": GROUP_ENV.get(group, {}),
             **{side: {k: sides[side][k] for k in ("rc", "wall_s", "counts", "skip_reasons")} for side in sides}}
 
@@ -344,9 +349,29 @@ def step_tests(group: str, tree: str, work: str, python: str) -> dict:
 # Report
 
 
-def verdict(test: str) -> tuple[str, str]:
-    """(verdict, why) of a differing test, from VERDICTS (read when the report is rendered)."""
-    return VERDICTS.get(test, ("unjudged", "no verdict recorded"))
+# A differing test is run again alone, this many times on each side: a multi-process test whose rank hangs on
+# one side once (DTensor's, gloo on a 2-core machine) gives the same outcome on both sides when run again.
+RERUNS = 2
+
+
+def _rerun(group: str, test: str, tree: str, work: str, python: str, side: str, i: int) -> str:
+    """The outcome of ``test`` (junit id ``module.Class.test``) run alone again on ``side``."""
+    cls, name = test.rsplit(".", 2)[-2:]
+    slug = re.sub(r"\W+", "-", f"{name}-{side}-{i}").strip("-")
+    r = run_tests(tree, python, [*TEST_GROUPS[group], "-k", f"{cls} and {name}"], side == "patched",
+                  os.path.join(work, f"rerun-{slug}.xml"), os.path.join(work, f"rerun-{slug}.log"), GROUP_ENV.get(group))
+    return r["outcomes"].get(test, "absent")
+
+
+def verdict(d: dict) -> tuple[str, str]:
+    """(verdict, why) of a differing test: from VERDICTS (read when the report is rendered), or "flaky" when
+    the test, run again alone, gave one same outcome every time on both sides."""
+    if d["test"] in VERDICTS:
+        return VERDICTS[d["test"]]
+    again = [o for side in ("unpatched", "patched") for o in d.get("reruns", {}).get(side, [])]
+    if len(again) == 2 * RERUNS and len(set(again)) == 1:
+        return ("flaky", f"run again alone {RERUNS}× on each side: {again[0]} every time")
+    return ("unjudged", "no verdict recorded")
 
 
 def defects(data: dict) -> list[str]:
@@ -366,6 +391,8 @@ def defects(data: dict) -> list[str]:
             out.append("checkout: lintrunner and `lint` disagree on the unpatched tree")
         if c.get("requires_grad_checks_removed"):
             out.append("checkout: the fix removes requires-grad checks")
+        if not c.get("requires_grad_checks_added_are_the_lint_ops"):
+            out.append("checkout: the requires-grad checks the fix adds are not exactly the ops `lint --autograd` lists")
     a = data.get("adapters")
     if a is None:
         out.append("adapters: not run")
@@ -382,8 +409,8 @@ def defects(data: dict) -> list[str]:
             out.append(f"{group}: not run")
             continue
         for d in t["differ"]:
-            if verdict(d["test"])[0] != "intended":
-                out.append(f"{group}: {d['test']}: {verdict(d['test'])[0]}")
+            if verdict(d)[0] not in ("intended", "flaky"):
+                out.append(f"{group}: {d['test']}: {verdict(d)[0]}")
     return out
 
 
@@ -419,7 +446,7 @@ def results_table(data: dict) -> str:
         if t is None:
             lines.append(f"| {group} | not run | not run | | |")
             continue
-        diff = "; ".join(f"`{d['test']}` ({d['unpatched']} → {d['patched']}: {verdict(d['test'])[0]})"
+        diff = "; ".join(f"`{d['test']}` ({d['unpatched']} → {d['patched']}: {verdict(d)[0]})"
                         for d in t["differ"])
         u, p = t["unpatched"], t["patched"]
         lines.append(f"| {group} | {_counts(u['counts'], u.get('skip_reasons'))} | "
@@ -448,7 +475,9 @@ def report_md(data: dict) -> str:
                 f"{c['patched_findings']} findings. The tree's own codegen, `VariableType` kernels that refuse out= "
                 f"arguments requiring grad: {c['requires_grad_checks_before']} → {c['requires_grad_checks_after']}"
                 + (f" (added: {', '.join(f'`{n}`' for n in c['requires_grad_checks_added'])})"
-                   if c["requires_grad_checks_added"] else "") + f". {c['wall_s']:.0f} s.", ""]
+                   if c["requires_grad_checks_added"] else "")
+                + f"; as ops, {c.get('requires_grad_checks_added_ops', 0)}, exactly the out= ops of `lint --autograd`: "
+                f"{cm._mark(bool(c.get('requires_grad_checks_added_are_the_lint_ops')))}. {c['wall_s']:.0f} s.", ""]
     a = data.get("adapters")
     if a:
         out += ["## PyTorch's lint adapters on the fix's files", "",
@@ -479,7 +508,7 @@ def report_md(data: dict) -> str:
     diffs = [(g, d) for g, t in tests.items() for d in t["differ"]]
     if diffs:
         out += ["## Differing tests", "", "| test | unpatched | patched | verdict | why |", "|---|---|---|---|---|"]
-        out += [f"| `{d['test']}` ({g}) | {d['unpatched']} | {d['patched']} | {' | '.join(verdict(d['test']))} |"
+        out += [f"| `{d['test']}` ({g}) | {d['unpatched']} | {d['patched']} | {' | '.join(verdict(d))} |"
                 for g, d in diffs]
         out.append("")
     return "\n".join(out)
@@ -509,7 +538,7 @@ def _save(path: str, seed: str, updates: dict, tests: dict | None = None) -> dic
         data.update(updates)
         data.setdefault("tests", {}).update(tests or {})
         for t in data["tests"].values():  # verdicts live in VERDICTS, never in the json
-            t["differ"] = [{k: d[k] for k in ("test", "unpatched", "patched")} for d in t["differ"]]
+            t["differ"] = [{k: d[k] for k in ("test", "unpatched", "patched", "reruns") if k in d} for d in t["differ"]]
         _write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data
 

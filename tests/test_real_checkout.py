@@ -46,6 +46,7 @@ def test_the_real_tree_gives_the_matrix_row_and_the_fix_adds_exactly_the_missing
     assert row["patched_findings"] == 0
     assert (row["lintrunner_before"], row["lintrunner_after"]) == (row["findings"], 0) and row["findings"] > 0
     assert row["requires_grad_checks_removed"] == []
+    assert row["requires_grad_checks_added_are_the_lint_ops"] and row["requires_grad_checks_added_ops"] > 0
     assert "tools/autograd/gen_inplace_or_view_type.py" in row["fix_edits"]
     assert time.monotonic() - t0 < 120, "the CI half must stay cheap with the tarball cached"
 
@@ -90,6 +91,13 @@ def test_outcomes_are_read_test_by_test_and_a_difference_needs_a_verdict(tmp_pat
     assert not [d for d in pc.defects(data) if "test_x" in d]
     monkeypatch.setitem(pc.VERDICTS, "test_x.TestA.test_2", ("defect", "a launcher bug"))
     assert f"{group}: test_x.TestA.test_2: defect" in pc.defects(data)
+    # run again alone: one same outcome everywhere is flaky; any difference left needs its verdict
+    monkeypatch.delitem(pc.VERDICTS, "test_x.TestA.test_2")
+    d = data["tests"][group]["differ"][0]
+    d["reruns"] = {"unpatched": ["passed"] * pc.RERUNS, "patched": ["passed"] * pc.RERUNS}
+    assert not [x for x in pc.defects(data) if "test_x" in x] and pc.verdict(d)[0] == "flaky"
+    d["reruns"]["patched"][-1] = "failed"
+    assert f"{group}: test_x.TestA.test_2: unjudged" in pc.defects(data)
 
 
 def test_report_and_docs_table_are_rendered_from_the_json():
