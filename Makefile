@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
+# setuptools warns at every editable install that a folder named like the package may shadow it; this
+# checkout is that folder on purpose, so that one third-party warning is filtered by its text
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs
 
@@ -13,7 +16,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
-	$(BIN)/python -m pip install -q --no-deps -e .
+	$(EDITABLE) $(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
 # The main job on the embedded default (the installed torch's own native_functions.yaml):
@@ -69,7 +72,7 @@ patches: setup
 	$(PYTHON) -m venv .venv-2.14
 	.venv-2.14/bin/python -m pip install -q --upgrade pip
 	.venv-2.14/bin/python -m pip install -q -r requirements-torch2.14.txt
-	.venv-2.14/bin/python -m pip install -q --no-deps -e .
+	$(EDITABLE) .venv-2.14/bin/python -m pip install -q --no-deps -e .
 	touch $@
 
 test-torch2.14: .venv-2.14/.torchgen-patch-installed
@@ -104,7 +107,7 @@ test-torch:
 	test -x $(TV)/bin/python || $(PYTHON) -m venv $(TV)
 	grep -v '^torch==' requirements-torch2.14.txt > $(TV)/requirements.txt
 	$(TV)/bin/python -m pip install -q --no-cache-dir torch==$(TORCH) -r $(TV)/requirements.txt
-	$(TV)/bin/python -m pip install -q --no-deps -e .
+	$(EDITABLE) $(TV)/bin/python -m pip install -q --no-deps -e .
 	mkdir -p build
 	{ echo "# make test-torch TORCH=$(TORCH) (torch $$($(TV)/bin/python -c 'import torch; print(torch.__version__)'), run on CPU at commit $$(git describe --always --dirty); no GPU on this machine)"; \
 	  TORCHGEN_PATCH_CACHE=$(CURDIR)/.cache/torchgen-patch-$(TORCH) $(TV)/bin/python -m pytest -q -ra -p no:cacheprovider; } \
