@@ -98,6 +98,26 @@ def test_every_cached_string_that_lands_in_cpp_is_validated(warm, tmp_path, fiel
     assert _same_tree(tmp_path / "out", clean)
 
 
+@pytest.mark.parametrize("change", ["swap_call_args", "other_op", "snapshot_arg"])
+def test_cached_signatures_that_call_another_op_or_swap_arguments_are_not_used(warm, tmp_path, change):
+    """Identifiers all, so C++ stays well-formed; but the kernel would redispatch to another op or with
+    its arguments swapped: a scan derives both from the schema, so a cached entry must match exactly."""
+    c, entry, clean = warm
+
+    def poison(data):
+        sig = data["cpp"]["aten::_foreach_add_.List"]
+        if change == "swap_call_args":
+            sig["call_args"][0], sig["call_args"][1] = sig["call_args"][1], sig["call_args"][0]
+        elif change == "other_op":
+            sig["unambiguous_name"] = "_foreach_sub__List"
+        else:
+            sig["call_args"][0] = "self_before"
+    _edit(entry, poison)
+    r = _cli("gen", "-o", tmp_path / "out", cache_dir=c)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert _same_tree(tmp_path / "out", clean)
+
+
 def test_cached_verdicts_set_to_covered_do_not_silence_lint(warm):
     c, entry, _ = warm
     before = _cli("lint", cache_dir=c)

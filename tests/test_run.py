@@ -122,6 +122,26 @@ def test_patterns_never_reach_aten_or_prims():
     assert [n for n in expand_patterns(["*::*"]) if n.split("::")[0] in ("aten", "prims")] == []
 
 
+def test_a_program_that_looks_for_torch_before_importing_it_is_patched():
+    """importlib.util.find_spec("torch") before `import torch` (transformers, accelerate and lightning
+    do it to see whether torch is there) asks the hook for a spec that is thrown away: the real import
+    that follows must still install the kernels."""
+    prog = ("import importlib.util; assert importlib.util.find_spec('torch') is not None; import torch, "
+            "torchgen_patch; print(len(torchgen_patch.installed_ops()) > 0)")
+    r = tgp_run("-q", "--", sys.executable, "-c", prog)
+    assert (r.returncode, r.stdout) == (0, "True\n"), r.stderr
+
+
+def test_kernels_that_cannot_be_had_stop_the_program_also_from_a_thread(tmp_path):
+    """The first `import torch` in a thread, with no compiler and nothing cached: the process stops
+    with the one error line and exit 3 (SystemExit would end that thread only)."""
+    prog = ("import threading; t = threading.Thread(target=lambda: __import__('torch')); t.start(); t.join(); "
+            "print('went on')")
+    r = tgp_run("--", sys.executable, "-c", prog, env={"CXX": "/bin/false", "TORCHGEN_PATCH_CACHE": str(tmp_path / "c")})
+    assert r.returncode == 3 and "went on" not in r.stdout, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and r.stderr.splitlines()[-1].startswith("torchgen-patch: error: "), r.stderr
+
+
 def test_settings_the_program_makes_before_importing_torch_reach_torch(tmp_path):
     """OMP_NUM_THREADS set by the program before its own `import torch`: the same thread count
     under `run` (torch is imported by the program, then the kernels are installed); and

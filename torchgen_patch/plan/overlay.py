@@ -102,7 +102,8 @@ def _cached_entries(data, scan: Scan, templates: set[str]) -> dict[str, Entry]:
               and type(entry.line) is int
               and entry.action in ACTIONS and (entry.template is None or entry.template in templates)
               and all(d in DEVICES for d in entry.devices)
-              and (entry.reason is None or isinstance(entry.reason, str)))
+              and (entry.reason is None or isinstance(entry.reason, str))
+              and getattr(entry, "requires_grad", "refuse") in REQUIRES_GRAD)
         if not ok:
             raise ValueError(f"entry {entry.op!r} is not one the overlay's parser makes")
         out[entry.op] = entry

@@ -121,7 +121,8 @@ def _indexed(index: str) -> Artifact | None:
     data = cache.read(index)
     path = data.get("library") if isinstance(data, dict) else None
     builds = os.path.join(cache.directory(), "builds") + os.sep
-    if not isinstance(path, str) or not path.startswith(builds) or not os.path.isfile(path):
+    if not isinstance(path, str) or os.path.normpath(path) != path or not path.startswith(builds) \
+            or not os.path.isfile(path):
         if data is not None:
             cache.invalid(index, "it names no build of this cache")
         return None

@@ -140,8 +140,21 @@ def _check_main() -> None:
     sys.stdout.write(json.dumps(answer) + "\n")
 
 
+class _Quiet:
+    """Where -q sends build messages: nowhere (no file opened in the program's process)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 def _log(spec: dict):
-    return open(os.devnull, "w") if spec.get("quiet") else sys.stderr
+    return _Quiet() if spec.get("quiet") else sys.stderr
 
 
 def resolve(spec: dict, log) -> tuple[str | None, str | None]:
@@ -175,8 +188,8 @@ def after_import(name: str) -> None:
     and every --import module are imported (a module whose own import pulled torch in defines its
     operators only once it finished); the modules not imported yet are imported here, as before."""
     spec = os.environ.get(ENV)
-    if not spec or "torch" not in sys.modules or "runtime" in _DONE:
-        return
+    if not spec or "torch" not in sys.modules or "runtime" in _DONE or _importing("torch", name):
+        return  # torch not (wholly) imported yet: its own hook comes once it is
     spec = json.loads(spec)
     from ..errors import InputError
 
@@ -185,6 +198,10 @@ def after_import(name: str) -> None:
     except InputError as e:  # the kernels cannot be had (no compiler, a refused cache): stop, never run unpatched
         _DONE.update(("kernels", "runtime"))
         print(e.render(), file=sys.stderr, flush=True)
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            os._exit(e.exit_code)  # SystemExit would end this thread only, and the program go on unpatched
         raise SystemExit(e.exit_code) from None
     except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
         _DONE.update(("kernels", "runtime"))

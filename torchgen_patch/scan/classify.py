@@ -113,3 +113,9 @@ def validate(records, cpp: dict, facts: list) -> None:
         _check(all(isinstance(a, str) and _IDENT.match(a) for a in sig.call_args), f"{op}: call argument")
         _check(all(isinstance(n, str) and _IDENT.match(n) for n in (sig.unambiguous_name, sig.root_name)),
                f"{op}: C++ name")
+        # and what a scan derives from the schema, exactly: the kernel redispatches to this op, with its
+        # parameters in their order (a tampered entry must not call another op or swap arguments)
+        base = op.split("::", 1)[-1]
+        _check(tuple(sig.call_args) == tuple(n for _, n in sig.formals), f"{op}: call arguments differ from its parameters")
+        _check(sig.unambiguous_name == base.replace(".", "_"), f"{op}: C++ name is not the op's")
+        _check(sig.root_name in (base.split(".")[0], base.split(".")[0].rstrip("_")), f"{op}: C++ header name")

@@ -39,19 +39,24 @@ def _tgp_watched():
 
 
 class _TgpFinder:
-    """A meta-path finder that answers for the watched modules only, once each: it lets the other
-    finders find the module, then wraps that loader's exec_module (on this one loader object) to
-    call _tgp_after when the module has run."""
+    """A meta-path finder that answers for the watched modules only: it lets the other finders find
+    the module, then wraps that loader's exec_module (on this one loader object) to call _tgp_after
+    when the module has run. A module counts as seen only once its module really ran: a spec asked
+    for and thrown away (importlib.util.find_spec("torch"), as libraries do to see whether torch is
+    there) leaves it watched."""
 
     watched = set()
+
+    @classmethod
+    def _ran(cls, name):
+        cls.watched.discard(name)
+        if not cls.watched and cls in _tgp_sys.meta_path:
+            _tgp_sys.meta_path.remove(cls)
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
         if name not in cls.watched:
             return None
-        cls.watched.discard(name)
-        if not cls.watched and cls in _tgp_sys.meta_path:
-            _tgp_sys.meta_path.remove(cls)
         for finder in list(_tgp_sys.meta_path):
             find = None if finder is cls else getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
@@ -65,6 +70,7 @@ class _TgpFinder:
 
             def exec_module(module):
                 run_module(module)
+                _TgpFinder._ran(name)
                 _tgp_after(name)
 
             loader.exec_module = exec_module
