@@ -105,8 +105,9 @@ def test_report_and_docs_table_are_rendered_from_the_json():
     data = json.load(open(REPORT))
     with open(REPORT[:-len(".json")] + ".md", encoding="utf-8") as f:
         assert f.read() == pc.report_md(data), "stale: run `python scripts/pytorch_check.py --render-only --report`"
-    with open(pc.DOC, encoding="utf-8") as f:
-        assert pc.doc_block(f.read()) == pc.results_table(data), "docs/release-check.md's table differs from the report"
+    for doc in pc.DOCS:
+        with open(doc, encoding="utf-8") as f:
+            assert pc.doc_block(f.read()) == pc.results_table(data), f"{doc}'s table differs from the report"
 
 
 def test_without_a_cached_tarball_or_apt_the_reason_is_given(tmp_path, monkeypatch):
@@ -153,25 +154,70 @@ def test_rank_timeouts_are_explained_by_their_stuck_ranks_only(tmp_path):
                    other: {"cause": "unexplained", "stacks": []}}  # a failure that is no timeout is not read
 
 
+def _group(unpatched_hangs: int, patched_hangs: int, runs: int = 33) -> dict:
+    """A group's results with these many test runs a rank timeout failed by PyTorch's hang, on each side."""
+    def side(h):
+        return {"counts": {"passed": runs - h, "failed": h},
+                "stuck": {"ranks": h, "tests_by_cause": {pc.GLOO_TEARDOWN_DEADLOCK: h} if h else {}}}
+    return {"unpatched": side(unpatched_hangs), "patched": side(patched_hangs)}
+
+
 def test_a_difference_that_is_pytorchs_own_hang_is_judged_so():
     hang = {"cause": pc.GLOO_TEARDOWN_DEADLOCK, "stacks": ["stuck-1.txt"]}
     d = {"test": TEST, "unpatched": "passed", "patched": "failed", "stuck": {"patched": hang},
          "reruns": {"unpatched": [{"outcome": "passed"}] * pc.RERUNS,
                     "patched": [{"outcome": "failed", "stuck": hang}] + [{"outcome": "passed"}] * (pc.RERUNS - 1)}}
-    v, why = pc.verdict(d)
+    t = _group(2, 3)
+    v, why = pc.verdict(d, t)
     assert v == pc.UPSTREAM_HANG and "patched, group run, patched, alone 1" in why and "#154976" in why
+    assert "unpatched 2 of 33, patched 3 of 33" in why
     data = json.load(open(REPORT))
     group = next(iter(pc.TEST_GROUPS))
-    data["tests"][group] = dict(data["tests"].get(group) or {"unpatched": {}, "patched": {}}, differ=[d])
+    data["tests"][group] = dict(data["tests"].get(group) or {}, **t, differ=[d])
     assert not [x for x in pc.defects(data) if TEST in x]
+    # the hang never seen unpatched, or seen patched more often than chance allows: not judged so
+    assert pc.verdict(d, _group(0, 3))[0] == "unjudged"
+    assert pc.more_often_patched(pc.hang_rates(_group(1, 9))) < pc.RATE_P
+    assert pc.verdict(d, _group(1, 9))[0] == "unjudged"
+    assert pc.more_often_patched(pc.hang_rates(_group(3, 3))) > 0.5
+    assert pc.more_often_patched(pc.hang_rates(_group(0, 0))) == 1.0
+    assert pc.verdict(d)[0] == "unjudged"  # and never without its group's figures
     # one failure the stacks do not explain, or none captured: not PyTorch's hang
     d["reruns"]["patched"][0] = {"outcome": "failed", "stuck": {"cause": "unexplained", "stacks": []}}
-    assert pc.verdict(d)[0] == "unjudged" and f"{group}: {TEST}: unjudged" in pc.defects(data)
+    assert pc.verdict(d, t)[0] == "unjudged" and f"{group}: {TEST}: unjudged" in pc.defects(data)
     d["reruns"]["patched"][0] = {"outcome": "failed"}
-    assert pc.verdict(d)[0] == "unjudged"
+    assert pc.verdict(d, t)[0] == "unjudged"
+    # a test that never passed on one side is not judged so, whatever its stacks
+    d["reruns"]["patched"] = [{"outcome": "failed", "stuck": hang}] * pc.RERUNS
+    assert pc.verdict(d, t)[0] == "unjudged"
     del d["reruns"]  # and never without the runs alone
-    d["stuck"] = {"patched": hang}
-    assert pc.verdict(d)[0] == "unjudged"
+    assert pc.verdict(d, t)[0] == "unjudged"
+
+
+def test_results_of_other_settings_than_the_checks_are_no_pass():
+    data = json.load(open(REPORT))
+    group = "DTensor optimizers (CPU)"
+    assert not [x for x in pc.defects(data) if "other files" in x]
+    data["tests"][group]["runs"] = pc.GROUP_RUNS[group] - 1
+    assert f"{group}: its results are of other files, runs or settings than the check's now: run it again" \
+        in pc.defects(data)
+
+
+def test_a_dump_that_failed_or_names_no_test_explains_nothing(tmp_path):
+    (tmp_path / "stuck-1.txt").write_text(open(STUCK).read())
+    cases = {TEST: TIMEOUT}
+    assert pc.explain_failures(cases, [str(tmp_path / "stuck-1.txt")], str(tmp_path), failed_dumps=1)[TEST][
+        "cause"] == "unexplained"
+    # a run_test frame without its arguments (py-spy without --locals) names no test, and is read at once
+    bare = "Thread 1 (idle): \"MainThread\"\n" + "    MultiProcessTestCase.run_test (x.py:1)\n" + \
+        "    f (x.py:2)\n" * 2000
+    t0 = time.monotonic()
+    assert pc.read_stuck(bare)["test"] is None and time.monotonic() - t0 < 1
+    (tmp_path / "stuck-2.txt").write_text(bare)
+    assert pc.explain_failures(cases, [str(tmp_path / "stuck-2.txt")], str(tmp_path))[TEST]["cause"] == "unexplained"
+    # the main thread not in the destructor's join: another hang
+    no_join = open(STUCK).read().replace("std::thread::join", "std::condition_variable::wait")
+    assert not pc.read_stuck(no_join)["gloo_teardown_deadlock"]
 
 
 def test_ranks_alive_too_long_are_dumped_while_they_run(tmp_path, monkeypatch):
@@ -194,9 +240,9 @@ def test_ranks_alive_too_long_are_dumped_while_they_run(tmp_path, monkeypatch):
     finally:
         watch.done.set()
         watch.join()
-        parent.kill()
-        for p in pc._children(parent.pid):
+        for p in pc._children(parent.pid):  # the rank first: once its parent is gone, it is no child of it
             os.kill(p, 9)
+        parent.kill()
         parent.wait()
     assert len(watch.dumps) == 1, watch.dumps
     assert open(watch.dumps[0]).read() == open(STUCK).read()
@@ -231,8 +277,9 @@ def test_a_group_run_several_times_is_compared_over_all_its_runs(tmp_path, monke
     t = pc.step_tests(group, str(tmp_path), str(tmp_path), "python")
     assert order == ["unpatched", "patched"] * 3
     assert t["runs"] == 3 and t["unpatched"]["counts"] == {"passed": 8, "failed": 1}
-    assert t["patched"]["stuck"] == {"ranks": 2, "tests_by_cause": {pc.GLOO_TEARDOWN_DEADLOCK: 1, "unexplained": 1}}
-    got = {d["test"]: (d["unpatched"], d["patched"], pc.verdict(d)[0]) for d in t["differ"]}
+    assert t["patched"]["stuck"] == {"ranks": 2, "tests_by_cause": {pc.GLOO_TEARDOWN_DEADLOCK: 1, "unexplained": 1},
+                                     "failed_dumps": 0}
+    got = {d["test"]: (d["unpatched"], d["patched"], pc.verdict(d, t)[0]) for d in t["differ"]}
     assert got == {A: ("passed", "failed 1, passed 2", pc.UPSTREAM_HANG),
                    B: ("failed 1, passed 2", "passed", pc.UPSTREAM_HANG),
                    C: ("passed", "failed 1, passed 2", "unjudged")}
