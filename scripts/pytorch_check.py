@@ -309,6 +309,8 @@ def _junit_cases(path: str) -> dict[str, tuple[str, str]]:
 # a deadlock of PyTorch's own, seen on both sides. A stack with that signature and no frame of this project's
 # kernels library explains a rank timeout; nothing else does.
 STUCK_AFTER_S = 30
+# One pytest command of the check (a group's run, a test alone) may take this long before it is ended
+RUN_LIMIT_S = 3600
 RANK_TIMEOUT = "terminated or timed out"
 GLOO_TEARDOWN_DEADLOCK = "PyTorch's gloo teardown deadlock"
 OURS = "torchgen_patch"  # in every library, module and path of this project's
@@ -371,11 +373,14 @@ class StuckRanks(threading.Thread):
                 rank = (p, _started(p))
                 if now - first_seen.setdefault(rank, now) > STUCK_AFTER_S and rank not in dumped:
                     dumped.add(rank)
-                    self._dump(p)
+                    try:
+                        self._dump(p, rank[1])
+                    except Exception:  # noqa: BLE001 - a rank not dumped is counted, the watch goes on
+                        self.failed += 1
 
-    def _dump(self, p: int) -> None:
+    def _dump(self, p: int, started: int | None) -> None:
         os.makedirs(self.folder, exist_ok=True)
-        path = os.path.join(self.folder, f"stuck-{p}.txt")
+        path = os.path.join(self.folder, f"stuck-{p}-{started}.txt")
         try:
             r = subprocess.run([self.py_spy, "dump", "--native", "--locals", "--pid", str(p)], capture_output=True,
                                text=True, timeout=20)
@@ -455,19 +460,21 @@ def explain_failures(cases: dict[str, tuple[str, str]], dumps: list[str], root: 
                      failed_dumps: int = 0) -> dict[str, dict]:
     """test id -> why it failed, for every test that failed by a rank timeout: the dumps of its stuck ranks
     (paths relative to ``root``) and the cause they show: GLOO_TEARDOWN_DEADLOCK when every dump of its ranks
-    shows it and none shows a frame of this project, and no dump of the run failed (a rank py-spy could not
-    read may be any test's); "unexplained" otherwise."""
+    shows it, and no dump of the run failed, names no test or shows a frame of this project (such a rank may
+    be any test's); "unexplained" otherwise."""
     read = []
     for path in dumps:
         with open(path, encoding="utf-8", errors="replace") as f:
             read.append((os.path.relpath(path, root), read_stuck(f.read())))
+    # a rank that names no test, or shows a frame of this project, may be any failed test's
+    spoiled = failed_dumps or any(r["test"] is None or r["ours"] for _, r in read)
     out = {}
     for test, (kind, message) in sorted(cases.items()):
         if kind not in ("failed", "error") or RANK_TIMEOUT not in message:
             continue
         mine = [(p, r) for p, r in read if r["test"] and test.endswith("." + r["test"])]
-        cause = (GLOO_TEARDOWN_DEADLOCK if mine and not failed_dumps and
-                 all(r["gloo_teardown_deadlock"] and not r["ours"] for _, r in mine) else "unexplained")
+        cause = (GLOO_TEARDOWN_DEADLOCK if mine and not spoiled and all(r["gloo_teardown_deadlock"] for _, r in mine)
+                 else "unexplained")
         out[test] = {"cause": cause, "stacks": [p for p, _ in mine]}
     return out
 
@@ -499,7 +506,16 @@ def run_tests(tree: str, python: str, files: list[str], patched: bool, xml: str,
         watch = StuckRanks(proc.pid, py_spy, folder)
         if os.path.isfile(py_spy):
             watch.start()
-        rc = proc.wait()
+        try:
+            rc = proc.wait(timeout=RUN_LIMIT_S)
+        except subprocess.TimeoutExpired:  # pytest itself wedged: its tree ended, its outcomes absent
+            for p in [*_children(proc.pid), proc.pid]:
+                try:
+                    os.kill(p, 9)
+                except OSError:
+                    pass
+            rc = proc.wait()
+            f.write(f"\nrelease check: ended after {RUN_LIMIT_S} s\n")
         watch.done.set()
         if watch.is_alive():
             watch.join()
@@ -679,9 +695,9 @@ def verdict(d: dict, t: dict | None = None) -> tuple[str, str]:
     """(verdict, why) of a differing test of group results ``t``: from VERDICTS (read when the report is
     rendered); UPSTREAM_HANG when the test ran MIN_RUNS times or more on each side and passed on each,
     every failure of it was a rank timeout whose ranks' stacks show PyTorch's gloo teardown deadlock and no
-    frame of this project, the group's unpatched runs show that hang too, and its patched rate is not above
-    the unpatched one beyond chance (RATE_P). A test that fails only sometimes is no exception: a failure
-    nothing explains may be this project's."""
+    frame of this project, the group's unpatched runs show that hang too, and neither the group's patched
+    rate nor this test's is above the unpatched one beyond chance (RATE_P). A test that fails only sometimes
+    is no exception: a failure nothing explains may be this project's."""
     if d["test"] in VERDICTS:
         return VERDICTS[d["test"]]
     runs = _runs(d)
@@ -693,9 +709,13 @@ def verdict(d: dict, t: dict | None = None) -> tuple[str, str]:
         return ("unjudged", "no verdict recorded")
     rates = hang_rates(t)
     p = more_often_patched(rates)
+    own = {side: (sum(w.startswith(side) and o != "passed" for w, o, _ in runs),
+                  sum(w.startswith(side) for w, _, _ in runs)) for side in ("unpatched", "patched")}
+    p_own = more_often_patched(own)
     seen = "; in the group, test runs failed by it: " + ", ".join(
-        f"{side} {h} of {n}" for side, (h, n) in rates.items()) + f" (one-sided Fisher p = {p:.2f})"
-    if not rates["unpatched"][0] or p < RATE_P:
+        f"{side} {h} of {n}" for side, (h, n) in rates.items()) + f" (one-sided Fisher p = {p:.2f}; this test's " \
+        f"runs p = {p_own:.2f})"
+    if not rates["unpatched"][0] or p < RATE_P or p_own < RATE_P:
         return ("unjudged", "every failure was PyTorch's gloo teardown deadlock, but it is not seen at a like rate "
                 "unpatched" + seen)
     return (UPSTREAM_HANG, f"passed in {len(runs) - len(failed)} of {len(runs)} runs; failed in "

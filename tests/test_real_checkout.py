@@ -182,6 +182,12 @@ def test_a_difference_that_is_pytorchs_own_hang_is_judged_so():
     assert pc.more_often_patched(pc.hang_rates(_group(3, 3))) > 0.5
     assert pc.more_often_patched(pc.hang_rates(_group(0, 0))) == 1.0
     assert pc.verdict(d)[0] == "unjudged"  # and never without its group's figures
+    # a test that hangs patched far more often than unpatched, in a group whose rates alone pass: not so
+    many = dict(d, reruns={"unpatched": [{"outcome": "passed"}] * 5,
+                           "patched": [{"outcome": "failed", "stuck": hang}] * 4 + [{"outcome": "passed"}]})
+    t2 = _group(6, 11, runs=66)
+    assert pc.more_often_patched(pc.hang_rates(t2)) >= pc.RATE_P and pc.verdict(many, t2)[0] == "unjudged"
+    assert "this test's runs p = 0.0" in pc.verdict(many, t2)[1]
     # one failure the stacks do not explain, or none captured: not PyTorch's hang
     d["reruns"]["patched"][0] = {"outcome": "failed", "stuck": {"cause": "unexplained", "stacks": []}}
     assert pc.verdict(d, t)[0] == "unjudged" and f"{group}: {TEST}: unjudged" in pc.defects(data)
@@ -215,6 +221,14 @@ def test_a_dump_that_failed_or_names_no_test_explains_nothing(tmp_path):
     assert pc.read_stuck(bare)["test"] is None and time.monotonic() - t0 < 1
     (tmp_path / "stuck-2.txt").write_text(bare)
     assert pc.explain_failures(cases, [str(tmp_path / "stuck-2.txt")], str(tmp_path))[TEST]["cause"] == "unexplained"
+    # a dump beside it that names no test, or shows a frame of this project, may be this test's rank
+    assert pc.explain_failures(cases, [str(tmp_path / "stuck-1.txt"), str(tmp_path / "stuck-2.txt")],
+                               str(tmp_path))[TEST]["cause"] == "unexplained"
+    ours = open(STUCK).read().replace("test_adamw_1d_sharding", "test_sgd_1d_sharding").replace(
+        "(libc10.so)", "(torchgen_patch_boxed_0123.so)", 1)
+    (tmp_path / "stuck-3.txt").write_text(ours)
+    assert pc.explain_failures(cases, [str(tmp_path / "stuck-1.txt"), str(tmp_path / "stuck-3.txt")],
+                               str(tmp_path))[TEST]["cause"] == "unexplained"
     # the main thread not in the destructor's join: another hang
     no_join = open(STUCK).read().replace("std::thread::join", "std::condition_variable::wait")
     assert not pc.read_stuck(no_join)["gloo_teardown_deadlock"]
