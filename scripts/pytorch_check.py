@@ -306,8 +306,8 @@ def _junit_cases(path: str) -> dict[str, tuple[str, str]]:
 # it runs is read from MultiProcessTestCase.run_test's arguments. Torch 2.6's ProcessGroupGloo destructor
 # joins gloo's worker threads with the GIL held (the Python binding does not release it; PyTorch fixed this
 # after 2.6, pytorch/pytorch#154976) while a worker, destroying a finished work's tensors, waits for the GIL:
-# a deadlock of PyTorch's own, seen on both sides. A stack with that signature and no frame of this project's
-# kernels library explains a rank timeout; nothing else does.
+# a deadlock of PyTorch's own, seen on both sides. Stacks with that signature and no frame of this project
+# explain a rank timeout (explain_failures); nothing else does.
 STUCK_AFTER_S = 30
 # One pytest command of the check (a group's run, a test alone) may take this long before it is ended
 RUN_LIMIT_S = 3600
@@ -316,16 +316,18 @@ GLOO_TEARDOWN_DEADLOCK = "PyTorch's gloo teardown deadlock"
 OURS = "torchgen_patch"  # in every library, module and path of this project's
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name (state, ppid, ...), or [] for a process gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _children(pid: int) -> list[int]:
     """Every process below ``pid``, from /proc."""
-    parent: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
+    parent = {int(n): int(f[1]) for n in os.listdir("/proc") if n.isdigit() and len(f := _stat(int(n))) > 1}
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -345,16 +347,13 @@ def _is_rank(pid: int) -> bool:
 
 def _started(pid: int) -> int | None:
     """A process's start time (clock ticks since boot, /proc/PID/stat field 22): with the pid, its identity."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    f = _stat(pid)
+    return int(f[19]) if len(f) > 19 else None
 
 
 class StuckRanks(threading.Thread):
     """Watches the processes below one pid while a test command runs; dumps each rank alive after
-    STUCK_AFTER_S into DIR/stuck-<pid>.txt, once (a rank is its pid and start time). ``failed`` counts the
+    STUCK_AFTER_S into DIR/stuck-<pid>-<start time>.txt, once (a rank is its pid and start time). ``failed`` counts the
     dumps py-spy could not make."""
 
     def __init__(self, pid: int, py_spy: str, folder: str):
