@@ -107,6 +107,29 @@ def test_fsdp2_two_ranks_identical_losses(library, tmp_path, device):
         assert losses[-1] < losses[0], (mode, losses)  # it trains
 
 
+def test_a_launch_that_aborted_in_teardown_after_its_results_counts_as_run(tmp_path):
+    """torch's gloo teardown aborts a rank now and then, after the ranks have written their results (before
+    the teardown): that launch's losses are compared; a rank that failed otherwise is no run."""
+    from tests.support import script
+
+    f = script("fsdp2_two_ranks")
+    outs = [tmp_path / "unpatched.0", tmp_path / "unpatched.1"]
+    for o in outs:
+        o.write_text("{}")
+    torchrun = (f"{f.ABORT_AT_EXIT}\n{f.ABORT_AT_EXIT}\nFailures:\n  exitcode  : -6 (pid: 2)  (SIGABRT)\n"
+                "Root Cause (first observed failure):\n  exitcode  : -6 (pid: 1)  (SIGABRT)\n")
+    assert f.aborted_at_exit(torchrun, [str(o) for o in outs])
+    # the other rank ended by torchrun once the first aborted
+    assert f.aborted_at_exit(torchrun.replace(": -6 (pid: 2)  (SIGABRT)", ": -15 (pid: 2)  (SIGTERM)"),
+                             [str(o) for o in outs])
+    assert not f.aborted_at_exit(torchrun.replace(": -6 (pid: 1)", ": -15 (pid: 1)").replace(
+        ": -6 (pid: 2)", ": -15 (pid: 2)"), [str(o) for o in outs])  # no abort: not this
+    assert not f.aborted_at_exit(torchrun.replace(": -6 (pid: 2)", ": 1 (pid: 2)"), [str(o) for o in outs])
+    assert not f.aborted_at_exit(torchrun.replace(f.ABORT_AT_EXIT, "Segmentation fault"), [str(o) for o in outs])
+    outs[1].unlink()  # a rank that never wrote its results did not finish training
+    assert not f.aborted_at_exit(torchrun, [str(o) for o in outs])
+
+
 def test_fsdp2_script_reports_a_missing_gpu_as_an_environment_problem():
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has 2 GPUs")
