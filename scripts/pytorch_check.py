@@ -39,6 +39,7 @@ import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -419,14 +420,23 @@ def _run_test_of(thread: str) -> str | None:
     return None
 
 
+def _joins_workers(thread: str) -> bool:
+    """The deadlock's first thread: ~ProcessGroupGloo joining gloo's workers (the GIL held)."""
+    return "ProcessGroupGloo::~ProcessGroupGloo" in thread and "std::thread::join" in thread
+
+
+def _waits_for_gil(thread: str) -> bool:
+    """The deadlock's second thread: a gloo worker waiting for the GIL."""
+    return "ProcessGroupGloo::runLoop" in thread and "gil_scoped_acquire" in thread
+
+
 def read_stuck(dump: str) -> dict:
     """What a py-spy dump of a stuck rank shows: the test it runs (Class.name, from run_test's arguments),
     whether its threads show torch 2.6's gloo teardown deadlock, and whether a frame of this project (its
     kernels or boxed-kernel libraries, its Python code) is on any of its threads."""
     threads = _threads(dump)
     test = next((t for t in map(_run_test_of, threads) if t), None)
-    joins = any("ProcessGroupGloo::~ProcessGroupGloo" in t and "std::thread::join" in t for t in threads)
-    waits = any("ProcessGroupGloo::runLoop" in t and "gil_scoped_acquire" in t for t in threads)
+    joins, waits = (any(side(t) for t in threads) for side in (_joins_workers, _waits_for_gil))
     return {"test": test, "gloo_teardown_deadlock": joins and waits,
             "ours": any(OURS in t for t in threads)}
 
@@ -436,8 +446,7 @@ def deadlock_excerpt(dump: str) -> str:
     file only (no pids, addresses or locals): the evidence the report shows."""
     keep = []
     for t in _threads(dump):
-        if ("ProcessGroupGloo::~ProcessGroupGloo" in t and "std::thread::join" in t) or \
-                ("ProcessGroupGloo::runLoop" in t and "gil_scoped_acquire" in t):
+        if _joins_workers(t) or _waits_for_gil(t):
             lines = t.splitlines()
             keep.append(re.sub(r"^Thread \d+ ", "Thread ", lines[0]))
             frames = [ln.strip() for ln in lines[1:] if re.match(r"^    \S", ln)]
@@ -545,10 +554,8 @@ def step_regression(tree: str, work: str, python: str) -> dict:
 
 def _stuck_summary(r: dict) -> dict:
     """How many ranks of one run were stuck, and how many tests failed by a rank timeout, by cause."""
-    causes: dict[str, int] = {}
-    for e in r["stuck"].values():
-        causes[e["cause"]] = causes.get(e["cause"], 0) + 1
-    return {"ranks": r["stuck_ranks"], "tests_by_cause": causes, "failed_dumps": r.get("failed_dumps", 0)}
+    causes = Counter(e["cause"] for e in r["stuck"].values())
+    return {"ranks": r["stuck_ranks"], "tests_by_cause": dict(causes), "failed_dumps": r.get("failed_dumps", 0)}
 
 
 def _outcome_text(outcomes: list[str]) -> str:
@@ -593,19 +600,13 @@ def step_tests(group: str, tree: str, work: str, python: str) -> dict:
     if n > 1:
         out["runs"] = n
     for side in runs:
-        counts: dict[str, int] = {}
-        for r in runs[side]:
-            for k, v in r["counts"].items():
-                counts[k] = counts.get(k, 0) + v
+        counts = sum((Counter(r["counts"]) for r in runs[side]), Counter())
         out[side] = {"rc": max(r["rc"] for r in runs[side]), "wall_s": round(sum(r["wall_s"] for r in runs[side]), 1),
-                     "counts": counts, "skip_reasons": runs[side][0]["skip_reasons"]}
+                     "counts": dict(counts), "skip_reasons": runs[side][0]["skip_reasons"]}
         stuck = [_stuck_summary(r) for r in runs[side]]
         if any(st["ranks"] for st in stuck):
-            causes: dict[str, int] = {}
-            for st in stuck:
-                for c, k in st["tests_by_cause"].items():
-                    causes[c] = causes.get(c, 0) + k
-            out[side]["stuck"] = {"ranks": sum(st["ranks"] for st in stuck), "tests_by_cause": causes,
+            causes = sum((Counter(st["tests_by_cause"]) for st in stuck), Counter())
+            out[side]["stuck"] = {"ranks": sum(st["ranks"] for st in stuck), "tests_by_cause": dict(causes),
                                   "failed_dumps": sum(st["failed_dumps"] for st in stuck)}
         if not all(r.get("py_spy", True) for r in runs[side]):
             out[side]["no_py_spy"] = True
