@@ -8,7 +8,7 @@ OUT    ?= build/generated
 # checkout is that folder on purpose, so that one third-party warning is filtered by its text
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs
+.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs source-build
 
 setup: $(STAMP)
 
@@ -25,18 +25,18 @@ $(STAMP): pyproject.toml requirements-dev.txt
 # `make run > log` keeps the summary); the full reports land in build/.
 run: setup
 	@mkdir -p build
-	@$(BIN)/torchgen-patch lint --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
+	@$(BIN)/torchgen-patch lint --requires-grad --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
 	@$(BIN)/torchgen-patch gen --strict -o $(OUT) --output-dependencies $(OUT).cmake
-	@# the report shows every op before and after (the run without the patch MISSes by design: exit 1);
-	@# the job fails only when a row with the patch fails
-	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md || [ $$? -eq 1 ]
-	@$(BIN)/torchgen-patch verify -q -o /dev/null
-	@echo "lint counts the ops with no version-counter kernel; verify counts those whose tensors really kept"
-	@echo "their version on this machine (the others bump by luck of their backend kernel): build/verify-cpu.md"
+	@# the report shows every op before and after; verify exits by the run with the patch (the run
+	@# without it is the "before" column), so the job fails only when a row with the patch fails
+	@$(BIN)/torchgen-patch verify --both --format markdown -o build/verify-cpu.md
+	@echo "lint counts the ops with no version-counter kernel and the out= ops that never refuse inputs requiring"
+	@echo "grad; verify counts the ops whose tensors really kept their version on this machine before the patch (the"
+	@echo "others bump by luck of their backend kernel) and after it: build/verify-cpu.md"
 	@echo "Next, by what you do (README.md):"
 	@echo "  train with torch:       pip install . in your environment, then: torchgen-patch run -- python train.py"
-	@echo "  maintain PyTorch/fork:  torchgen-patch lint --pytorch-root ~/pytorch   (docs/checkout-and-ci.md)"
-	@echo "  write an extension:     torchgen-patch lint --runtime --import YOURLIB   (docs/guide.md)"
+	@echo "  maintain PyTorch/fork:  torchgen-patch lint --pytorch-root ~/pytorch --requires-grad   (docs/checkout-and-ci.md)"
+	@echo "  write an extension:     torchgen-patch lint --runtime --import YOURLIB --namespace YOURLIB   (docs/guide.md)"
 
 # docs/cli.md, generated from the parser (tests/test_docs.py checks it is current).
 docs: setup
@@ -120,3 +120,12 @@ test-torch:
 # the docs' table; CHECK_ARGS='--only test_torch.py' re-runs one step or test group.
 pytorch-check: setup
 	$(BIN)/python scripts/pytorch_check.py $(if $(filter 1,$(REPORT)),--report) $(CHECK_ARGS)
+
+
+# A torch built from source as a checked world (reports/source-build-torch2.6.0-debian.md): Debian's own
+# build of torch in a Debian trixie root made with debootstrap, the tool installed there, and lint, build,
+# verify --both, verify --check requires-grad and run inside it. As root; the root (about 2 GB, a few
+# minutes to make) stays in .cache/source-build/ for the next run. Writes build/; REPORT=1 writes
+# reports/ and the compatibility matrix's row.
+source-build: setup
+	REPORT=$(REPORT) scripts/check_source_build.sh

@@ -8,6 +8,10 @@ yaml, in both worlds, side by side (interleaved runs):
 Every run is a fresh interpreter timing itself from before its first import to
 the end (the interpreter's own start-up excluded on both sides). Cold: an empty
 cache. Warm: a re-run on unchanged inputs (cache hit).
+
+And what the requires-grad half costs: `lint --requires-grad` (what the shipped
+lintrunner blocks, pre-commit hook and `make run` run) against `lint`, cold and
+warm, in both worlds, side by side.
 """
 
 from __future__ import annotations
@@ -66,8 +70,29 @@ def main(n: int = 7) -> list[dict]:
             out.append(ratio_line(f"{world}: lint cold vs parse_native_yaml", xs, ys, 1.1))
             xs, ys = paired(warm, parse, n)
             out.append(ratio_line(f"{world}: lint re-run (cache hit) vs parse_native_yaml", xs, ys, 0.1))
+            out += requires_grad_half(world, lint_args, work, n)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def requires_grad_half(world: str, lint_args: list[str], work: str, n: int) -> list[dict]:
+    """`lint --requires-grad` vs `lint`: cold (each run an empty cache) and warm (each its own filled
+    cache). Reported, no target: the choice it informs is where the half is on by default."""
+    both = ["--requires-grad", *lint_args]
+
+    def cold(args):
+        return lambda: run_py(LINT, {"TORCHGEN_PATCH_CACHE": tempfile.mkdtemp(prefix="c-", dir=work)}, args)
+
+    def warm(args):
+        d = tempfile.mkdtemp(prefix="w-", dir=work)
+        run_py(LINT, {"TORCHGEN_PATCH_CACHE": d}, args)  # fill it once
+        return lambda: run_py(LINT, {"TORCHGEN_PATCH_CACHE": d}, args)
+
+    out = []
+    for kind, make in (("cold", cold), ("re-run (cache hit)", warm)):
+        xs, ys = paired(make(both), make(lint_args), n)
+        out.append(ratio_line(f"{world}: lint --requires-grad {kind} vs lint {kind}", xs, ys, None))
     return out
 
 

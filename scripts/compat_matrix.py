@@ -6,6 +6,7 @@ the test suite's results on each release where it was run (committed pytest repo
     python scripts/compat_matrix.py --report             # the same, into reports/ and docs/compatibility.md
     python scripts/compat_matrix.py --releases 2.6.0     # one release, merged into the existing results
     python scripts/compat_matrix.py --render-only --report   # re-render from the json (new pytest reports)
+    python scripts/compat_matrix.py --source-build build/source-build --report   # a source build's row
 
 Static checks, per release, on the wheel (downloaded with `pip download --no-deps`, never
 installed, deleted after): a checkout-layout tree assembled from it (tests/trees.py) in a venv
@@ -17,6 +18,11 @@ after (the ops it registers in addition must be exactly the missing ones); lint 
 Runtime: `make test-torch TORCH=X.Y.Z` (a venv of that release, the suite on CPU) writes
 build/pytest-torchX.Y.Z.txt; committed as reports/pytest-torchX.Y.Z.txt it fills that row's
 runtime columns. The CUDA column cites the GPU machine's reports (CUDA_REPORTS below).
+
+Builds from source: `make source-build` (scripts/check_source_build.sh) runs lint, build, verify and
+`run` in a Debian root whose torch is Debian's own build; --source-build DIR reads what it wrote
+there into reports/source-build-torch<release>-debian.{json,md}, and each such json is a row of the
+summary, under the release it was built from.
 """
 
 from __future__ import annotations
@@ -343,6 +349,9 @@ def page_table(data: dict) -> str:
         if release == CI_RELEASE and not rt:
             build = verify = suite = "CI (`make test`)"
         lines.append(f"| {release} | {static_cell(row)} | {build} | {verify} | {suite} | {cuda_cell} |")
+        lines += [source_build_row(sb, row) for sb in source_builds(data) if sb["release"] == release]
+    listed = set(data["releases"])
+    lines += [source_build_row(sb, None) for sb in source_builds(data) if sb["release"] not in listed]
     return "\n".join(lines) + "\n"
 
 
@@ -356,7 +365,9 @@ def report_md(data: dict) -> str:
            "2.4 to the newest the package index serves here, each x.y at its last patch release, checked "
            "from its wheel (never installed). Runtime columns come from the committed "
            "`reports/pytest-torch<release>.txt` of `make test-torch TORCH=<release>` (the suite on CPU in a "
-           "venv of that release); the CUDA column from the GPU machine's suite run.", "",
+           "venv of that release); the CUDA column from the GPU machine's suite run. A row named for a build "
+           "from source is `make source-build` (`scripts/check_source_build.sh`): that build's own torch, in a "
+           "root of its distribution, checked as a user's machine would be.", "",
            f"Index versions seen: {data['index_newest']} newest.", "",
            "## Summary", "", page_table(data), "## Static checks, in detail", "",
            "Checkout world: a tree assembled from the wheel (`tests/trees.py`), in a venv without torch. "
@@ -392,6 +403,176 @@ def report_md(data: dict) -> str:
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------------------
+# Builds from source (scripts/check_source_build.sh)
+
+SOURCE_BUILD = "source-build-torch{release}-{distribution}"
+SOURCE_BUILD_DIRS = [REPORTS]  # where their json files are looked up: main() puts build/ first without --report
+
+
+def source_builds(data: dict) -> list[dict]:
+    """The committed source-build results the matrix lists (data["source_builds"]: their json files)."""
+    out = []
+    for name in data.get("source_builds", []):
+        for folder in SOURCE_BUILD_DIRS:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    out.append(json.load(f))
+                break
+    return out
+
+
+def _steps(folder: str) -> dict[str, dict]:
+    with open(os.path.join(folder, "steps.tsv"), encoding="utf-8") as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][1:]
+    return {name: {"exit": int(rc), "seconds": float(sec)} for name, rc, sec in rows}
+
+
+def _build_setting(world: dict, key: str) -> str:
+    m = re.search(rf"\b{key}=([^,]+)", world.get("blas", ""))
+    return m.group(1).strip() if m else "unknown"
+
+
+def read_source_build(folder: str, data: dict) -> dict:
+    """What scripts/source_build_checks.sh wrote in ``folder``, as the report's values."""
+    def text(name: str) -> str:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            return f.read()
+
+    world = json.loads(text("world.json"))
+    steps = _steps(folder)
+    lint = json.loads(text("lint.out"))
+    version_half = json.loads(text("lint-version.out"))
+    rules: dict[str, list[str]] = {}
+    for f in lint["findings"]:
+        rules.setdefault(f["rule"], []).append(f["op"])
+    verify, grad = json.loads(text("verify.json")), json.loads(text("verify-requires-grad.json"))
+    release = world["torch"].split("+")[0]
+    wheel = data["releases"].get(release, {})
+    programs = {k: json.loads(text(f"program-{k}.out")) for k in ("unpatched", "run")}
+    return {
+        "release": release, "distribution": "debian", "torch": world["torch"], "os": world["os"],
+        "packages": world["packages"], "python": world["python"], "cxx11_abi": world["cxx11_abi"],
+        "git_version": world["git_version"], "cuda": world["cuda"], "gxx": world["gxx"], "ninja": world["ninja"],
+        "blas": _build_setting(world, "BLAS_INFO"), "lapack": _build_setting(world, "LAPACK_INFO"),
+        "cxx_flags_abi": "-D_GLIBCXX_USE_CXX11_ABI=1" in world.get("blas", ""),
+        "commit": text("commit.txt").strip(), "steps": steps,
+        "total": lint["total"], "counts": lint["counts"],
+        "findings": {rule: len(ops) for rule, ops in sorted(rules.items())},
+        "version_half_findings": len(version_half["findings"]),
+        "same_as_wheel": (wheel.get("counts") == lint["counts"] and wheel.get("total") == lint["total"])
+        if "counts" in wheel else None,
+        "autograd_same_as_wheel": (sorted(rules.get("out-requires-grad-unchecked", []))
+                                   == wheel["autograd"]["out-requires-grad-unchecked"]) if "autograd" in wheel else None,
+        "build_says": text("build.err").strip().splitlines()[-1],
+        "run_says": re.sub(r"\bpid \d+", "pid N", text("program-run.err").strip()),  # the same in every run
+        "verify": {name: r["counts"] for name, r in sorted(verify["runs"].items())},
+        "verify_missed": sorted(r["op"] for r in verify["runs"]["without patch"]["results"] if r["verdict"] == "MISS"),
+        "requires_grad": {name: r["counts"] for name, r in sorted(grad["runs"].items())},
+        "programs": programs,
+    }
+
+
+def _runs(counts: dict[str, dict[str, int]]) -> str:
+    before = next(v for k, v in counts.items() if k.startswith("without"))
+    after = next(v for k, v in counts.items() if k.startswith("with patch"))
+    text = {k: ", ".join(f"{n} {v}" for n, v in sorted(c.items())) for k, c in (("b", before), ("a", after))}
+    return f"{text['b']} → {text['a']}"
+
+
+def _source_build_ok(sb: dict) -> dict[str, bool]:
+    s = sb["steps"]
+    after = next(v for k, v in sb["verify"].items() if k.startswith("with patch"))
+    grad_after = next(v for k, v in sb["requires_grad"].items() if k.startswith("with patch"))
+    run, plain = sb["programs"]["run"], sb["programs"]["unpatched"]
+    return {"build": s["build"]["exit"] == 0 and s["build-again"]["exit"] == 0,
+            "verify": s["verify"]["exit"] == 0 and set(after) <= {"PASS", "NOT_RUN", "XFAIL"},
+            "requires_grad": s["verify-requires-grad"]["exit"] == 0 and set(grad_after) <= {"REFUSE", "NOT_RUN"},
+            "run": s["program-run"]["exit"] == 0 and run["version_bumps"] == 1 and bool(run["backward_raised"])
+            and plain["version_bumps"] == 0 and not plain["backward_raised"]}
+
+
+def source_build_row(sb: dict, wheel_row: dict | None) -> str:
+    """The summary's row for one build from source."""
+    ok = _source_build_ok(sb)
+    name = SOURCE_BUILD.format(**sb)
+    same = {True: "; the same counts as the wheel", False: "; **not** the wheel's counts", None: ""}[sb["same_as_wheel"]]
+    static = (f"lint: {sb['counts']['missing']} missing, {sb['findings'].get('out-requires-grad-unchecked', 0)} "
+              f"out= unchecked{same}")
+    build = f"{_mark(ok['build'])} ({sb['steps']['build']['seconds']:.0f} s from an empty cache)"
+    verify = f"{_mark(ok['verify'])}: {_runs(sb['verify'])}"
+    run = f"`run`: {_mark(ok['run'])}"
+    return (f"| {sb['release']}, {sb['distribution'].capitalize()}'s build from source "
+            f"([report](../reports/{name}.md)) | {static} | {build} | {verify}; {run} | not run | "
+            "not measured (a CPU build) |")
+
+
+def source_build_md(sb: dict) -> str:
+    ok = _source_build_ok(sb)
+    s = sb["steps"]
+    run, plain = sb["programs"]["run"], sb["programs"]["unpatched"]
+    verdict = "passes" if all(ok.values()) else "**fails**: " + ", ".join(k for k, v in ok.items() if not v)
+    out = [f"# A torch built from source: {sb['distribution'].capitalize()}'s torch {sb['release']}", "",
+           "Made by `make source-build REPORT=1` (`scripts/check_source_build.sh`): a "
+           f"{sb['os']} root made with `debootstrap --variant=minbase`, Debian's own build of PyTorch installed in "
+           "it from the distribution (`apt-get install python3-torch libtorch-dev g++ ninja-build`), this tool "
+           "installed there from the checkout with Debian's pyyaml and jinja2 (`pip install --no-deps "
+           "--no-build-isolation`), and every command run inside that root with an empty kernel cache. Wall "
+           "times are of one run on a shared machine.", "",
+           "## Verdict", "", verdict, "",
+           "## The world", "",
+           "| what | value |", "|---|---|",
+           f"| packages | {', '.join(f'`{p}`' for p in sb['packages'])} |",
+           f"| `torch.__version__` | `{sb['torch']}` (git version: {sb['git_version']}; CUDA: {sb['cuda'] or 'none'}) |",
+           f"| C++ ABI | {'C++11 (`_GLIBCXX_USE_CXX11_ABI=1`)' if sb['cxx11_abi'] else 'pre-C++11'} |",
+           f"| compiler | {sb['gxx']}; ninja {sb['ninja']} |",
+           f"| Python | {sb['python']} |",
+           f"| BLAS / LAPACK (torch's build settings) | {sb['blas']} / {sb['lapack']} |",
+           f"| this tool | commit `{sb['commit']}` |", "",
+           "## Results", "",
+           "| command (in the root) | exit | wall | result |", "|---|---|---|---|",
+           f"| `torchgen-patch lint` | {s['lint-version']['exit']} | {s['lint-version']['seconds']:.1f} s | "
+           f"{sb['version_half_findings']} findings (the version-counter half) |",
+           f"| `torchgen-patch lint --requires-grad` | {s['lint']['exit']} | {s['lint']['seconds']:.1f} s | "
+           + ", ".join(f"{n} `{rule}`" for rule, n in sb["findings"].items())
+           + f"; {sb['total']} functions: " + " / ".join(str(sb["counts"][k]) for k in
+                                                        ("covered", "missing", "unsupported", "composite",
+                                                         "not_mutating"))
+           + " covered / missing / unsupported / composite / not_mutating"
+           + (f" (the {sb['release']} wheel's row of the matrix: the same counts {_mark(sb['same_as_wheel'])}, "
+              f"the same out= ops {_mark(sb['autograd_same_as_wheel'])})" if sb["same_as_wheel"] is not None else "")
+           + " |",
+           f"| `torchgen-patch build` | {s['build']['exit']} | {s['build']['seconds']:.1f} s | {sb['build_says']} |",
+           f"| `torchgen-patch build`, again | {s['build-again']['exit']} | {s['build-again']['seconds']:.1f} s | "
+           "the cached library |",
+           f"| `torchgen-patch verify --both` | {s['verify']['exit']} | {s['verify']['seconds']:.1f} s | "
+           f"{_runs(sb['verify'])} |",
+           f"| `torchgen-patch verify --check requires-grad --both` | {s['verify-requires-grad']['exit']} | "
+           f"{s['verify-requires-grad']['seconds']:.1f} s | {_runs(sb['requires_grad'])} |",
+           f"| `python3 program.py` | {s['program-unpatched']['exit']} | {s['program-unpatched']['seconds']:.1f} s | "
+           f"the fused step moved the parameter's version by {plain['version_bumps']}; backward "
+           + (f"raised: \"{plain['backward_raised']}\"" if plain["backward_raised"] else "went through") + " |",
+           f"| `torchgen-patch run -- python3 program.py` | {s['program-run']['exit']} | "
+           f"{s['program-run']['seconds']:.1f} s | by {run['version_bumps']}; backward "
+           + (f"raised: \"{run['backward_raised'].strip()}\"" if run["backward_raised"] else "went through")
+           + f" (stderr: `{sb['run_says']}`) |", "",
+           "`program.py`: one `torch.optim.Adam(fused=True)` step between a forward pass that saved the "
+           "parameter and its backward.", "",
+           f"Missed without the patch ({len(sb['verify_missed'])}): "
+           + ", ".join(f"`{op}`" for op in sb["verify_missed"]) + ".", ""]
+    return "\n".join(out)
+
+
+def write_source_build(folder: str, out_dir: str, data: dict) -> None:
+    sb = read_source_build(folder, data)
+    name = SOURCE_BUILD.format(**sb)
+    _write(os.path.join(out_dir, f"{name}.json"), json.dumps(sb, indent=1, sort_keys=True) + "\n")
+    _write(os.path.join(out_dir, f"{name}.md"), source_build_md(sb))
+    data["source_builds"] = sorted(set(data.get("source_builds", [])) | {f"{name}.json"})
+    print(f"wrote {os.path.relpath(out_dir, ROOT)}/{name}.md", file=sys.stderr)
+
+
 def replace_block(text: str, table: str) -> str:
     if BEGIN not in text or END not in text:
         sys.exit(f"error: docs/compatibility.md has no '{BEGIN}' ... '{END}' block for the table")
@@ -417,13 +598,19 @@ def main() -> int:
     ap.add_argument("--releases", help="comma-separated releases to (re)check, merged into the existing results")
     ap.add_argument("--report", action="store_true", help="write reports/ and the table of docs/compatibility.md (default: build/)")
     ap.add_argument("--render-only", action="store_true", help="check nothing; render the existing json again")
+    ap.add_argument("--source-build", metavar="DIR",
+                    help="check nothing: add the results scripts/check_source_build.sh wrote in DIR, render again")
     args = ap.parse_args()
     out_dir = REPORTS if args.report else os.path.join(ROOT, "build")
     os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, f"{NAME}.json")
     seed = json_path if os.path.isfile(json_path) else os.path.join(REPORTS, f"{NAME}.json")
     data = json.load(open(seed)) if os.path.isfile(seed) else {"releases": {}, "index_newest": None}
-    if not args.render_only:
+    if out_dir != REPORTS:
+        SOURCE_BUILD_DIRS.insert(0, out_dir)
+    if args.source_build:
+        write_source_build(args.source_build, out_dir, data)
+    elif not args.render_only:
         listed = last_patches(index_versions(sys.executable))
         data["index_newest"] = listed[-1]
         todo = args.releases.split(",") if args.releases else listed

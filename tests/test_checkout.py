@@ -250,6 +250,22 @@ def test_pytorch_root_excludes_native_functions(run_cli, tree213):
                    "checkout's own aten/src/ATen/native/*.yaml are read)\n")
 
 
+def test_pytorch_root_beside_the_checkouts_own_yaml_path(run_cli, tree213, tmp_path, monkeypatch):
+    """A guide's or a hook's `lint PATH` with --pytorch-root . beside it, in the checkout: the path is the
+    checkout's own yaml, which --pytorch-root reads already, so the checkout is linted; another file is refused."""
+    monkeypatch.chdir(tree213)
+    rc, out, err = run_cli("lint", "--pytorch-root", ".", YAML, "--format", "sarif")
+    assert rc == 1 and json.loads(out)["runs"][0]["results"], err
+    assert out == run_cli("lint", "--pytorch-root", ".", "--format", "sarif")[1]
+    other = tmp_path / "native_functions.yaml"
+    shutil.copy(YAML, other)
+    rc, out, err = run_cli("lint", "--pytorch-root", ".", other)
+    assert (rc, out) == (2, "")
+    assert err == (f"{other}: error: not the --pytorch-root checkout's own yaml: --pytorch-root lints "
+                   "aten/src/ATen/native/native_functions.yaml of the checkout (hint: drop --pytorch-root to lint "
+                   "this file with the installed torch's torchgen)\n")
+
+
 # ---------------------------------------------------------------------------
 # without torch
 
@@ -277,9 +293,25 @@ def test_installed_world_without_torch_points_to_the_checkout(notorch):
                         "torch, or give --pytorch-root DIR to use a PyTorch checkout's own torchgen)\n")
 
 
+# A pull request's new operator, written as PyTorch writes its void out= ops: it has both problems (no
+# ADInplaceOrView kernel; a VariableType kernel that never refuses inputs requiring grad)
+NEW_VOID_OUT = """
+- func: chunk_split(Tensor self, int chunks, int dim=0) -> Tensor[]
+  variants: function
+  dispatch:
+    CompositeExplicitAutograd: chunk_split
+
+- func: chunk_split.out(Tensor self, int chunks, int dim=0, *, Tensor(a!)[] out) -> ()
+  variants: function
+  dispatch:
+    CompositeExplicitAutograd: chunk_split_out
+"""
+
+
 def test_real_lintrunner_in_a_checkout_without_torch(notorch, tmp_path, default_scan):
     """PyTorch's own lint job: lintrunner from a venv without torch, in the checkout,
-    with the block for PyTorch's repository from lintrunner.toml.example."""
+    with the block for PyTorch's repository from lintrunner.toml.example, on a pull request
+    that adds a void out= op: both halves are reported, for it and for every op already there."""
     tree = tree_from_installed(str(tmp_path / "pytorch"), git=False)
     text = open(os.path.join(ROOT, "lintrunner.toml.example"), encoding="utf-8").read()
     block = text[text.index("# --- PyTorch's own repository"):]
@@ -290,6 +322,8 @@ def test_real_lintrunner_in_a_checkout_without_torch(notorch, tmp_path, default_
     open(os.path.join(tree, ".lintrunner.toml"), "w").write(cfg)
     # a pull request's own module named like one the tool imports: never run by the lint job
     open(os.path.join(tree, "typing.py"), "w").write(f"open({str(tmp_path / 'hijacked')!r}, 'w')\n")
+    with open(os.path.join(tree, YAML), "a", encoding="utf-8") as f:
+        f.write(NEW_VOID_OUT)
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "t"]):
         subprocess.run(["git", *args], cwd=tree, check=True)
     lintrunner = os.path.join(os.path.dirname(notorch), "lintrunner")
@@ -298,9 +332,18 @@ def test_real_lintrunner_in_a_checkout_without_torch(notorch, tmp_path, default_
                        cwd=tree, capture_output=True, text=True, env=env)
     msgs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert r.returncode == 1, r.stdout + r.stderr  # lintrunner fails the run on errors
-    assert {m["path"] for m in msgs} == {YAML} and len(msgs) == len(default_scan.by_verdict("missing")), r.stdout[:2000] + r.stderr
-    assert {m["name"] for m in msgs} == {"missing-inplace-or-view-kernel"}
+    assert {m["path"] for m in msgs} == {YAML}, r.stdout[:2000] + r.stderr
     lines = open(os.path.join(tree, YAML), encoding="utf-8").read().splitlines()
+    new_line = lines.index("- func: chunk_split.out(Tensor self, int chunks, int dim=0, *, Tensor(a!)[] out) -> ()") + 1
+    assert sorted((m["name"], m["severity"]) for m in msgs if m["line"] == new_line) == [
+        ("missing-inplace-or-view-kernel", "error"), ("out-requires-grad-unchecked", "error")]
+    by_rule = {name: {m["description"].split(": ", 1)[0] for m in msgs if m["name"] == name}
+               for name in {m["name"] for m in msgs}}
+    unchecked = {r.name for r in default_scan.with_gap("out")}
+    assert by_rule == {"missing-inplace-or-view-kernel": {r.name for r in default_scan.by_verdict("missing")}
+                       | {"aten::chunk_split.out"},
+                       "out-requires-grad-unchecked": unchecked | {"aten::chunk_split.out"}}
+    assert len(unchecked) > 50  # every out= op of the release, not only the new one
     m = next(m for m in msgs if "aten::_fused_adam_:" in m["description"])
     assert lines[m["line"] - 1].startswith("- func: _fused_adam_(")
     assert not (tmp_path / "hijacked").exists()

@@ -349,3 +349,17 @@ def test_checkout_blocks_run_as_written(page, line, text, tmp_path):
         r = subprocess.run(["torchgen-patch", "diff", "--pytorch-root", str(tmp_path / "pytorch"), "--check"],
                            env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0 and "patched (mode fix)" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_foreach_out_count_is_the_plans(default_plan):
+    """The problem table's `_foreach_*.out` row counts the ops of the plan for the torch its first
+    column is measured on (torch 2.13), counted here from that plan."""
+    from tests.trees import installed_version
+
+    if not installed_version().startswith("2.13."):
+        pytest.skip(f"the table's counts are of torch 2.13's plan; this is torch {installed_version()}")
+    n = sum(1 for op in default_plan.ops()
+            if op.startswith("aten::_foreach_") and "." in op and op.split(".", 1)[1].endswith("out"))
+    for page in ("README.md", "docs/evidence.md"):
+        said = re.findall(r"\| `_foreach_\*\.out` \((\d+) ops\) \|", _read(page))
+        assert said == [str(n)], (page, said, n)

@@ -60,6 +60,44 @@ def test_runtime_left_out_by_the_overlay_in_every_format(run_cli, skipping_overl
 def test_verify_without_patch_is_a_detector(run_cli):
     rc, out, err = run_cli("verify", "--backend", "python", "--without-patch", "--op", "aten::_fused_adamw_")
     assert "MISS" in out and rc == 1, (out, err)
+    assert "verify: aten::_fused_adamw_: MISS" in err
+
+
+@pytest.fixture
+def unpatched_after():
+    """verify installs the kernels in this process: each test ends with them removed again."""
+    import torchgen_patch
+
+    torchgen_patch.uninstall()
+    yield
+    torchgen_patch.uninstall()
+
+
+def test_verify_both_exits_by_the_run_with_the_patch(run_cli, tmp_path, unpatched_after):
+    """The run without the patch is the report's "before" column: its MISS rows are evidence, said
+    once and labelled, never an exit code of 1 nor a bare per-op failure line."""
+    import torchgen_patch
+
+    V = ("verify", "--backend", "python", "--both", "--op", "aten::_fused_adamw_")
+    rc, out, err = run_cli(*V, "-o", tmp_path / "v.md", "--format", "markdown")
+    assert rc == 0, err
+    assert out == ("verify (cpu) before, without patch: MISS 1\n"
+                   "verify (cpu) after, with patch (python): PASS 1\n")
+    assert "aten::_fused_adamw_" not in err
+    assert "without patch, MISS (1): `aten::_fused_adamw_`" in (tmp_path / "v.md").read_text()  # still reported
+    torchgen_patch.uninstall()
+    rc, out, err = run_cli(*V)  # the table on stdout: the before run's counts said on stderr
+    assert rc == 0 and "== without patch" in out and "MISS" in out
+    assert err == "verify: before, without patch: MISS 1 (evidence; the exit code is the run with the patch's)\n"
+
+
+def test_verify_quiet_prints_only_what_failed(run_cli, unpatched_after):
+    rc, out, err = run_cli("verify", "--backend", "python", "-q", "--without-patch", "--op", "aten::_fused_adamw_")
+    assert (rc, out) == (1, "") and err.startswith("verify: aten::_fused_adamw_: MISS"), err
+    rc, out, err = run_cli("verify", "--backend", "python", "-q", "--op", "aten::_fused_adamw_")
+    assert (rc, out, err) == (0, "", "")
+    rc, out, _ = run_cli("verify", "--backend", "python", "-q", "--format", "json", "--op", "aten::_fused_adamw_")
+    assert rc == 0 and json.loads(out)["runs"]  # a format asked for is the result: printed
 
 
 def test_lint_yaml_path_without_tags_beside_it(run_cli, tmp_path):

@@ -134,6 +134,11 @@ def test_without_strict_unsupported_ops_are_listed(run_cli, tmp_path):
     left = [line for line in err.splitlines() if line.startswith("left out: ")]  # notes, on stderr
     assert [line.split(":")[1].strip() for line in left] == ["aten", "aten", "aten"]
     assert "3 left out" in out  # the summary, on stdout
+    # a re-run on a current output repeats only the count; -v names them again
+    rc, out, err = run_cli("gen", "--out", tmp_path / "g", "--no-overlay")
+    assert rc == 0 and "3 left out; 0 of " in out and "left out: " not in err, err
+    rc, out, err = run_cli("gen", "--out", tmp_path / "g", "--no-overlay", "-v")
+    assert [line for line in err.splitlines() if line.startswith("left out: ")] == left
 
 
 def test_deterministic_across_hash_seeds_and_cwd(tmp_path):

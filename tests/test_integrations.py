@@ -224,12 +224,16 @@ def test_real_lintrunner_on_a_pytorch_like_checkout(tmp_path):
                        cwd=root, capture_output=True, text=True, env=ENV)
     msgs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     lines = _lines_of(native, "_cummax_helper", "_foreach_add_.Scalar")
-    got = sorted((m["path"], m["line"], m["code"], m["name"]) for m in msgs)
+    got = sorted((m["path"], m["line"], m["code"], m["name"], m["description"].split(": ", 1)[0]) for m in msgs)
     rel = "aten/src/ATen/native/native_functions.yaml"
-    assert got == sorted([(rel, lines["_cummax_helper"], "VERSIONCOUNTER", "missing-inplace-or-view-kernel"),
-                          (rel, lines["_foreach_add_.Scalar"], "VERSIONCOUNTER", "missing-inplace-or-view-kernel"),
-                          (rel, lines["_foreach_add_.Scalar"], "VERSIONCOUNTER", "missing-inplace-or-view-kernel")]), \
-        r.stdout + r.stderr
+    out, inplace = "aten::_foreach_add.Scalar_out", "aten::_foreach_add_.Scalar"
+    # both halves: the out= op also has an autograd kernel that never refuses inputs requiring grad
+    assert got == sorted([(rel, lines["_cummax_helper"], "VERSIONCOUNTER", "missing-inplace-or-view-kernel",
+                           "aten::_cummax_helper"),
+                          (rel, lines["_foreach_add_.Scalar"], "VERSIONCOUNTER", "missing-inplace-or-view-kernel", out),
+                          (rel, lines["_foreach_add_.Scalar"], "VERSIONCOUNTER", "out-requires-grad-unchecked", out),
+                          (rel, lines["_foreach_add_.Scalar"], "VERSIONCOUNTER", "missing-inplace-or-view-kernel",
+                           inplace)]), r.stdout + r.stderr
     assert r.returncode == 1  # lintrunner itself fails the run on errors
     assert not (tmp_path / "hijacked").exists()
 

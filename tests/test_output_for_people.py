@@ -64,3 +64,50 @@ def test_make_run_ends_with_the_next_step_for_each_audience():
         cmd = s[s.index("torchgen-patch ") + len("torchgen-patch "):].rstrip('"')
         argv = shlex.split(cmd.split("(")[0].replace("YOURLIB", "mylib"))
         parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)  # exits 2 when refused
+
+
+def _run_recipe() -> list[str]:
+    make = open(f"{ROOT}/Makefile", encoding="utf-8").read()
+    return make[make.index("\nrun:") + 1:].split("\n\n", 1)[0].splitlines()[1:]
+
+
+def test_make_run_verifies_once_and_its_verify_exit_code_decides():
+    """verify --both exits by the run with the patch, so the job runs it once, and a failure with the
+    patch fails the job (no `|| [ $? -eq 1 ]` that would swallow it)."""
+    calls = [line for line in _run_recipe() if "torchgen-patch verify" in line and "@echo" not in line]
+    assert len(calls) == 1 and " --both " in calls[0], calls
+    assert "||" not in calls[0]
+
+
+def test_every_shipped_lint_gate_checks_both_halves():
+    """The lintrunner blocks, the pre-commit hook and `make run` lint the requires-grad half too."""
+    import tomllib
+
+    import yaml
+
+    text = open(f"{ROOT}/lintrunner.toml.example", encoding="utf-8").read()
+    blocks = text.split("# --- ")[1:]
+    commands = [tomllib.loads(b.split("\n", 1)[1])["linter"][0]["command"] for b in blocks]
+    hooks = yaml.safe_load(open(f"{ROOT}/.pre-commit-hooks.yaml", encoding="utf-8"))
+    commands += [h["entry"].split() for h in hooks]
+    commands += [line.split()[:-1] for line in _run_recipe() if "torchgen-patch lint" in line and "@echo" not in line]
+    assert len(commands) == 4, commands
+    for command in commands:
+        assert command[1:2] == ["lint"] and "--requires-grad" in command, command
+
+
+def test_runtime_lint_hints_name_the_namespace():
+    """`lint --runtime --import LIB` alone lists every namespace's ops (255 with bitsandbytes, 6 of
+    them its own): each such command the README, the docs and `make run` give names --namespace."""
+    import glob
+    import re
+
+    pages = [f"{ROOT}/README.md", f"{ROOT}/Makefile"] + [p for p in glob.glob(f"{ROOT}/docs/*.md")
+                                                           if not p.endswith("cli.md")]
+    seen = 0
+    for page in pages:
+        text = open(page, encoding="utf-8").read()
+        for m in re.finditer(r"lint --runtime --import\s+\S+([^`\n]*(?:\n[^`\n]*)?)", text):
+            seen += 1
+            assert "--namespace" in m.group(1).split("`")[0], (page, m.group(0))
+    assert seen >= 3

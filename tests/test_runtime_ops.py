@@ -218,3 +218,18 @@ def test_evidence_compares_bits():
     assert _changed(torch.tensor([0.0]), torch.tensor([-0.0])) is True  # the sign bit is data
     assert _changed(torch.tensor(1.0), torch.tensor(1.0)) is False  # 0-dim
     assert _changed(torch.empty(2, device="meta"), torch.empty(2, device="meta")) is None  # cannot tell
+
+
+def test_evidence_rows_are_labelled_and_still_unpack():
+    from torchgen_patch.runtime.pykernel import Evidence
+
+    ev = Evidence()
+    for changed in (False, False, None):  # None: could not be told, not counted
+        ev.add("ext::lookup", "indices", changed)
+    ev.add("ext::lookup", "out", True)
+    never = ev.never_changed()
+    assert never == [("ext::lookup", "indices", 2)]
+    (op, arg, calls), = never  # the old shape unpacks as before
+    assert (never[0].op, never[0].arg, never[0].calls) == (op, arg, calls) == ("ext::lookup", "indices", 2)
+    assert repr(never[0]) == "NeverChanged(op='ext::lookup', arg='indices', calls=2)"
+    assert [(r.arg, r.calls, r.changed) for r in ev.rows()] == [("indices", 2, 0), ("out", 1, 1)]

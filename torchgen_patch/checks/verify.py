@@ -131,9 +131,14 @@ def _versions(r: OpResult) -> str:
     return " ".join(f"{t.arg} {t.before}->{t.after}" for t in r.tensors) or "-"
 
 
+def count_text(results: list[OpResult]) -> str:
+    """The verdict counts of one run, as the reports write them: ``MISS 20, PASS 154``."""
+    return ", ".join(f"{k} {v}" for k, v in counts(results).items())
+
+
 def summary(runs: dict[str, list[OpResult]]) -> str:
     """One line per run: its verdict counts."""
-    return "\n".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in counts(rs).items()) for name, rs in runs.items())
+    return "\n".join(f"{name}: {count_text(rs)}" for name, rs in runs.items())
 
 
 def table(results: list[OpResult]) -> str:
@@ -142,7 +147,7 @@ def table(results: list[OpResult]) -> str:
     for r in results:
         lines.append(f"{r.op:<{w}}  {r.device:<6}  {'yes' if r.patched else 'no':<5}  {r.verdict:<7}  "
                      f"{_versions(r)}{('  ' + r.message) if r.message else ''}")
-    lines.append("counts: " + ", ".join(f"{k} {v}" for k, v in counts(results).items()))
+    lines.append("counts: " + count_text(results))
     return "\n".join(lines) + "\n"
 
 

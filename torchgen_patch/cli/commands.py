@@ -121,10 +121,12 @@ def lint(args) -> int:
     from ..diagnostics import baseline, lint as lint_
     from ..diagnostics.render import RENDERERS, drift_text, summary_line
 
-    opts = options(args)
-    if args.paths and (args.native_functions or args.pytorch_root):
-        raise InputError(None, None, "give yaml paths or --native-functions/--pytorch-root, not both",
+    if args.paths and args.native_functions:
+        raise InputError(None, None, "give yaml paths or --native-functions, not both",
                          "each yaml path is read with the tags.yaml beside it, or --tags")
+    if args.paths and args.pytorch_root:
+        args.paths = _checkout_own(args.pytorch_root, args.paths)
+    opts = options(args)
     if (args.imports or args.namespace) and not args.runtime:
         raise InputError(None, None, "--import and --namespace go with --runtime")
     if args.write_baseline:
@@ -139,8 +141,9 @@ def lint(args) -> int:
                                          "--generated or --against-runtime")
         if args.no_cache:
             raise InputError(None, None, "--runtime reads no yaml: --no-cache does not apply")
-        if args.autograd:
-            raise InputError(None, None, "--autograd asks the yaml's autograd codegen: it does not go with --runtime")
+        if args.autograd or args.requires_grad:
+            flag = "--autograd" if args.autograd else "--requires-grad"
+            raise InputError(None, None, f"{flag} asks the yaml's autograd codegen: it does not go with --runtime")
         _needs_torch("lint --runtime")
     elif args.against_runtime:
         _needs_torch("--against-runtime")
@@ -153,7 +156,7 @@ def lint(args) -> int:
 
     req = lint_.Request(opts, tuple(args.paths), args.runtime, tuple(args.imports),
                         tuple(args.namespace) if args.namespace is not None else None, args.generated, args.baseline,
-                        args.against_runtime, args.autograd)
+                        args.against_runtime, args.autograd, args.requires_grad)
     rep = lint_.run(req, noted, apply_baseline=not args.write_baseline)
     fs = list(rep.findings)
     if args.write_baseline:
@@ -171,6 +174,20 @@ def lint(args) -> int:
         sys.stderr.write(drift_text(drifts, sc.total()))
         rc = max(rc, 1 if drifts else 0)
     return rc
+
+
+def _checkout_own(root: str, paths: list[str]) -> list[str]:
+    """Yaml paths beside --pytorch-root (as a guide's or a hook's command line gives them): the checkout's
+    own yaml is what --pytorch-root lints already, so they are accepted and dropped; another file is refused."""
+    from ..sources import YAML_DIR
+
+    own = {os.path.realpath(os.path.join(root, YAML_DIR, n)) for n in ("native_functions.yaml", "tags.yaml")}
+    other = [p for p in paths if os.path.realpath(p) not in own]
+    if other:
+        raise InputError(other[0], None, "not the --pytorch-root checkout's own yaml: --pytorch-root lints "
+                                         f"{os.path.join(YAML_DIR, 'native_functions.yaml')} of the checkout",
+                         "drop --pytorch-root to lint this file with the installed torch's torchgen")
+    return []
 
 
 def gen(args) -> int:
@@ -198,8 +215,9 @@ def gen(args) -> int:
     if args.verbose:
         for name in written:
             print(f"wrote {os.path.join(args.output, name)}", file=sys.stderr)
-    for lo in plan.left_out:
-        _say(args, f"left out: {lo.op}: {printable(lo.why)}")
+    if written or args.dry_run or args.verbose:  # said when the output changes: a re-run repeats only the count
+        for lo in plan.left_out:
+            _say(args, f"left out: {lo.op}: {printable(lo.why)}")
     _summary(args, f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
                    f"{len(written)} of {len(files)} files written to {args.output}", True)
     return 0
@@ -292,12 +310,21 @@ def verify(args) -> int:
         text = v.markdown(runs, meta)
     else:
         text = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items())
-    bad = [r for rs in runs.values() for r in rs if r.verdict in v.FAILING]  # in any run, --without-patch too
+    # the exit code is the deciding run's: the run with the patch, or the one run --without-patch makes (a
+    # detector of missing kernels); with --both the run without the patch is evidence: the "before" column
+    before = [name for name in runs if args.both and not name.startswith("with patch")]
+    bad = [r for name, rs in runs.items() if name not in before for r in rs if r.verdict in v.FAILING]
     for r in bad:
         print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
+    label = {name: ("before, " if name in before else "after, ") if args.both else "" for name in runs}
     if args.output:
-        _summary(args, "\n".join(f"verify ({args.device}) {line}" for line in v.summary(runs).splitlines()), True)
-    _emit(args, text, "report")
+        _summary(args, "\n".join(f"verify ({args.device}) {label[name]}{name}: {v.count_text(rs)}"
+                                 for name, rs in runs.items()), True)
+    elif before:
+        _say(args, "\n".join(f"verify: {label[name]}{name}: {v.count_text(runs[name])} (evidence; the exit code is "
+                             "the run with the patch's)" for name in before))
+    if not (args.quiet and args.format == "text" and not args.output):  # -q: the failing rows only, no table
+        _emit(args, text, "report")
     return 1 if bad else 0
 
 

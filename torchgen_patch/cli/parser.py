@@ -183,9 +183,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
     b.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
     lint.add_argument("--generated", metavar="DIR", help="also check the kernels generated in DIR against the plan")
-    lint.add_argument("--autograd", action="store_true",
-                      help="also report the autograd half: out= ops whose autograd kernel never refuses inputs "
-                           "that require grad, void in-place ops that skip check_inplace")
+    half = lint.add_mutually_exclusive_group()
+    half.add_argument("--requires-grad", action="store_true",
+                      help="also report the requires-grad half: out= ops whose autograd kernel never refuses inputs "
+                           "that require grad (errors, fixed by diff --mode fix); what CI should check")
+    half.add_argument("--autograd", action="store_true",
+                      help="--requires-grad, and void in-place ops that skip check_inplace (warnings diff --mode fix "
+                           "leaves as they are)")
     lint.add_argument("--runtime", action="store_true",
                       help="lint the live operator registry (any namespace) instead of a yaml (needs torch)")
     lint.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
@@ -226,10 +230,13 @@ def parser() -> argparse.ArgumentParser:
     _output(w, "DIR where to write the wheel (default: the current directory)", compiles=True)
 
     v = sub.add_parser("verify", help="run every op of the plan and check its version bumps",
-                       description="Exit codes: 0 every row of every run it made passed (or failed as the "
-                                   "overlay expects), 1 any row is MISS, EXTRA or ERROR in any run (the "
-                                   "--without-patch run too: a detector of missing kernels), 2 bad input, "
-                                   "3 the machine lacks torch, a compiler or CUDA.")
+                       description="Exit codes: 0 every row of the deciding run passed (or failed as the "
+                                   "overlay expects), 1 a row of it is MISS, EXTRA or ERROR, 2 bad input, "
+                                   "3 the machine lacks torch, a compiler or CUDA. The deciding run is the one "
+                                   "with the patch; --without-patch makes only the run without it (a detector of "
+                                   "missing kernels); with --both the run without it is the report's 'before' "
+                                   "column, evidence that never sets the exit code. -q: the failing rows only, "
+                                   "on stderr (-o FILE or --format json|markdown still get the whole report).")
     _inputs(v, checkout=False)
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the samples run (default cpu)")
     m = v.add_mutually_exclusive_group()

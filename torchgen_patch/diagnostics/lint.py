@@ -1,8 +1,9 @@
 """Lint: every finding of a lint run is made here, whatever it looks at: the missing and
 unsupported ops of each yaml that the overlay does not accept, the live operator registry
 (``--runtime``), a generated directory (``--generated``), the baseline, and the drift between
-the yaml and the running torch (``--against-runtime``), and, asked (``autograd``), the ops whose autograd kernel skips its
-requires-grad checks. The CLI parses flags and prints."""
+the yaml and the running torch (``--against-runtime``), and, asked, the autograd half: the out= ops whose autograd
+kernel never refuses inputs that require grad (``requires_grad``), and with ``autograd`` also the void in-place ops
+that skip check_inplace. The CLI parses flags and prints."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class Request:
     generated: str | None = None
     baseline: str | None = None
     against_runtime: bool = False
-    autograd: bool = False  # also the autograd half's findings
+    autograd: bool = False  # also the autograd half's findings, both rules
+    requires_grad: bool = False  # also its out= rule (the one diff --mode fix fixes)
 
 
 @dataclass(frozen=True)
@@ -39,23 +41,25 @@ class Report:
     drifts: tuple = field(default=())  # (Scan, [Drift]) per yaml, with against_runtime
 
 
-def findings(scan: Scan, overlay: Overlay, autograd: bool = False) -> list[Finding]:
-    """The version-counter findings; with ``autograd`` also those of the autograd half."""
+def findings(scan: Scan, overlay: Overlay, autograd: bool = False, requires_grad: bool = False) -> list[Finding]:
+    """The version-counter findings; with ``autograd`` also those of the autograd half, with
+    ``requires_grad`` only its out= rule."""
     out = []
     for r in scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED):
         if overlay.skipped(r.name):
             continue
         out.append(rules.missing(r) if r.verdict == MISSING else rules.unsupported(r))
-    if autograd:
-        out += autograd_findings(scan, overlay)
+    if autograd or requires_grad:
+        out += autograd_findings(scan, overlay, inplace=autograd)
     return sorted(out, key=Finding.sort_key)
 
 
-def autograd_findings(scan: Scan, overlay: Overlay) -> list[Finding]:
-    """The autograd half: out= ops whose VariableType kernel never refuses requires_grad, and void
-    in-place ops whose kernel skips check_inplace (both as the tree's own codegen writes them)."""
+def autograd_findings(scan: Scan, overlay: Overlay, inplace: bool = True) -> list[Finding]:
+    """The autograd half: out= ops whose VariableType kernel never refuses requires_grad, and (``inplace``)
+    void in-place ops whose kernel skips check_inplace (both as the tree's own codegen writes them)."""
     out = [rules.out_requires_grad(r) for r in scan.with_gap(OUT_UNCHECKED) if not overlay.skipped(r.name)]
-    out += [rules.inplace_unchecked(r) for r in scan.with_gap(INPLACE_UNCHECKED) if not overlay.skipped(r.name)]
+    if inplace:
+        out += [rules.inplace_unchecked(r) for r in scan.with_gap(INPLACE_UNCHECKED) if not overlay.skipped(r.name)]
     return sorted(out, key=Finding.sort_key)
 
 
@@ -69,9 +73,9 @@ def run(req: Request, noted=lambda inputs: None, apply_baseline: bool = True) ->
 
         for path in req.paths or (None,):
             o = req.options if path is None else dataclasses.replace(req.options, native_functions=path)
-            runs.append(pipeline.inputs(o, autograd=req.autograd or bool(req.generated)))
+            runs.append(pipeline.inputs(o, autograd=req.autograd or req.requires_grad or bool(req.generated)))
             noted(runs[-1])
-        fs = [f for i in runs for f in findings(i.scan, i.overlay, autograd=req.autograd)]
+        fs = [f for i in runs for f in findings(i.scan, i.overlay, req.autograd, req.requires_grad)]
         counts = {v: sum(i.scan.counts()[v] for i in runs) for v in VERDICTS}
         summary = Summary("yaml", counts, runs[0].sources.torch_version, tuple(i.sources.native for i in runs))
     if req.generated:

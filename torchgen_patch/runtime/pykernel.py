@@ -3,6 +3,25 @@ generated C++ kernels, registered through torch.library."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+
+class EvidenceRow(NamedTuple):
+    """One written argument of one operator: calls seen, and in how many its data changed."""
+
+    op: str
+    arg: str
+    calls: int
+    changed: int
+
+
+class NeverChanged(NamedTuple):
+    """A written argument no call changed: ``(op, arg, calls)``, by name or unpacked."""
+
+    op: str
+    arg: str
+    calls: int
+
 
 def _positions(opov, written: list[str]) -> list[tuple[int, str, bool]]:
     """(schema position, name, kwarg-only) of each written argument."""
@@ -48,12 +67,12 @@ class Evidence:
         c[0] += 1
         c[1] += int(changed)
 
-    def rows(self) -> list[tuple[str, str, int, int]]:
-        return [(op, arg, n, ch) for (op, arg), (n, ch) in sorted(self.calls.items())]
+    def rows(self) -> list[EvidenceRow]:
+        return [EvidenceRow(op, arg, n, ch) for (op, arg), (n, ch) in sorted(self.calls.items())]
 
-    def never_changed(self) -> list[tuple[str, str, int]]:
-        """(op, argument, calls) declared written but never changed in any call seen."""
-        return [(op, arg, n) for op, arg, n, ch in self.rows() if n and not ch]
+    def never_changed(self) -> list[NeverChanged]:
+        """Each argument declared written but never changed in any call seen: ``op``, ``arg``, ``calls``."""
+        return [NeverChanged(r.op, r.arg, r.calls) for r in self.rows() if r.calls and not r.changed]
 
 
 def _snapshot(ts: list) -> list:
