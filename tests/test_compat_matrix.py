@@ -94,3 +94,61 @@ def test_a_rerun_replaces_the_results_of_the_failed_tests():
     assert cm.combined(still) == ({"failed": 1, "passed": 4, "skipped": 2}, {"tests/test_verify.py"}, 2)
     # a rerun of other tests than the failed ones is not taken
     assert cm.combined(text.replace("1 passed, 1 skipped", "3 passed"))[0] is None
+
+
+# ---------------------------------------------------------------------------
+# a torch built from source (scripts/check_source_build.sh)
+
+SOURCE_BUILD = os.path.join(ROOT, "scripts", "check_source_build.sh")
+
+
+def test_source_build_script_parses_and_its_dry_run_changes_nothing(tmp_path):
+    """The full run (debootstrap, apt-get, the checks) is `make source-build` evidence, not a test:
+    here, both scripts parse and the dry run names each step without running one."""
+    import subprocess
+
+    for name in ("check_source_build.sh", "source_build_checks.sh"):
+        r = subprocess.run(["bash", "-n", os.path.join(ROOT, "scripts", name)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    root, out = tmp_path / "root", tmp_path / "py"
+    r = subprocess.run(["bash", SOURCE_BUILD, "--dry-run"], capture_output=True, text=True,
+                       env=dict(os.environ, SOURCE_BUILD_ROOT=str(root), PYTHON=str(out)))
+    assert r.returncode == 0, r.stderr
+    steps = [line[len("source-build: $ "):] for line in r.stderr.splitlines() if line.startswith("source-build: $ ")]
+    assert f"debootstrap --variant=minbase trixie {root} http://deb.debian.org/debian" in steps
+    apt = next(s for s in steps if "apt-get install" in s)
+    for package in ("python3-torch", "libtorch-dev", "g++", "ninja-build", "python3-yaml", "python3-jinja2"):
+        assert f" {package}" in apt, (package, apt)
+    assert "inside /opt/tgp/bin/pip install -q --no-deps --no-build-isolation /opt/torchgen-patch-src" in steps
+    assert steps[-2:] == [f"cp -r {root}/out {ROOT}/build/source-build",
+                          f"{out} {ROOT}/scripts/compat_matrix.py --source-build {ROOT}/build/source-build"]
+    assert not root.exists() and not out.exists()
+
+
+def test_source_build_report_and_row_are_rendered_from_its_json(data):
+    import json
+
+    names = data.get("source_builds", [])
+    assert names == ["source-build-torch2.6.0-debian.json"]
+    sb = json.load(open(os.path.join(ROOT, "reports", names[0]), encoding="utf-8"))
+    with open(os.path.join(ROOT, "reports", names[0][:-len(".json")] + ".md"), encoding="utf-8") as f:
+        assert f.read() == cm.source_build_md(sb), "stale: run `make source-build REPORT=1`"
+    row = cm.source_build_row(sb, data["releases"].get(sb["release"]))
+    assert row in cm.page_table(data).splitlines()
+    table = cm.page_table(data).splitlines()
+    wheel = next(i for i, line in enumerate(table) if line.startswith(f"| {sb['release']} |"))
+    assert table[wheel + 1] == row  # under the release it was built from
+
+
+def test_source_build_row_says_no_where_a_check_failed():
+    """A source build whose patched verify missed an op, or whose program ran unpatched, is not a yes."""
+    import json
+
+    sb = json.load(open(os.path.join(ROOT, "reports", "source-build-torch2.6.0-debian.json"), encoding="utf-8"))
+    assert cm.source_build_md(sb).split("## Verdict\n\n", 1)[1].startswith("passes\n")
+    bad = json.loads(json.dumps(sb))
+    bad["verify"]["with patch (cpp)"] = {"MISS": 1, "PASS": 169, "NOT_RUN": 3}
+    bad["programs"]["run"] = {"version_bumps": 0, "backward_raised": ""}
+    row = cm.source_build_row(bad, None)
+    assert "| **no**: " in row and "`run`: **no**" in row
+    assert cm.source_build_md(bad).split("## Verdict\n\n", 1)[1].startswith("**fails**: verify, run\n")
