@@ -159,6 +159,15 @@ def p_lint_autograd(run_cli, tmp_path, **_):
     assert {f["rule"] for f in json.loads(out)["findings"]} == {"inplace-check-missing"}
 
 
+def p_lint_requires_grad(run_cli, tmp_path, **_):
+    rc, out, _ = run_cli("lint", "--requires-grad", "--format", "json")
+    rules = {f["rule"] for f in json.loads(out)["findings"]}
+    assert rc == 1 and rules == {"missing-inplace-or-view-kernel", "out-requires-grad-unchecked"}  # no warnings
+    assert run_cli("gen", "--out", tmp_path / "g")[0] == 0
+    rc, out, _ = run_cli("lint", "--requires-grad", "--generated", tmp_path / "g")
+    assert rc == 0 and out.startswith("0 finding(s)"), out  # the generated kernels cover both halves
+
+
 def p_verify_check(run_cli, **_):
     import torchgen_patch
 
@@ -509,7 +518,7 @@ PROBES = {
     ("lint", "--against-runtime"): p_against_runtime("lint"),
     ("lint", "--baseline"): p_lint_baseline, ("lint", "--write-baseline"): p_lint_baseline,
     ("lint", "--generated"): p_lint_generated, ("lint", "--runtime"): p_lint_runtime,
-    ("lint", "--autograd"): p_lint_autograd,
+    ("lint", "--autograd"): p_lint_autograd, ("lint", "--requires-grad"): p_lint_requires_grad,
     ("lint", "--import"): p_lint_import, ("lint", "--namespace"): p_lint_namespace,
     ("gen", "--output"): p_gen_out, ("gen", "--shards"): p_gen_shards, ("gen", "--output-dependencies"): p_gen_deps,
     ("gen", "--dry-run"): p_gen_dry_run, ("gen", "--strict"): p_gen_strict,

@@ -52,6 +52,14 @@ def test_an_op_pytorch_already_covers_is_said_so(run_cli, cmd):
                    "generated ADInplaceOrView kernel): nothing to install or verify\n")
 
 
+@pytest.mark.parametrize("cmd", ["install", "verify", "run"])
+def test_a_misspelt_op_gets_the_closest_ones(run_cli, cmd):
+    rc, out, err = run_cli(cmd, "--op", "_fused_adm_", *(["--", "true"] if cmd == "run" else []))
+    assert (rc, out) == (2, "")
+    assert err == ("torchgen-patch: error: not in the plan: aten::_fused_adm_ (hint: did you mean "
+                   "aten::_fused_adam_, aten::_fused_adamw_, aten::_fused_sgd_?)\n")
+
+
 def test_no_compiler_names_the_python_backend(run_cli, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
     rc, out, err = run_cli("build", "-q")

@@ -62,3 +62,13 @@ def test_the_installed_wheel_ships_the_cmake_module_and_says_where(installed, tm
 def test_the_wheel_requires_ninja_for_the_default_backend(installed):
     meta = next((installed / "site").glob("torchgen_patch-*.dist-info")) / "METADATA"
     assert "Requires-Dist: ninja" in meta.read_text().splitlines()
+
+
+def test_the_folders_the_readme_writes_are_ignored_by_git():
+    """`pip wheel -w dist/ .` and `torchgen-patch wheel -o dist/` (the README's cluster path) and
+    `make run`'s build/ leave nothing for `git status` to show."""
+    if not os.path.exists(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    paths = ["dist/torchgen_patch-0.1.0-py3-none-any.whl", "build/lint.txt"]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert r.stdout.split() == paths, r.stdout + r.stderr

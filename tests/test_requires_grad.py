@@ -81,6 +81,9 @@ def test_overlay_skip_accepts_autograd_findings(run_cli, tmp_path):
 def test_autograd_does_not_go_with_runtime(run_cli):
     rc, out, err = run_cli("lint", "--runtime", "--autograd")
     assert rc == 2 and err.count("\n") == 1 and "error:" in err
+    rc, out, err = run_cli("lint", "--runtime", "--requires-grad")
+    assert (rc, out) == (2, "") and err == ("torchgen-patch: error: --requires-grad asks the yaml's autograd "
+                                            "codegen: it does not go with --runtime\n")
 
 
 def test_both_worlds_give_the_same_autograd_findings(notorch, tree213, tmp_path):
