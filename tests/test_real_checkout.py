@@ -47,7 +47,9 @@ def test_the_real_tree_gives_the_matrix_row_and_the_fix_adds_exactly_the_missing
     assert row["upstream_added_are_the_missing"]
     assert row["upstream_after"] - row["upstream_before"] == row["counts"]["missing"] == row["gen_kernels"]
     assert row["patched_findings"] == 0
-    assert (row["lintrunner_before"], row["lintrunner_after"]) == (row["findings"], 0) and row["findings"] > 0
+    assert row["lintrunner_halves"] == "both"  # the block checks the requires-grad half too
+    assert (row["lintrunner_before"], row["lintrunner_after"]) == (pc.lintrunner_expected(row), 0)
+    assert pc.lintrunner_expected(row) > row["findings"] > 0
     assert row["requires_grad_checks_removed"] == []
     assert row["requires_grad_checks_added_are_the_lint_ops"] and row["requires_grad_checks_added_ops"] > 0
     assert "tools/autograd/gen_inplace_or_view_type.py" in row["fix_edits"]
