@@ -35,7 +35,7 @@ step() {  # print the step; run it unless --dry-run
 # nothing stays mounted under the root), a clean environment but pip's settings of this machine
 inside() {
     local pip_env
-    pip_env=$(env | grep -E '^PIP_[A-Z_]+=[^ ]*$' || true)
+    pip_env=$(env | grep -E '^PIP_[A-Z_]+=[^ ]*$' | grep -v '^PIP_CERT=' || true)  # PIP_CERT: the copied bundle
     # shellcheck disable=SC2086
     unshare --pid --fork --mount-proc="$R/proc" chroot "$R" /usr/bin/env -i \
         PATH=/opt/tgp/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
