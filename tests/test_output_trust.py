@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.test_cache_input import _second_account
-from tests.test_outputs import FILE_OUTPUTS, ctx, tree  # noqa: F401  (fixtures: a small yaml, a checkout)
+from tests.test_outputs import FILE_OUTPUTS, FUNCS, ctx, tree  # noqa: F401  (fixtures: a small yaml, a checkout)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="other owners are made with chown, which needs root")
@@ -45,6 +45,18 @@ def sticky():
     os.chmod(d, 0o1777)
     yield pathlib.Path(d)
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory):
+    """The plan of a 4-entry yaml (3 kernels): rendered in 1 and in 3 shards, two outputs of one plan."""
+    from tests.support import scan_of
+    from tests.yaml_fixtures import subset_yaml
+    from torchgen_patch.plan import make_plan
+    from torchgen_patch.plan.overlay import empty
+
+    native, tags = subset_yaml(str(tmp_path_factory.mktemp("small")), FUNCS)
+    return make_plan(scan_of(native, tags, cache=False), empty())
 
 
 def _one_error(rc, err):
@@ -179,13 +191,13 @@ def _hold_flock_as(uid: int, path: str) -> int:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second account needs root")
-def test_another_account_holding_a_lock_on_the_shared_parent_does_not_stall_gen(default_plan, sticky):
+def test_another_account_holding_a_lock_on_the_shared_parent_does_not_stall_gen(small_plan, sticky):
     from torchgen_patch.codegen import render, write_all
 
     pid = _hold_flock_as(_second_account(), str(sticky))
     try:
         done = []
-        t = threading.Thread(target=lambda: done.append(write_all(str(sticky / "out"), render(default_plan, 2))),
+        t = threading.Thread(target=lambda: done.append(write_all(str(sticky / "out"), render(small_plan, 1))),
                              daemon=True)
         t.start()
         t.join(30)
@@ -196,14 +208,14 @@ def test_another_account_holding_a_lock_on_the_shared_parent_does_not_stall_gen(
     assert sorted(os.listdir(sticky)) == ["out"]
 
 
-def test_a_gen_that_waits_for_another_says_so_after_a_second(default_plan, tmp_path):
+def test_a_gen_that_waits_for_another_says_so_after_a_second(small_plan, tmp_path):
     from torchgen_patch.codegen import render, write_all
     from torchgen_patch.codegen.output import LOCK
 
     lock = os.open(tmp_path / f".out{LOCK}", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)  # another gen into the same directory, running
     said, done = [], []
-    t = threading.Thread(target=lambda: done.append(write_all(str(tmp_path / "out"), render(default_plan, 2),
+    t = threading.Thread(target=lambda: done.append(write_all(str(tmp_path / "out"), render(small_plan, 1),
                                                               said.append)), daemon=True)
     t0 = time.monotonic()
     t.start()
@@ -244,16 +256,16 @@ def exchange(request, monkeypatch):
 
 
 @needs_root
-def test_roots_gen_into_a_users_directory_leaves_it_the_users(default_plan, tmp_path, exchange):
+def test_roots_gen_into_a_users_directory_leaves_it_the_users(small_plan, tmp_path, exchange):
     from torchgen_patch.codegen import render, write_all
 
     out = tmp_path / "out"
-    write_all(str(out), render(default_plan, 2))
+    write_all(str(out), render(small_plan, 1))
     (out / "notes.txt").write_text("mine\n")
     for p in [out, *out.iterdir()]:
         os.chown(p, NOBODY, NOBODY)
     os.chmod(out, 0o2750)
-    assert write_all(str(out), render(default_plan, 7))
+    assert write_all(str(out), render(small_plan, 3))
     st = os.stat(out)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, NOBODY, 0o2750)
     assert os.stat(out / "RegisterADInplaceOrViewPatch.cpp").st_uid == NOBODY  # replaced: keeps its owner
@@ -302,41 +314,42 @@ def _tree(d) -> dict[str, bytes]:
     return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
 
 
-def test_a_kill_between_any_two_steps_loses_no_directory_and_no_file_of_yours(default_plan, tmp_path, exchange):
+def test_a_kill_between_any_two_steps_loses_no_directory_and_no_file_of_yours(small_plan, tmp_path, exchange):
     """SIGKILL at every call of gen's that changes the file system, in turn (both ways of swapping):
     the output directory is always there with the user's own file in it (with the exchange: wholly the
     old or the new output), and the next gen leaves it whole, the user's file kept, nothing beside."""
     from torchgen_patch.codegen import render, write_all
 
     out = str(tmp_path / "out")
-    versions = [render(default_plan, 2), render(default_plan, 7)]
+    versions = [render(small_plan, 1), render(small_plan, 3)]
     write_all(out, versions[0])
     with open(os.path.join(out, "notes.txt"), "w") as fh:
         fh.write("mine\n")
+    mine = {"notes.txt": b"mine\n"}
     kills = 0
-    for n in range(1, 500):
-        before = _tree(out)
-        target = versions[n % 2]
-        status = _in_child(lambda: write_all(out, target), kill_at=n)
-        assert os.path.isdir(out), f"no output directory after a kill at step {n} ({exchange})"
-        assert open(os.path.join(out, "notes.txt")).read() == "mine\n", f"the user's file, kill at step {n}"
-        if exchange == "exchange":
-            assert _tree(out) in (before, dict(target, **{"notes.txt": b"mine\n"})), f"a mix after step {n}"
-        write_all(out, target)
-        assert _tree(out) == dict(target, **{"notes.txt": b"mine\n"}) and os.listdir(tmp_path) == ["out"], n
-        if os.WIFEXITED(status):  # this run had fewer steps than n: every step has been killed once
-            assert os.WEXITSTATUS(status) == 0
-            break
-        assert os.WTERMSIG(status) == signal.SIGKILL
-        kills += 1
-    assert kills > 10, kills
+    for source, target in ((versions[0], versions[1]), (versions[1], versions[0])):  # each way, every step
+        for n in range(1, 500):
+            write_all(out, source)
+            status = _in_child(lambda: write_all(out, target), kill_at=n)
+            assert os.path.isdir(out), f"no output directory after a kill at step {n} ({exchange})"
+            assert open(os.path.join(out, "notes.txt")).read() == "mine\n", f"the user's file, kill at step {n}"
+            if exchange == "exchange":
+                assert _tree(out) in (dict(source, **mine), dict(target, **mine)), f"a mix after step {n}"
+            write_all(out, target)
+            assert _tree(out) == dict(target, **mine) and os.listdir(tmp_path) == ["out"], n
+            if os.WIFEXITED(status):  # this run had fewer steps than n: every step has been killed once
+                assert os.WEXITSTATUS(status) == 0
+                break
+            assert os.WTERMSIG(status) == signal.SIGKILL
+            kills += 1
+    assert kills > 20, kills
 
 
-def test_files_others_write_into_the_directory_while_gen_swaps_it_are_kept(default_plan, tmp_path, exchange):
+def test_files_others_write_into_the_directory_while_gen_swaps_it_are_kept(small_plan, tmp_path, exchange):
     from torchgen_patch.codegen import render, write_all
 
     out = str(tmp_path / "out")
-    write_all(out, render(default_plan, 2))
+    write_all(out, render(small_plan, 1))
     made = []
 
     def another_process_writes():
@@ -348,13 +361,13 @@ def test_files_others_write_into_the_directory_while_gen_swaps_it_are_kept(defau
     made_in_child = tmp_path / "made.json"
 
     def run():
-        write_all(out, render(default_plan, 7))
+        write_all(out, render(small_plan, 3))
         made_in_child.write_text(json.dumps(made))
 
     assert _in_child(run, each=another_process_writes) == 0
     names = json.loads(made_in_child.read_text())
     assert len(names) > 10
-    write_all(out, render(default_plan, 7))  # what a gen left beside, moved in by the next
+    write_all(out, render(small_plan, 3))  # what a gen left beside, moved in by the next
     lost = [n for n in names if not os.path.exists(os.path.join(out, n))]
     assert not lost, f"{len(lost)} of {len(names)} files written during the swap are gone: {lost[:3]}"
     assert sorted(os.listdir(tmp_path)) == ["made.json", "out"]
@@ -386,14 +399,14 @@ def test_a_rehashed_edit_that_registers_another_kernel_is_found(tmp_path, run_cl
     assert rc == 1 and ("generated-file-modified", reg.name) in found, found
 
 
-def test_lint_while_gen_swaps_sees_one_snapshot(default_plan, tmp_path, exchange):
-    """A gen rewriting the directory again and again (the same plan in 2 and in 7 shards, both
+def test_lint_while_gen_swaps_sees_one_snapshot(small_plan, tmp_path, exchange):
+    """A gen rewriting the directory again and again (the same plan in 1 and in 3 shards, both
     current) while lint --generated reads it: never a finding."""
     from torchgen_patch.codegen import render, write_all
     from torchgen_patch.diagnostics.generated import check
 
     out = str(tmp_path / "out")
-    versions = [render(default_plan, 2), render(default_plan, 7)]
+    versions = [render(small_plan, 1), render(small_plan, 3)]
     write_all(out, versions[0])
     stop, rounds = threading.Event(), [0]
 
@@ -405,7 +418,7 @@ def test_lint_while_gen_swaps_sees_one_snapshot(default_plan, tmp_path, exchange
     t = threading.Thread(target=gen_again_and_again, daemon=True)
     t.start()
     try:
-        seen = [check(default_plan, out) for _ in range(30)]
+        seen = [check(small_plan, out) for _ in range(30)]
     finally:
         stop.set()
         t.join(60)
