@@ -202,9 +202,9 @@ def find(path: str, what: str = "output") -> Found:
                 return f
             if stat.S_ISLNK(st.st_mode):
                 if not may_follow(os.fstat(f.dir_fd), st):
-                    raise InputError(path, None, f"{what}: {display(here)} is a symlink of {_owner(st.st_uid)} in "
-                                     f"{display(f.where)}, a sticky directory others can write: not followed",
-                                     "write to a path of your own, or remove the link")
+                    raise InputError(path, None, f"{what}: not following the symlink {display(here)}: "
+                                     f"{_owner(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
+                                     "others can write", "write to a path of your own, or remove the link")
                 if last:
                     try:
                         to = os.stat(comp, dir_fd=f.dir_fd)
