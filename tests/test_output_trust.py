@@ -269,6 +269,7 @@ def test_roots_gen_into_a_users_directory_leaves_it_the_users(small_plan, tmp_pa
     st = os.stat(out)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, NOBODY, 0o2750)
     assert os.stat(out / "RegisterADInplaceOrViewPatch.cpp").st_uid == NOBODY  # replaced: keeps its owner
+    assert os.stat(out / "ADInplaceOrViewPatch_2.cpp").st_uid == NOBODY  # new: the directory's owner
     assert (out / "notes.txt").read_text() == "mine\n" and os.stat(out / "notes.txt").st_uid == NOBODY
 
 

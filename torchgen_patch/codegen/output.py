@@ -95,7 +95,7 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
                 if name in changed:
                     _files.atomic_write((sfd, name), files[name])
                     if old is not None:
-                        _keep_file(sfd, name, old)
+                        _keep_file(sfd, name, old, old_st)
                 else:
                     _carry(old, sfd, name)
             for name in foreign:
@@ -142,18 +142,26 @@ def _in_place(staging: int, out: int, changed: list[str], stale: set[str]) -> No
         os.replace(MANIFEST, MANIFEST, src_dir_fd=staging, dst_dir_fd=out)
 
 
-def _keep_file(staging: int, name: str, old: int) -> None:
-    """The new file ``name`` takes the owner and mode of the one it replaces in ``old``."""
+def _keep_file(staging: int, name: str, old: int, old_st: os.stat_result) -> None:
+    """The new file ``name`` takes the owner and mode of the one it replaces in ``old``; one that
+    replaces none keeps the umask's mode and, written by root, takes the directory's owner (root's
+    gen into a user's directory leaves nothing in it that the user cannot rewrite)."""
     try:
         was = os.stat(name, dir_fd=old, follow_symlinks=False)
     except FileNotFoundError:
+        was = None
+    if was is not None and not stat.S_ISREG(was.st_mode):
         return
-    if stat.S_ISREG(was.st_mode):
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging)
-        try:
+    if was is None and (os.geteuid() != 0 or (old_st.st_uid, old_st.st_gid) == (0, 0)):
+        return
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging)
+    try:
+        if was is None:
+            os.fchown(fd, old_st.st_uid, old_st.st_gid)
+        else:
             _files.keep_owner_and_mode(fd, was)
-        finally:
-            os.close(fd)
+    finally:
+        os.close(fd)
 
 
 def _leftovers(parent: int, base: str) -> list[str]:
