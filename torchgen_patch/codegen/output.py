@@ -196,10 +196,9 @@ def _salvage(parent: int, name: str, base: str) -> None:
                 os.unlink(n, dir_fd=fd)
             elif out is not None and not _lexists(out, n):
                 _move(fd, out, n)
-        try:
-            os.rmdir(name, dir_fd=parent)
-        except OSError:
-            pass  # something stayed: the next gen tries again
+        os.rmdir(name, dir_fd=parent)
+    except OSError:
+        pass  # something stayed (or could not be moved): the next gen tries again
     finally:
         os.close(fd)
         if out is not None:
