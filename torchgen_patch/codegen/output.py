@@ -299,19 +299,29 @@ def read_outputs(directory: str, names=None) -> dict[str, bytes]:
     """The named files of ``directory`` (those present; None: every name gen writes), all read
     through one open directory and read again if a gen swapped in a new directory meanwhile: never
     a mix of two runs' files."""
+    with _files.find(directory, "generated directory") as f:
+        return _read_through(f.dir_fd, f.name, f.path, names)
+
+
+def _read_through(parent: int, name: str, shown: str, names) -> dict[str, bytes]:
     for _ in range(100):
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except FileNotFoundError:
+            continue  # between the two renames of a swap elsewhere: look again
+        except OSError as e:
+            raise InputError(shown, None, f"cannot read the directory: {e.strerror}") from None
         try:
             wanted = sorted(n for n in os.listdir(dfd) if _GEN_NAME.fullmatch(n)) if names is None else names
             out = read_named(dfd, wanted)
-            same = os.path.samestat(os.fstat(dfd), os.stat(directory))
+            same = os.path.samestat(os.fstat(dfd), os.stat(name, dir_fd=parent))
         except FileNotFoundError:
             same = False  # swapped out between the two looks
         finally:
             os.close(dfd)
         if same:
             return out
-    raise InputError(directory, None, "the directory kept changing while it was read")
+    raise InputError(shown, None, "the directory kept changing while it was read")
 
 
 def snapshot(directory: str, log=None) -> dict[str, bytes]:
@@ -320,7 +330,7 @@ def snapshot(directory: str, log=None) -> dict[str, bytes]:
     in one by one (no directory exchange) is never seen half-way."""
     with _files.find(directory, "generated directory") as f:
         with _locked(f.dir_fd, f.name, f.path, log, required=False):
-            return read_outputs(directory)
+            return _read_through(f.dir_fd, f.name, f.path, None)
 
 
 @contextlib.contextmanager
