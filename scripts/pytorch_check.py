@@ -9,7 +9,9 @@ The tree is Debian's source package `pytorch` (trixie: 2.6.0+dfsg), fetched with
 sources list into .cache/pytorch-src/ (tests/debian_source.py) and unpacked fresh, under git, for each
 run. The torch of the same release comes from the package index into a venv of its own
 (.venv-check-<release>, a CUDA build of 3-5 GB that runs on CPU) with PyTorch's test dependencies,
-lintrunner and this project. Steps:
+lintrunner and this project. The check runs the tree's own code (`lintrunner init` runs the init_commands
+of its .lintrunner.toml; then its codegen and its tests): run it in a throwaway container or as an
+unprivileged account, never as an account whose files matter. Steps:
 
   checkout    the checkout world on the real tree, in a venv without torch: the five counts (equal to the
               compatibility matrix's row of the release), `gen --strict`, `diff --mode fix` applied with git,
@@ -46,6 +48,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import compat_matrix as cm  # noqa: E402
+from stack_dump import OURS, deadlock_excerpt, read_stuck  # noqa: E402,F401  (a dump, read by its frames)
+from stack_dump import thread_texts as _threads  # noqa: E402,F401
 from tests.debian_source import fetch_tarball, release_of, tree_from_tarball  # noqa: E402
 from tests.notorch_venv import make_venv  # noqa: E402
 from tests.support import entry_point  # noqa: E402
@@ -322,13 +326,13 @@ def _junit_cases(path: str) -> dict[str, tuple[str, str]]:
 # joins gloo's worker threads with the GIL held (the Python binding does not release it; PyTorch fixed this
 # after 2.6, pytorch/pytorch#154976) while a worker, destroying a finished work's tensors, waits for the GIL:
 # a deadlock of PyTorch's own, seen on both sides. Stacks with that signature and no frame of this project
-# explain a rank timeout (explain_failures); nothing else does.
+# explain a rank timeout (explain_failures); nothing else does. A dump is read by its frames (stack_dump.py),
+# never by its text: a local variable may name any function.
 STUCK_AFTER_S = 30
 # One pytest command of the check (a group's run, a test alone) may take this long before it is ended
 RUN_LIMIT_S = 3600
 RANK_TIMEOUT = "terminated or timed out"
 GLOO_TEARDOWN_DEADLOCK = "PyTorch's gloo teardown deadlock"
-OURS = "torchgen_patch"  # in every library, module and path of this project's
 
 
 def _stat(pid: int) -> list[str]:
@@ -408,74 +412,6 @@ class StuckRanks(threading.Thread):
             self.dumps.append(path)
         else:
             self.failed += 1
-
-
-def _threads(dump: str) -> list[str]:
-    """A py-spy dump's threads, each its own text."""
-    return ["Thread " + t for t in re.split(r"^Thread ", dump, flags=re.M)[1:]]
-
-
-def _run_test_of(thread: str) -> str | None:
-    """Class.name of the test a thread runs: MultiProcessTestCase.run_test's ``self`` and ``test_name``
-    arguments as py-spy --locals prints them under that frame."""
-    lines = thread.splitlines()
-    for i, line in enumerate(lines):
-        if line.strip().startswith("MultiProcessTestCase.run_test ("):
-            cls = name = None
-            for arg in lines[i + 1:]:
-                if not arg.startswith("        "):  # the frame's arguments and locals end
-                    break
-                m = re.match(r"\s+self: <(\w+) at ", arg) or re.match(r'\s+test_name: "(\w+)"', arg)
-                if m and arg.strip().startswith("self:"):
-                    cls = m.group(1)
-                elif m:
-                    name = m.group(1)
-            return f"{cls}.{name}" if cls and name else None
-    return None
-
-
-def _joins_workers(thread: str) -> bool:
-    """The deadlock's first thread: ~ProcessGroupGloo joining gloo's workers (the GIL held)."""
-    return "ProcessGroupGloo::~ProcessGroupGloo" in thread and "std::thread::join" in thread
-
-
-def _waits_for_gil(thread: str) -> bool:
-    """The deadlock's second thread: a gloo worker waiting for the GIL."""
-    return "ProcessGroupGloo::runLoop" in thread and "gil_scoped_acquire" in thread
-
-
-def read_stuck(dump: str) -> dict:
-    """What a py-spy dump of a stuck rank shows: the test it runs (Class.name, from run_test's arguments),
-    whether its threads show torch 2.6's gloo teardown deadlock, and whether a frame of this project (its
-    kernels or boxed-kernel libraries, its Python code) is on any of its threads."""
-    threads = _threads(dump)
-    test = next((t for t in map(_run_test_of, threads) if t), None)
-    joins, waits = (any(side(t) for t in threads) for side in (_joins_workers, _waits_for_gil))
-    return {"test": test, "gloo_teardown_deadlock": joins and waits,
-            "ours": any(OURS in t for t in threads)}
-
-
-def deadlock_excerpt(dump: str) -> str:
-    """The two threads of the gloo teardown deadlock in a dump, each frame by its function and library or
-    file only (no pids, addresses or locals): the evidence the report shows."""
-    keep = []
-    for t in _threads(dump):
-        if _joins_workers(t) or _waits_for_gil(t):
-            lines = t.splitlines()
-            keep.append(re.sub(r"^Thread \d+ ", "Thread ", lines[0]))
-            frames = [ln.strip() for ln in lines[1:] if re.match(r"^    \S", ln)]
-            keep += ["    " + _short_frame(f) for f in frames]
-    return "\n".join(keep)
-
-
-def _short_frame(frame: str) -> str:
-    """A frame without its address, a native one with its template arguments folded to <…>."""
-    frame = re.sub(r"^0x[0-9a-f]+ ", "", frame)
-    if re.search(r"\(lib[^()]*\.so[^()]*\)$", frame):
-        while re.search(r"<[^<>]*>", frame):
-            frame = re.sub(r"<[^<>]*>", "\x01", frame)
-        frame = frame.replace("\x01", "<…>")
-    return frame
 
 
 def explain_failures(cases: dict[str, tuple[str, str]], dumps: list[str], root: str,
@@ -946,6 +882,10 @@ def main() -> int:
     unknown = [s for s in todo if s not in STEPS]
     if unknown:
         sys.exit(f"error: unknown step {unknown[0]!r} (steps: {', '.join(STEPS)})")
+    if os.geteuid() == 0 and not args.render_only:
+        print("note: the release check runs the checked tree's own code (lintrunner init's init_commands, its "
+              "codegen, its tests), here as root: run it in a throwaway container or as an unprivileged account "
+              "(docs/release-check.md)", file=sys.stderr)
     tarball, why = fetch_tarball(CACHE)
     if tarball is None:
         sys.exit(f"error: no PyTorch source tree: {why}")

@@ -112,14 +112,91 @@ def test_report_and_docs_table_are_rendered_from_the_json():
             assert pc.doc_block(f.read()) == pc.results_table(data), f"{doc}'s table differs from the report"
 
 
+def _source_package(d, release="2.6.0", pin=True) -> str:
+    """A small source package as apt-get source leaves it: an upstream tarball and a .dsc pinning it."""
+    import hashlib
+
+    top = d / f"pytorch-{release}"
+    top.mkdir(parents=True)
+    (top / "version.txt").write_text(f"{release}\n")
+    tar = d / f"pytorch_{release}+dfsg.orig.tar.xz"
+    subprocess.run(["tar", "-cJf", str(tar), "-C", str(d), top.name], check=True)
+    data = tar.read_bytes()
+    if pin:
+        (d / f"pytorch_{release}+dfsg-7.dsc").write_text(
+            f"Format: 3.0 (quilt)\nSource: pytorch\nChecksums-Sha256:\n {hashlib.sha256(data).hexdigest()} "
+            f"{len(data)} {tar.name}\nFiles:\n 0 1 x\n")
+    return str(tar)
+
+
 def test_without_a_cached_tarball_or_apt_the_reason_is_given(tmp_path, monkeypatch):
+    cached = _source_package(tmp_path / "cache" / "src")
+    os.rename(tmp_path / "cache", tmp_path / "later")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert fetch_tarball(str(tmp_path / "cache")) == (None, "no apt-get on this machine")
-    cached = tmp_path / "cache" / "src" / "pytorch_2.6.0+dfsg.orig.tar.xz"
-    cached.parent.mkdir(parents=True)
-    cached.write_bytes(b"")
-    assert fetch_tarball(str(tmp_path / "cache")) == (str(cached), "")  # a cached one needs no apt
-    assert release_of(str(cached)) == "2.6.0"
+    os.rename(tmp_path / "later", tmp_path / "cache")
+    assert fetch_tarball(str(tmp_path / "cache")) == (cached, "")  # a cached one needs no apt
+    assert release_of(cached) == "2.6.0"
+
+
+def test_a_cached_tarball_is_used_only_with_the_sha256_its_dsc_pins(tmp_path, monkeypatch):
+    """Every cached copy is checked at every use, and the tree is unpacked from the bytes checked: the
+    newest name no longer wins, a copy no .dsc pins or whose bytes differ is never used."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty") + os.pathsep + "/usr/bin:/bin")  # tar, no apt-get
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: None if name == "apt-get" else f"/usr/bin/{name}")
+    src = tmp_path / "cache" / "src"
+    good = _source_package(src)
+    _source_package(src, "9.9.9", pin=False)  # newer by name, pinned by nothing
+    assert fetch_tarball(str(tmp_path / "cache")) == (good, "")
+    tree = tree_from_tarball(good, str(tmp_path / "tree"), git=False)
+    assert open(os.path.join(tree, "version.txt")).read() == "2.6.0\n"
+    with open(good, "ab") as fh:
+        fh.write(b"\0")
+    found, why = fetch_tarball(str(tmp_path / "cache"))
+    assert found is None and "pytorch_2.6.0+dfsg.orig.tar.xz: SHA-256" in why and "its .dsc gives" in why, why
+    assert "pytorch_9.9.9+dfsg.orig.tar.xz: no pytorch_*.dsc beside it gives its SHA-256" in why
+    with pytest.raises(ValueError, match="not unpacking"):
+        tree_from_tarball(good, str(tmp_path / "tree2"), git=False)
+    assert not os.path.exists(tmp_path / "tree2" / "version.txt")
+
+
+def _fake_apt(tmp_path, monkeypatch, source: str) -> str:
+    """apt-get on PATH as a script that logs its arguments and, for `source`, the owner of the directory it
+    downloads into, then runs ``source`` (shell) there; returns the log's path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "apt.log"
+    (bin_dir / "apt-get").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n"
+                                     f"case \" $* \" in *\" source \"*) stat -c 'owner %U' . >> {log}; {source};; esac\n")
+    (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return str(log)
+
+
+def test_apt_keeps_its_privilege_drop_and_what_it_fetched_is_checked(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    _source_package(pkg)
+    log = _fake_apt(tmp_path, monkeypatch, f"cp {pkg}/pytorch_* .")
+    found, why = fetch_tarball(str(tmp_path / "cache"))
+    assert found == str(tmp_path / "cache" / "src" / "pytorch_2.6.0+dfsg.orig.tar.xz"), why
+    said = open(log).read()
+    assert "Sandbox" not in said, said  # apt's own default: as root, downloads run as _apt
+    if os.geteuid() == 0 and os.system("id _apt >/dev/null 2>&1") == 0:
+        assert "owner _apt" in said, said  # and the directory it downloads into is _apt's
+    # apt saying it downloaded as root after all, or a tarball other than the .dsc pins: not used
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    (tmp_path / "bin").rename(tmp_path / "old-bin")
+    _fake_apt(tmp_path, monkeypatch, "echo \"W: Download is performed unsandboxed as root as file 'x'\" >&2; "
+              f"cp {pkg}/pytorch_* .")
+    found, why = fetch_tarball(str(tmp_path / "other-cache"))
+    assert found is None and why.startswith("apt-get source could not drop its privileges: W: Download is "
+                                            "performed unsandboxed"), why
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    (tmp_path / "bin").rename(tmp_path / "old-bin2")
+    _fake_apt(tmp_path, monkeypatch, f"cp {pkg}/pytorch_* .; echo x >> pytorch_2.6.0+dfsg.orig.tar.xz")
+    found, why = fetch_tarball(str(tmp_path / "third-cache"))
+    assert found is None and why.startswith("apt-get source fetched pytorch_2.6.0+dfsg.orig.tar.xz: SHA-256"), why
+    assert not os.path.exists(tmp_path / "third-cache" / "src" / "pytorch_2.6.0+dfsg.orig.tar.xz")
 
 
 # A rank of PyTorch 2.6's DTensor tests stuck at the end of a test (py-spy dump --native --locals, the paths of
@@ -144,6 +221,42 @@ def test_a_stuck_rank_is_read_from_its_stacks():
     excerpt = pc.deadlock_excerpt(dump)
     assert "std::_Hashtable<…>::clear (libtorch_cpu.so)" in excerpt and "0x7f" not in excerpt
     assert "with_comms.<locals>.decorator" in excerpt  # Python frames keep their names
+
+
+# A rank stuck in a wait of its own, with a local string that names the deadlock's frames (py-spy's format)
+OWN_WAIT = ('Thread 10 (idle): "MainThread"\n'
+            "    pthread_cond_wait (libc.so.6)\n"
+            "    Condition.wait (threading.py:320)\n"
+            "        Arguments:\n            self: <Condition at 0x7f0000000010>\n            timeout: None\n"
+            "        Locals:\n            note: \"c10d::ProcessGroupGloo::~ProcessGroupGloo (libtorch_cpu.so) "
+            "std::thread::join (libstdc++.so.6) c10d::ProcessGroupGloo::runLoop (libtorch_cpu.so) "
+            "pybind11::gil_scoped_acquire::gil_scoped_acquire (libtorch_python.so)\"\n"
+            "            test_name: \"test_sgd_1d_sharding\"\n"
+            "    MultiProcessTestCase.run_test (torch/testing/_internal/common_distributed.py:726)\n"
+            "        Arguments:\n            self: <TestDTensorOptimizer at 0x7f0000000020>\n"
+            '            test_name: "test_adamw_1d_sharding"\n')
+
+
+def test_a_dump_is_judged_by_its_frames_never_by_text_in_its_locals(tmp_path):
+    """The deadlock's function names, or this project's, in a local's value are no frames."""
+    assert pc.read_stuck(OWN_WAIT) == {"test": "TestDTensorOptimizer.test_adamw_1d_sharding",
+                                       "gloo_teardown_deadlock": False, "ours": False}
+    (tmp_path / "stuck-1.txt").write_text(OWN_WAIT)
+    assert pc.explain_failures({TEST: TIMEOUT}, [str(tmp_path / "stuck-1.txt")], str(tmp_path))[TEST] == {
+        "cause": "unexplained", "stacks": ["stuck-1.txt"]}
+    # nor is this project's name in a value a frame of it (py-spy escapes a value's newlines)
+    dump = open(STUCK).read()
+    named = dump.replace('test_name: "test_adamw_1d_sharding"\n', 'test_name: "test_adamw_1d_sharding"\n'
+                         '            path: "x\\n    kernel (torchgen_patch_kernels_0123.so)"\n', 1)
+    assert named != dump and pc.read_stuck(named) == pc.read_stuck(dump)
+    # the deadlock's frames in the right order, in the libraries they live in: it
+    assert pc.read_stuck(dump)["gloo_teardown_deadlock"]
+    join = "    std::thread::join (libstdc++.so.6.0.30)\n"
+    below = dump.replace(join, "", 1).replace("    pybind11::class_<", join + "    pybind11::class_<", 1)
+    assert below != dump and not pc.read_stuck(below)["gloo_teardown_deadlock"]  # join calling the destructor
+    elsewhere = dump.replace("c10d::ProcessGroupGloo::runLoop (libtorch_cpu.so)",
+                             "c10d::ProcessGroupGloo::runLoop (test_helpers.py:12)")
+    assert not pc.read_stuck(elsewhere)["gloo_teardown_deadlock"]
 
 
 def test_rank_timeouts_are_explained_by_their_stuck_ranks_only(tmp_path):

@@ -7,6 +7,8 @@ files, only when the content changed (torchgen's FileManager convention).
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
 import stat
 
@@ -61,26 +63,18 @@ def private_dirs(path: str) -> None:
                 raise
 
 
-def atomic_write(path: str, data: bytes, durable: bool = True) -> None:
-    """``durable=False`` skips the fsync (caches: losing one costs only time)."""
-    import tempfile
-
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+def atomic_write(path: str | tuple[int, str], data: bytes, durable: bool = True) -> None:
+    """Replace a file whole: a temporary file beside it, then a rename (a reader sees the old file or
+    the new one, never a part). ``path``: a file of this tool's own (a cache entry), made 0644; or
+    ``(dir_fd, name)``: a name in a directory opened once (an output), with the modes ``replace_at``
+    gives. ``durable=False`` skips the fsync (caches: losing one costs only time)."""
+    if isinstance(path, tuple):
+        return replace_at(path[0], path[1], data, durable)
+    dfd = os.open(os.path.dirname(path) or ".", _DIR)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        replace_at(dfd, os.path.basename(path), data, durable, mode=0o644)
+    finally:
+        os.close(dfd)
 
 
 def write_if_changed(path: str, data: bytes) -> bool:
@@ -97,19 +91,255 @@ def write_if_changed(path: str, data: bytes) -> bool:
 
 STDOUT = "-"  # an output named '-' is standard output
 
+# ---- outputs: a path found one component at a time, then used through the descriptors ----------
+#
+# Every output the user names is found by ``find``: from ``/`` (or the working directory), each
+# component looked at without following it (``lstat``), each directory entered with O_NOFOLLOW, so
+# what is written into is the directory that was looked at. A symlink on the way is followed only
+# where the kernel's ``fs.protected_symlinks`` rule would follow it (``may_follow``), whatever the
+# sysctl says on this machine; its target is then found the same way. The write itself is relative
+# to the directory found (``dir_fd=``): no name is resolved twice.
+
+_DIR = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)  # O_PATH: no read right needed
+MAX_LINKS = 40  # symlinks in one lookup, the kernel's own limit
+
+
+def may_follow(dir_st: os.stat_result, link_st: os.stat_result) -> bool:
+    """The kernel's ``fs.protected_symlinks`` rule: a symlink in a sticky directory that others can
+    write (``/tmp``) is followed only by its owner, or when the directory's owner owns it; anyone
+    could have planted any other link there."""
+    shared = stat.S_ISVTX | stat.S_IWOTH
+    return dir_st.st_mode & shared != shared or link_st.st_uid in (os.geteuid(), dir_st.st_uid)
+
+
+@dataclasses.dataclass
+class Found:
+    """Where a path leads. ``dir_fd``: the deepest directory on the way that exists (open; ``where``
+    is its path); ``rest``: the components below it (``rest[0]`` an entry of ``dir_fd``; more than one:
+    ``rest[0]`` and those below it are missing); ``path``: the final entry's absolute path (symlinks
+    resolved); ``st``: that entry (never a symlink), None when it is missing; ``blocked``: the path of
+    a non-directory met on the way (what follows it cannot exist); ``through``: the entry is a device
+    or FIFO a symlink leads to, to be opened through that link (``/dev/stdout`` leads to
+    ``/proc/self/fd/1``, which names no path)."""
+
+    dir_fd: int
+    where: str
+    rest: list[str]
+    path: str
+    st: os.stat_result | None
+    blocked: str | None = None
+    through: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.rest[0]
+
+    @property
+    def missing_dirs(self) -> bool:
+        return len(self.rest) > 1 or self.blocked is not None
+
+    def make_dirs(self) -> None:
+        """Create the missing directories (0777 less the umask, as ``mkdir -p``), entering each."""
+        if len(self.rest) < 2:
+            return
+        for comp in self.rest[:-1]:
+            try:
+                os.mkdir(comp, 0o777, dir_fd=self.dir_fd)
+            except FileExistsError:
+                pass
+            self._enter(comp)
+        self.rest, self.st = self.rest[-1:], None
+
+    def _enter(self, comp: str) -> None:
+        fd = os.open(comp, _DIR | os.O_NOFOLLOW, dir_fd=self.dir_fd)
+        os.close(self.dir_fd)
+        self.dir_fd, self.where = fd, os.path.normpath(os.path.join(self.where, comp))
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def __enter__(self) -> "Found":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def find(path: str, what: str = "output") -> Found:
+    """Follow ``path`` to the entry a write would land on (see the section's comment); a symlink the
+    rule does not follow, a loop of them, or a directory that cannot be entered is an InputError
+    naming ``path``. The caller closes what it gets."""
+    absolute = os.path.isabs(path)
+    try:
+        fd = os.open(os.sep if absolute else os.curdir, _DIR)
+    except OSError as e:
+        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+    f = Found(fd, os.sep if absolute else os.getcwd(), [], "", None)
+    todo = path.split(os.sep)[::-1]  # a stack: the next component last
+    links = 0
+    try:
+        while True:
+            while todo and todo[-1] in ("", os.curdir):
+                todo.pop()
+            if not todo:  # the path ends in a directory already entered: name it from its parent
+                return _named(f)
+            comp = todo.pop()
+            last = all(c in ("", os.curdir) for c in todo)
+            if comp == os.pardir:
+                f._enter(os.pardir)
+                continue
+            here = os.path.join(f.where, comp)
+            try:
+                st = os.stat(comp, dir_fd=f.dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                rest = os.path.normpath(os.path.join(comp, *todo[::-1])).split(os.sep)
+                if rest[0] == os.pardir:  # the path climbs back out of what is missing
+                    todo = rest[::-1]
+                    continue
+                f.rest, f.path = rest, os.path.join(f.where, *rest)
+                return f
+            if stat.S_ISLNK(st.st_mode):
+                if not may_follow(os.fstat(f.dir_fd), st):
+                    raise InputError(path, None, f"{what}: not following the symlink {display(here)}: "
+                                     f"{_owner(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
+                                     "others can write", "write to a path of your own, or remove the link")
+                if last:
+                    try:
+                        to = os.stat(comp, dir_fd=f.dir_fd)
+                    except OSError:
+                        to = None
+                    if to is not None and (stat.S_ISCHR(to.st_mode) or stat.S_ISFIFO(to.st_mode)):
+                        f.rest, f.path, f.st, f.through = [comp], here, to, True
+                        return f
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+                link = os.readlink(comp, dir_fd=f.dir_fd)
+                if os.path.isabs(link):
+                    f._enter(os.sep)
+                todo += link.split(os.sep)[::-1]
+                continue
+            if last or not stat.S_ISDIR(st.st_mode):
+                f.rest = [comp, *[c for c in todo[::-1] if c not in ("", os.curdir)]]
+                f.path = os.path.join(f.where, *f.rest)
+                f.st = st if last else None
+                f.blocked = None if last else here
+                return f
+            f._enter(comp)
+    except OSError as e:
+        f.close()
+        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+    except BaseException:
+        f.close()
+        raise
+
+
+def _named(f: Found) -> Found:
+    """``f`` ends in the directory it has entered (a path ending in ``.``, ``..`` or ``/``): the same
+    directory as an entry of its parent."""
+    if f.where == os.sep:
+        f.rest, f.path, f.st = [os.curdir], os.sep, os.fstat(f.dir_fd)
+        return f
+    own, name = os.fstat(f.dir_fd), os.path.basename(f.where)
+    f._enter(os.pardir)
+    f.rest, f.path = [name], os.path.join(f.where, name)
+    st = os.stat(name, dir_fd=f.dir_fd, follow_symlinks=False)
+    if not os.path.samestat(st, own):
+        raise OSError(errno.ENOENT, f"{f.path} changed while it was looked up")
+    f.st = st
+    return f
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, for an instant, in every
+    thread): /proc/self/status on Linux, else the two calls."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    m = os.umask(0o22)
+    os.umask(m)
+    return m
+
+
+def keep_owner_and_mode(fd: int, old: os.stat_result | None) -> None:
+    """Give the new file (or directory) ``fd`` the owner and mode of the one ``old`` it replaces (as
+    root, the owner too: root writing a user's file leaves it the user's; a file keeps no set-id
+    bit); with no ``old``, the mode the umask gives a new file (0666 & ~umask), as the kernel would."""
+    if old is None:
+        os.fchmod(fd, 0o666 & ~umask())
+        return
+    if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.fchown(fd, old.st_uid if os.geteuid() == 0 else -1, old.st_gid)
+        except PermissionError:
+            pass  # a group this account is not in: the file keeps this account's group
+    mode = stat.S_IMODE(old.st_mode)
+    os.fchmod(fd, mode if stat.S_ISDIR(old.st_mode) else mode & ~(stat.S_ISUID | stat.S_ISGID))
+
+
+def replace_at(dir_fd: int, name: str, data: bytes, durable: bool = True, mode: int | None = None) -> None:
+    """``name`` in the open directory ``dir_fd`` replaced whole by ``data`` (a temporary file beside
+    it, then a rename). The new file gets ``mode`` when given, else the owner and mode of the file it
+    replaces, else those of a new file (``keep_owner_and_mode``); the temporary file is private
+    until then."""
+    import secrets
+
+    while True:
+        tmp = f".tmp-{secrets.token_hex(6)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if mode is not None:
+                os.fchmod(fd, mode)
+            else:
+                keep_owner_and_mode(fd, _regular(dir_fd, name))
+            if durable:
+                os.fsync(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def _regular(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
 
 def _target(path: str) -> str:
-    """Where a write to ``path`` lands: a symlink's final target (the link itself is never
-    replaced), else ``path``. A link to a device or FIFO stays as it is: it is opened, and
-    ``/dev/stdout``'s target (``/proc/self/fd/1``) names nothing a path can reopen."""
-    if not os.path.islink(path):
-        return path
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return path
-    except OSError:
-        pass
-    return os.path.realpath(path)
+    """Where a write to ``path`` lands (``find``): a symlink's final target where the rule follows it
+    (the link itself is never replaced), else ``path`` made absolute. A link to a device or FIFO
+    stays as it is: it is written through."""
+    with find(path) as f:
+        return f.path
 
 
 def _key(path: str) -> tuple[int, int] | None:
@@ -133,61 +363,60 @@ def check_not_input(path: str, inputs=(), what: str = "output") -> None:
         k = _key(i)
         if k is not None:
             (dirs if os.path.isdir(i) else files)[k] = i
-    target = os.path.abspath(_target(path))
-    hit = files.get(_key(target)) if not os.path.isdir(target) else None
+    with find(path, what) as f:
+        target, st = f.path, f.st
+    key = (st.st_dev, st.st_ino) if st is not None else None
+    hit = files.get(key) if st is not None and not stat.S_ISDIR(st.st_mode) else None
     p = target
     while hit is None:
-        hit = dirs.get(_key(p))
+        hit = dirs.get(key if p == target and key else _key(p))
         parent = os.path.dirname(p)
         if parent == p:
             break
         p = parent
     if hit is not None:
-        said = f"would overwrite {display(hit)}, an input of this run" if _key(hit) == _key(target) else \
+        said = f"would overwrite {display(hit)}, an input of this run" if _key(hit) == key else \
             f"lies inside {display(hit)}, which this run reads"
         raise InputError(path, None, f"{what} {said}", "write it somewhere else")
 
 
 def check_output_dir(path: str, inputs=(), what: str = "output directory") -> None:
     """Refuse, before any work is done, an output directory that cannot be made or written."""
-    path = _target(path)
-    p = os.path.abspath(path)
-    while not os.path.exists(p):  # the nearest existing ancestor decides
-        p = os.path.dirname(p)
-    if p == os.path.abspath(path) and not os.path.isdir(p):
-        raise InputError(path, None, "output path exists and is not a directory")
-    if not os.path.isdir(p):
-        raise InputError(path, None, f"cannot create output directory: {display(p)} is not a directory")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise InputError(path, None, "output directory is not writable" if p == os.path.abspath(path)
-                         else f"cannot create output directory: {display(p)} is not writable")
+    with find(path, what) as f:
+        if f.blocked:
+            raise InputError(path, None, f"cannot create output directory: {display(f.blocked)} is not a directory")
+        if f.st is not None and not stat.S_ISDIR(f.st.st_mode):
+            raise InputError(path, None, "output path exists and is not a directory")
+        if f.st is not None and not os.access(f.path, os.W_OK | os.X_OK):
+            raise InputError(path, None, "output directory is not writable")
+        if f.st is None and not os.access(f.where, os.W_OK | os.X_OK):
+            raise InputError(path, None, f"cannot create output directory: {display(f.where)} is not writable")
     check_not_input(path, inputs, what)
 
 
 def check_output_file(path: str, what: str = "output", create_dir: bool = False, inputs=()) -> None:
     """Refuse, before any work is done, an output file that cannot be written or is an input.
     ``-`` (standard output), a character device or a FIFO are written through; a symlink is
-    judged by its target. ``create_dir``: its directory may be missing (it will be made)."""
+    judged by its target (where ``find`` follows it). ``create_dir``: its directory may be missing
+    (it will be made)."""
     if path == STDOUT:
         return
-    target = _target(path)
-    if os.path.isdir(target):
+    with find(path, what) as f:
+        st, target, missing = f.st, f.path, f.missing_dirs
+    mode = st.st_mode if st is not None else None
+    if mode is not None and stat.S_ISDIR(mode):
         raise InputError(path, None, f"{what} is a directory, expected a file name")
-    try:
-        mode = os.stat(target).st_mode
-    except OSError:
-        mode = None
     if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
         raise InputError(path, None, f"cannot write {what}: not a regular file, character device or FIFO")
     check_not_input(path, inputs, what)
     if mode is not None and not stat.S_ISREG(mode):
-        if not os.access(target, os.W_OK):
+        if not os.access(path, os.W_OK):
             raise InputError(path, None, f"cannot write {what}: permission denied")
         return
-    d = os.path.dirname(os.path.abspath(target))
+    d = os.path.dirname(target)
     if create_dir:
         return check_output_dir(d)
-    if not os.path.isdir(d):
+    if missing:
         raise InputError(path, None, f"cannot write {what}: directory {display(d)} does not exist")
     if not os.access(d, os.W_OK | os.X_OK):
         raise InputError(path, None, f"cannot write {what}: directory {display(d)} is not writable")
@@ -199,9 +428,11 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
 
     ``-``: standard output. A character device or FIFO (``/dev/null``, ``/dev/stdout``, a pipe):
     written through, never replaced. A symlink: its target is written (atomically when it is a
-    regular file); the link stays. A regular file: replaced atomically (with ``if_changed``, only
-    when the content differs). An output that is one of ``inputs`` is refused before anything
-    is written. Returns whether anything was written."""
+    regular file) where ``find`` follows it, else refused; the link stays. A regular file:
+    replaced atomically (with ``if_changed``, only when the content differs), keeping its mode (and,
+    as root, its owner); a new file gets the mode the umask gives. Everything after the lookup is
+    relative to the directory it found. An output that is one of ``inputs`` is refused before
+    anything is written. Returns whether anything was written."""
     import sys
 
     check_output_file(path, what, create_dir, inputs)
@@ -210,25 +441,44 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return True
-    target = _target(path)
-    try:
-        mode = os.stat(target).st_mode
-    except OSError:
-        mode = None
-    try:
-        if mode is not None and not stat.S_ISREG(mode):
-            fd = os.open(target, os.O_WRONLY)  # a device or FIFO: through it, as a shell's `>` would
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+    with find(path, what) as f:
+        try:
+            if f.st is not None and not stat.S_ISREG(f.st.st_mode):
+                return _write_through(f, data, path, what)
+            if f.missing_dirs:
+                if not create_dir or f.blocked:
+                    raise InputError(path, None, f"cannot write {what}: directory "
+                                     f"{display(os.path.dirname(f.path))} does not exist")
+                f.make_dirs()
+            if if_changed and f.st is not None and _holds(f.dir_fd, f.name, data):
+                return False
+            replace_at(f.dir_fd, f.name, data)
             return True
-        if create_dir:
-            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-        if if_changed:
-            return write_if_changed(target, data)
-        atomic_write(target, data)
-        return True
-    except OSError as e:
-        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+        except OSError as e:
+            raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+
+
+def _write_through(f: Found, data: bytes, path: str, what: str) -> bool:
+    """A device or FIFO, written as a shell's ``>`` would (opened without O_CREAT or O_TRUNC, so
+    whatever the name holds by then is never replaced), once the opened file is one."""
+    fd = os.open(f.name, os.O_WRONLY | os.O_CLOEXEC | (0 if f.through else os.O_NOFOLLOW), dir_fd=f.dir_fd)
+    with os.fdopen(fd, "wb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            raise InputError(path, None, f"cannot write {what}: it changed into a regular file while it was "
+                             "checked; nothing was written")
+        fh.write(data)
+    return True
+
+
+def _holds(dir_fd: int, name: str, data: bytes) -> bool:
+    """Whether the regular file ``name`` in ``dir_fd`` holds exactly ``data``."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), dir_fd=dir_fd)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and fh.read() == data
 
 
 def display(path: str) -> str:

@@ -211,7 +211,7 @@ def gen(args) -> int:
     if args.output_dependencies:
         write_output(args.output_dependencies, text.encode(), "output dependencies", inputs, if_changed=True,
                      create_dir=True)
-    written = [] if args.dry_run else write_all(args.output, files)
+    written = [] if args.dry_run else write_all(args.output, files, (lambda line: None) if args.quiet else None)
     if args.verbose:
         for name in written:
             print(f"wrote {os.path.join(args.output, name)}", file=sys.stderr)

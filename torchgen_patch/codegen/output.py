@@ -4,164 +4,457 @@ torchgen's FileManager writes them) and the CMake output-dependency fragment."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import re
-import shutil
 import stat
-import tempfile
+import sys
 
 from .. import files as _files
 from ..errors import InputError
+from .render import MANIFEST
 
 
-STAGING = ".staging-"  # a directory gen is filling, beside its output directory
+STAGING = ".staging-"  # .DIR.staging-XXXX: a directory gen fills beside its output directory DIR
+LOCK = ".torchgen-patch-lock"  # .DIR.torchgen-patch-lock: gen's lock, a file of the user's own beside DIR
+WAIT_S = 1.0  # after this long waiting for the lock, a line says so
+_GEN_NAME = re.compile(r"ADInplaceOrViewPatch_\d+\.cpp|ADInplaceOrViewPatchEverything\.cpp|"
+                       r"RegisterADInplaceOrViewPatch\.cpp|TorchgenPatchRuntime\.h|torchgen_patch_manifest\.json")
+_TEMP = re.compile(r"\.tmp-[0-9a-f]{12}")  # files.replace_at's temporary files
 
 
-def write_all(out_dir: str, files: dict[str, bytes]) -> list[str]:
+def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
     """Write ``files`` (relative names) as the directory ``out_dir``, in one transaction.
 
-    The new directory is filled beside the old one and swapped in whole (a reader sees the old
-    directory or the new one, never a mix; a failure leaves the old one as it was). Files whose
-    content is unchanged are carried over by hard link, so they keep their mtime and a build
-    system rebuilds nothing for them; nothing changed: nothing is touched at all. Files gen did
-    not write are carried over too; the files of gen's own earlier runs that ``files`` no longer
-    names are dropped. A lock on the parent directory serializes concurrent runs (the second
-    waits). A symlinked ``out_dir`` stays a link: its target is replaced. Returns the names
-    whose content changed."""
-    link = out_dir
-    out_dir = os.path.realpath(out_dir) if os.path.islink(out_dir) else os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise InputError(link, None, "output path exists and is not a directory")
-    parent = os.path.dirname(out_dir)
+    The new directory is filled beside the old one and exchanged with it in one step
+    (``renameat2(RENAME_EXCHANGE)``: a reader sees the old directory or the new one, never a mix; a
+    failure leaves the old one as it was). Files whose content is unchanged are carried over by
+    hard link, so they keep their mtime and a build system rebuilds nothing for them; nothing
+    changed: nothing is touched at all. Files gen did not write are carried over too, and so are
+    those written into the old directory while gen swaps it; the files of gen's own earlier runs
+    that ``files`` no longer names are dropped. Where the file system cannot exchange (NFS, some
+    FUSE), the changed files are renamed into the directory one by one, the manifest last: the
+    directory is never absent, only gen's own files change. The new directory keeps the old one's
+    owner and mode; a changed file keeps the owner and mode of the file it replaces.
+
+    Everything is done through descriptors of the directories found once (``files.find``: a
+    symlinked ``out_dir`` is followed only where the kernel's protected-symlinks rule would, and
+    stays a link). A lock file of the user's own beside ``out_dir`` serializes concurrent runs;
+    ``log(line)`` (default: stderr) hears when one waits for another. Returns the names whose
+    content changed."""
+    with _files.find(out_dir, "output directory") as f:
+        if f.blocked:
+            raise InputError(out_dir, None, f"cannot create output directory: {_files.display(f.blocked)} "
+                             "is not a directory")
+        if f.st is not None and not stat.S_ISDIR(f.st.st_mode):
+            raise InputError(out_dir, None, "output path exists and is not a directory")
+        try:
+            f.make_dirs()
+        except OSError as e:
+            raise InputError(out_dir, None, f"cannot create output directory: {e.strerror}") from None
+        if not os.access(f.where, os.W_OK | os.X_OK) or (f.st is not None and not os.access(f.path, os.W_OK)):
+            raise InputError(out_dir, None, "output directory is not writable")
+        if f.st is not None:
+            up = os.fstat(f.dir_fd)
+            mount = f.st.st_dev != up.st_dev or f.st.st_ino == up.st_ino
+            if mount or os.path.samestat(f.st, os.stat(os.curdir)):
+                raise InputError(out_dir, None, "gen replaces its output directory whole, and this one is "
+                                 + ("a mount point" if mount else "the current directory"),
+                                 "give a directory inside it")
+        with _locked(f.dir_fd, f.name, f.path, log):
+            return _write(f.dir_fd, f.name, out_dir, files)
+
+
+def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[str]:
+    """write_all under the lock: ``base`` in the open directory ``parent``."""
+    for n in _leftovers(parent, base):
+        _salvage(parent, n, base)
+    old = _open_dir(parent, base)
+    if old is None and _lexists(parent, base):
+        raise InputError(shown, None, "output path exists and is not a directory")
     try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as e:
-        raise InputError(link, None, f"cannot create output directory: {e.strerror}") from None
-    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.isdir(out_dir) and not os.access(out_dir, os.W_OK)):
-        raise InputError(link, None, "output directory is not writable")
-    if os.path.isdir(out_dir) and (os.path.ismount(out_dir) or os.path.samefile(out_dir, os.getcwd())):
-        raise InputError(link, None, "gen replaces its output directory whole, and this one is "
-                         + ("a mount point" if os.path.ismount(out_dir) else "the current directory"),
-                         "give a directory inside it")
-    with _locked(parent):
-        _drop_leftovers(parent, os.path.basename(out_dir))
-        old = out_dir if os.path.isdir(out_dir) else None
-        have = read_outputs(old, sorted(files)) if old else {}
+        have = read_named(old, sorted(files)) if old is not None else {}
         changed = [n for n in sorted(files) if have.get(n) != files[n]]
-        stale = set(previous_outputs(old)) - set(files) if old else set()
-        if old and not changed and not stale:
+        stale = set(previous_outputs(old)) - set(files) if old is not None else set()
+        if old is not None and not changed and not stale:
             return []
-        foreign = sorted(set(os.listdir(old)) - set(files) - stale) if old else []
+        foreign = sorted(set(os.listdir(old)) - set(files) - stale) if old is not None else []
         for n in foreign:
-            if not (os.path.islink(os.path.join(old, n)) or os.path.isfile(os.path.join(old, n))):
-                raise InputError(os.path.join(link, n), None, "gen carries over only files into its new output "
+            st = os.stat(n, dir_fd=old, follow_symlinks=False)
+            if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                raise InputError(os.path.join(shown, n), None, "gen carries over only files into its new output "
                                  "directory, and this is not a file", "give gen a directory of its own")
-        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}{STAGING}", dir=parent)
+        staging, sfd = _mkdtemp(parent, f".{base}{STAGING}")
         name = None
         try:
+            old_st = os.fstat(old) if old is not None else None
+            if old_st is not None:
+                _files.keep_owner_and_mode(sfd, old_st)
             for name in sorted(files):
                 if name in changed:
-                    _files.atomic_write(os.path.join(staging, name), files[name])
+                    _files.atomic_write((sfd, name), files[name])
+                    if old is not None:
+                        _keep_file(sfd, name, old, old_st)
                 else:
-                    _carry(os.path.join(old, name), os.path.join(staging, name))
+                    _carry(old, sfd, name)
             for name in foreign:
-                _carry(os.path.join(old, name), os.path.join(staging, name))
+                _carry(old, sfd, name)
             name = None
-            os.chmod(staging, os.stat(old).st_mode & 0o7777 if old else 0o777 & ~_umask())
-            _fsync_dir(staging)
             if old is None:
-                os.rename(staging, out_dir)
-            else:
-                _swap(staging, out_dir)
-                shutil.rmtree(staging, ignore_errors=True)  # now the old directory
-            _fsync_dir(parent)
+                os.fchmod(sfd, 0o777 & ~_files.umask())
+            _fsync(sfd)
+            if old is None:
+                os.rename(staging, base, src_dir_fd=parent, dst_dir_fd=parent)
+            elif not _exchange(parent, staging, base):
+                _in_place(sfd, old, changed, stale)
+            _salvage(parent, staging, base)  # now the old directory: what others wrote into it moves over
+            _fsync(parent)
         except OSError as e:
-            shutil.rmtree(staging, ignore_errors=True)
-            where = os.path.join(link, name) if name else link
+            _salvage(parent, staging, base)
+            where = os.path.join(shown, name) if name else shown
             raise InputError(where, None, f"cannot write: {e.strerror}") from None
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            _salvage(parent, staging, base)
             raise
+        finally:
+            os.close(sfd)
+    finally:
+        if old is not None:
+            os.close(old)
     return changed
 
 
-def read_outputs(directory: str, names) -> dict[str, bytes]:
-    """The named files of ``directory`` (those present), all read through one open directory and
-    read again if a gen swapped in a new directory meanwhile: never a mix of two runs' files."""
-    for _ in range(100):
-        out = {}
-        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def _in_place(staging: int, out: int, changed: list[str], stale: set[str]) -> None:
+    """Where directories cannot be exchanged: each changed file renamed into the output directory
+    (each file whole), gen's stale files removed, the manifest last: once it is in place, the
+    directory is one run's output. Nothing else in the directory is touched, so it is never absent
+    and no other file in it is lost; a reader that takes gen's lock (``lint --generated``) never
+    sees a mix."""
+    for n in [n for n in changed if n != MANIFEST]:
+        os.replace(n, n, src_dir_fd=staging, dst_dir_fd=out)
+    for n in sorted(stale):
         try:
-            for n in names:
-                try:
-                    fd = os.open(n, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0), dir_fd=dfd)
-                except OSError:
-                    continue
-                with os.fdopen(fd, "rb") as fh:
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
-                        out[n] = fh.read()
-            same = os.path.samestat(os.fstat(dfd), os.stat(directory))
+            os.unlink(n, dir_fd=out)
+        except FileNotFoundError:
+            pass
+    if MANIFEST in changed:
+        os.replace(MANIFEST, MANIFEST, src_dir_fd=staging, dst_dir_fd=out)
+
+
+def _keep_file(staging: int, name: str, old: int, old_st: os.stat_result) -> None:
+    """The new file ``name`` takes the owner and mode of the one it replaces in ``old``; one that
+    replaces none keeps the umask's mode and, written by root, takes the directory's owner (root's
+    gen into a user's directory leaves nothing in it that the user cannot rewrite)."""
+    try:
+        was = os.stat(name, dir_fd=old, follow_symlinks=False)
+    except FileNotFoundError:
+        was = None
+    if was is not None and not stat.S_ISREG(was.st_mode):
+        return
+    if was is None and (os.geteuid() != 0 or (old_st.st_uid, old_st.st_gid) == (0, 0)):
+        return
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging)
+    try:
+        if was is None:
+            os.fchown(fd, old_st.st_uid, old_st.st_gid)
+        else:
+            _files.keep_owner_and_mode(fd, was)
+    finally:
+        os.close(fd)
+
+
+def _leftovers(parent: int, base: str) -> list[str]:
+    """Staging directories of a run that died (the lock is held: no live run owns one)."""
+    fd = os.open(os.curdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        return sorted(n for n in os.listdir(fd) if n.startswith(f".{base}{STAGING}"))
+    finally:
+        os.close(fd)
+
+
+def _salvage(parent: int, name: str, base: str) -> None:
+    """Empty and remove the directory ``name`` gen left beside ``base`` (a staging directory, or the
+    old output directory after the exchange), losing no file of anyone's: an entry goes when
+    ``base`` holds the same file (a hard link, or the same bytes or symlink), when it is one of
+    ``files.replace_at``'s temporary files, or when it is one of gen's own outputs that ``base``
+    now has a version of or that gen wrote; anything else moves into ``base`` where the name is
+    free, and stays (with the directory) where it is not. A directory another account owns is left
+    alone (only root's own runs give one another owner: the output directory's)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return
+    out = _open_dir(parent, base)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() and not (os.geteuid() == 0 and out is not None
+                                              and st.st_uid == os.fstat(out).st_uid):
+            return
+        for n in sorted(os.listdir(fd)):
+            if _disposable(fd, n, out):
+                os.unlink(n, dir_fd=fd)
+            elif out is not None and not _lexists(out, n):
+                _move(fd, out, n)
+        os.rmdir(name, dir_fd=parent)
+    except OSError:
+        pass  # something stayed (or could not be moved): the next gen tries again
+    finally:
+        os.close(fd)
+        if out is not None:
+            os.close(out)
+
+
+def _disposable(d: int, n: str, out: int | None) -> bool:
+    st = os.stat(n, dir_fd=d, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        return False
+    there = None
+    if out is not None:
+        try:
+            there = os.stat(n, dir_fd=out, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+    if there is not None and (os.path.samestat(st, there) or _same(d, out, n, st, there)):
+        return True
+    if stat.S_ISREG(st.st_mode) and _TEMP.fullmatch(n):
+        return True
+    return bool(_GEN_NAME.fullmatch(n)) and stat.S_ISREG(st.st_mode) and (there is not None or _ours(d, n))
+
+
+def _same(a: int, b: int, n: str, sa: os.stat_result, sb: os.stat_result) -> bool:
+    if stat.S_ISLNK(sa.st_mode) and stat.S_ISLNK(sb.st_mode):
+        return os.readlink(n, dir_fd=a) == os.readlink(n, dir_fd=b)
+    if stat.S_ISREG(sa.st_mode) and stat.S_ISREG(sb.st_mode) and sa.st_size == sb.st_size:
+        return read_named(a, [n]).get(n) == read_named(b, [n]).get(n)
+    return False
+
+
+def _move(src: int, dst: int, n: str) -> None:
+    """``n`` from ``src`` into ``dst``, never over a file of the same name there (a hard link then an
+    unlink for a file; a directory or symlink by rename where the name is still free)."""
+    st = os.stat(n, dir_fd=src, follow_symlinks=False)
+    if stat.S_ISREG(st.st_mode):
+        try:
+            os.link(n, n, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+        except FileExistsError:
+            return
+        except OSError:
+            if _lexists(dst, n):
+                return
+            os.rename(n, n, src_dir_fd=src, dst_dir_fd=dst)
+            return
+        os.unlink(n, dir_fd=src)
+    elif not _lexists(dst, n):
+        os.rename(n, n, src_dir_fd=src, dst_dir_fd=dst)
+
+
+def _open_dir(parent: int, name: str) -> int | None:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink where the directory was
+            return None
+        raise
+
+
+def _lexists(d: int, n: str) -> bool:
+    try:
+        os.stat(n, dir_fd=d, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _mkdtemp(parent: int, prefix: str) -> tuple[str, int]:
+    """A new private directory in ``parent``: its name and an open descriptor."""
+    import secrets
+
+    while True:
+        name = prefix + secrets.token_hex(4)
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            continue
+        return name, os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+
+
+def read_named(d: int, names) -> dict[str, bytes]:
+    """The regular files among ``names`` in the open directory ``d`` (those present)."""
+    out = {}
+    for n in names:
+        try:
+            fd = os.open(n, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), dir_fd=d)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                out[n] = fh.read()
+    return out
+
+
+def read_outputs(directory: str, names=None) -> dict[str, bytes]:
+    """The named files of ``directory`` (those present; None: every name gen writes), all read
+    through one open directory and read again if a gen swapped in a new directory meanwhile: never
+    a mix of two runs' files."""
+    with _files.find(directory, "generated directory") as f:
+        return _read_through(f.dir_fd, f.name, f.path, names)
+
+
+def _read_through(parent: int, name: str, shown: str, names) -> dict[str, bytes]:
+    for _ in range(100):
+        try:
+            dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except FileNotFoundError:
+            continue  # between the two renames of a swap elsewhere: look again
+        except OSError as e:
+            raise InputError(shown, None, f"cannot read the directory: {e.strerror}") from None
+        try:
+            wanted = sorted(n for n in os.listdir(dfd) if _GEN_NAME.fullmatch(n)) if names is None else names
+            out = read_named(dfd, wanted)
+            same = os.path.samestat(os.fstat(dfd), os.stat(name, dir_fd=parent))
         except FileNotFoundError:
             same = False  # swapped out between the two looks
         finally:
             os.close(dfd)
         if same:
             return out
-    raise InputError(directory, None, "the directory kept changing while it was read")
+    raise InputError(shown, None, "the directory kept changing while it was read")
+
+
+def snapshot(directory: str, log=None) -> dict[str, bytes]:
+    """Every file gen writes that ``directory`` holds, as one run wrote them: read under gen's lock
+    (where this account can take it: its own, beside the directory), so a gen that renames files
+    in one by one (no directory exchange) is never seen half-way."""
+    with _files.find(directory, "generated directory") as f:
+        with _locked(f.dir_fd, f.name, f.path, log, required=False):
+            return _read_through(f.dir_fd, f.name, f.path, None)
 
 
 @contextlib.contextmanager
-def _locked(directory: str):
+def _locked(parent: int, base: str, shown: str, log=None, required: bool = True):
+    """gen's lock on the output ``base`` of the open directory ``parent``: the file ``.base`` + LOCK
+    there, of this user's own (created O_EXCL|O_NOFOLLOW, 0600; one owned by another account, or no
+    regular file, is refused: such an account could stall every gen into the directory, as a lock
+    on a shared parent directory itself could). After WAIT_S a line tells ``log``. The holder
+    removes the file when done; a waiter that finds its file gone takes the new one. ``required``
+    False: where no lock of one's own can be had, none is taken."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): no serialization, the swap is still whole
         yield
         return
-    fd = os.open(directory, os.O_RDONLY)
+    name = f".{base}{LOCK}"
+    path = os.path.join(os.path.dirname(shown), name)
+    while True:
+        fd = _open_lock(parent, name, path, required)
+        if fd is None:
+            yield
+            return
+        _wait(fd, fcntl, shown, log)
+        try:
+            now = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        if now is not None and os.path.samestat(now, os.fstat(fd)):
+            break
+        os.close(fd)  # the run we waited for removed it: take the one there now
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        try:
+            os.unlink(name, dir_fd=parent)
+        except OSError:
+            pass
         os.close(fd)
 
 
-def _drop_leftovers(parent: str, base: str) -> None:
-    """Staging directories of a run that died (the lock is held: no live run owns one)."""
-    for n in os.listdir(parent):
-        if n.startswith(f".{base}{STAGING}"):
-            shutil.rmtree(os.path.join(parent, n), ignore_errors=True)
+def _open_lock(parent: int, name: str, path: str, required: bool) -> int | None:
+    while True:
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=parent)
+            break
+        except FileExistsError:
+            pass
+        except OSError as e:
+            if not required:
+                return None
+            raise InputError(path, None, f"cannot create gen's lock: {e.strerror}",
+                             "write the output into a directory you can write") from None
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed meanwhile: make it
+        why = None if stat.S_ISREG(st.st_mode) else "is not a regular file"
+        if why is None and st.st_uid not in (os.geteuid(), 0):
+            why = f"is owned by {_files._owner(st.st_uid)}, not by you"
+        if why is None:
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0),
+                             dir_fd=parent)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                why = f"cannot be opened ({e.strerror})"
+            else:
+                now = os.fstat(fd)
+                if stat.S_ISREG(now.st_mode) and now.st_uid in (os.geteuid(), 0):
+                    break
+                os.close(fd)
+                why = "changed while it was opened"
+        if not required:
+            return None
+        raise InputError(path, None, f"gen's lock {why}: another account could stall or race every gen "
+                         "into this directory", f"remove {_files.display(path)}, or write the output "
+                         "into a directory of your own")
+    return fd
 
 
-def _carry(src: str, dst: str) -> None:
-    """``src`` into the new directory as it is: a hard link (same inode, same mtime), a copy
-    where links cannot be made, a symlink as a symlink."""
-    if os.path.islink(src):
-        os.symlink(os.readlink(src), dst)
+def _wait(fd: int, fcntl, shown: str, log) -> None:
+    """flock ``fd`` exclusively; a line to ``log`` (default: stderr) once it has taken WAIT_S."""
+    import threading
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    timer = threading.Timer(WAIT_S, say, [f"waiting for another gen into {_files.display(shown)}"])
+    timer.daemon = True
+    timer.start()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        timer.cancel()
+
+
+def _carry(src: int, dst: int, name: str) -> None:
+    """``name`` from the old directory into the new one as it is: a hard link (same inode, same
+    mtime), a copy where links cannot be made, a symlink as a symlink."""
+    st = os.stat(name, dir_fd=src, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
         return
     try:
-        os.link(src, dst)
+        os.link(name, name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
     except OSError:
-        shutil.copy2(src, dst)
+        data = read_named(src, [name])[name]
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            _files.keep_owner_and_mode(fd, st)
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def _swap(new: str, target: str) -> None:
-    """Exchange two directories in one step (Linux renameat2 RENAME_EXCHANGE); where that is
-    unavailable, two renames (a reader may then find no directory for an instant)."""
-    if _exchange(new, target):
-        return
-    aside = new + ".old"
-    os.rename(target, aside)
-    try:
-        os.rename(new, target)
-    except OSError:
-        os.rename(aside, target)
-        raise
-    os.rename(aside, new)
-
-
-def _exchange(a: str, b: str) -> bool:
+def _exchange(parent: int, a: str, b: str) -> bool:
+    """Exchange the entries ``a`` and ``b`` of ``parent`` in one step (Linux renameat2
+    RENAME_EXCHANGE); False where this system or file system cannot."""
     import ctypes
-    import errno
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -169,8 +462,8 @@ def _exchange(a: str, b: str) -> bool:
     except (OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    AT_FDCWD, RENAME_EXCHANGE = -100, 2
-    if fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+    RENAME_EXCHANGE = 2
+    if fn(parent, os.fsencode(a), parent, os.fsencode(b), RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
@@ -178,54 +471,56 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+def _fsync(fd: int) -> None:
     try:
         os.fsync(fd)
     except OSError:
         pass
-    finally:
-        os.close(fd)
 
 
-def _umask() -> int:
-    m = os.umask(0)
-    os.umask(m)
-    return m
-
-
-def previous_outputs(out_dir: str) -> list[str]:
-    """The files an earlier ``gen`` wrote into ``out_dir``, known from its manifest (never a
-    file it did not name); [] when there is no readable manifest."""
-    import json
-
-    from .render import MANIFEST, MAX_SHARDS, output_names
+def previous_outputs(out: int) -> list[str]:
+    """The files an earlier ``gen`` wrote into the open directory ``out``, known from its manifest
+    (never a file it did not name); [] when there is no readable manifest."""
+    from .render import MAX_SHARDS, output_names
 
     try:
-        with open(os.path.join(out_dir, MANIFEST), encoding="utf-8") as fh:
-            shards = json.load(fh)["shards"]
-    except (OSError, ValueError, KeyError, TypeError):
+        shards = json.loads(read_named(out, [MANIFEST])[MANIFEST])["shards"]
+    except (KeyError, ValueError, TypeError):
         return []
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
         return []
-    names = [n for n in output_names(shards) if os.path.isfile(os.path.join(out_dir, n))]
+    present = set(os.listdir(out))
+    names = [n for n in output_names(shards) if n in present and _regular(out, n)]
     # and shards left by an even earlier run that this manifest no longer names: only files that
     # carry gen's own first line
-    for n in sorted(os.listdir(out_dir)):
-        if re.fullmatch(r"ADInplaceOrViewPatch_\d+\.cpp", n) and n not in names and _ours(os.path.join(out_dir, n)):
+    for n in sorted(present):
+        if re.fullmatch(r"ADInplaceOrViewPatch_\d+\.cpp", n) and n not in names and _ours(out, n):
             names.append(n)
     return names
 
 
-def _ours(path: str) -> bool:
+def _regular(d: int, n: str) -> bool:
     try:
-        with open(path, "rb") as fh:
-            return fh.readline().startswith(b"// @generated by torchgen-patch")
+        return stat.S_ISREG(os.stat(n, dir_fd=d, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _ours(d: int, n: str) -> bool:
+    """Whether the file ``n`` of ``d`` is one gen wrote: its first line, or the manifest's generator."""
+    try:
+        fd = os.open(n, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), dir_fd=d)
     except OSError:
         return False
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        if n != MANIFEST:
+            return fh.readline().startswith(b"// @generated by torchgen-patch")
+        try:
+            return json.loads(fh.read()).get("generator") == "torchgen-patch"
+        except (ValueError, AttributeError):
+            return False
 
 
 def cmake_fragment(var: str, out_dir: str, names: list[str]) -> str:

@@ -3,13 +3,12 @@ is missing, or differs from what `gen` renders now, is a finding."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 
 from ..codegen import MANIFEST, render
-from ..codegen.output import read_outputs
+from ..codegen.output import snapshot
 from ..codegen.render import MAX_SHARDS
 from . import Finding, rules
 from ..errors import InputError
@@ -31,14 +30,16 @@ def _kernels(text: str) -> dict[str, str]:
 
 
 def check(plan: Plan, directory: str) -> list[Finding]:
-    """The directory is whole and current: its manifest's hashes match every file, the register
-    file registers exactly the plan's kernels, and each kernel is the one gen renders now. The
-    files are read through one open directory (a gen swapping it meanwhile cannot mix them)."""
+    """The directory is whole and current: every file is the one gen renders from ``plan`` now, byte
+    for byte (never judged by the manifest's own hashes, which an edit can update), the register
+    file registers exactly the plan's kernels, and each kernel is the one gen renders now. Only the
+    number of shards is taken from the manifest. The files are one snapshot, read under gen's lock
+    through one open directory (a gen writing meanwhile is never seen half-way)."""
     if not os.path.isdir(directory):
         raise InputError(directory, None, "--generated is not a directory")
-    raw = read_outputs(directory, [MANIFEST]).get(MANIFEST)
+    files = snapshot(directory)
     try:
-        doc = json.loads(raw)
+        doc = json.loads(files.get(MANIFEST))
         shards = doc["shards"]
         if isinstance(shards, bool) or not isinstance(shards, int):
             raise TypeError(shards)
@@ -50,9 +51,12 @@ def check(plan: Plan, directory: str) -> list[Finding]:
         raise InputError(manifest, None, f"'shards' is {shards}, not between 1 and {MAX_SHARDS}",
                          "regenerate the directory with `torchgen-patch gen --out DIR`")
     want = render(plan, shards)
-    names = sorted(set(want) | set(os.listdir(directory)))
-    files = read_outputs(directory, names)
-    fs = _integrity(directory, doc, files, [n for n in want if n != MANIFEST])
+    fs = []
+    for name in sorted(want):
+        if name not in files:
+            fs.append(rules.file_missing(os.path.join(directory, name)))
+        elif files[name] != want[name]:
+            fs.append(rules.file_modified(os.path.join(directory, name), "differs from what gen writes for this plan"))
     have: dict[str, str] = {}
     for name in want:
         if name.startswith("ADInplaceOrViewPatch_") and name in files:
@@ -62,9 +66,9 @@ def check(plan: Plan, directory: str) -> list[Finding]:
         if name.startswith("ADInplaceOrViewPatch_"):
             expected.update(_kernels(data.decode()))
     pattern = re.compile(r"ADInplaceOrViewPatch_(\d+)\.cpp")
-    for name in names:
+    for name in sorted(files):
         m = pattern.fullmatch(name)
-        if m and int(m.group(1)) >= shards and name in files:
+        if m and int(m.group(1)) >= shards:
             fs.append(rules.stale_file(os.path.join(directory, name), MANIFEST, shards))
     for k in plan.kernels:
         if k.op not in have:
@@ -90,20 +94,3 @@ def _registered(text: str) -> set[str]:
 
 def _text(directory: str, name: str, data: bytes) -> str:
     return decode(os.path.join(directory, name), data, "generated file")
-
-
-def _integrity(directory: str, doc: dict, files: dict[str, bytes], outputs: list[str]) -> list[Finding]:
-    """Each output the manifest should name is there with the SHA-256 it records."""
-    recorded = doc.get("files")
-    manifest = os.path.join(directory, MANIFEST)
-    if not isinstance(recorded, dict):
-        return [rules.file_modified(manifest, "records no file hashes (an older gen wrote it)")]
-    fs = []
-    for name in outputs:
-        if name not in files:
-            fs.append(rules.file_missing(os.path.join(directory, name)))
-        elif recorded.get(name) != hashlib.sha256(files[name]).hexdigest():
-            fs.append(rules.file_modified(os.path.join(directory, name),
-                                          "differs from the SHA-256 the manifest records" if name in recorded
-                                          else "has no SHA-256 in the manifest"))
-    return fs

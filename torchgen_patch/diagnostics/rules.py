@@ -48,9 +48,10 @@ FILE_MISSING = Rule(
     "A file gen writes is not in the directory: a build compiles an incomplete set of kernels, or registers "
     "nothing; run torchgen-patch gen.")
 FILE_MODIFIED = Rule(
-    "generated-file-modified", "GeneratedFileModified", "Generated file differs from what its manifest records",
-    "The file's SHA-256 is not the one gen recorded in torchgen_patch_manifest.json: it was edited, truncated "
-    "or left by another run; run torchgen-patch gen.")
+    "generated-file-modified", "GeneratedFileModified", "Generated file differs from what gen writes for this plan",
+    "The file is not, byte for byte, the one gen renders from this yaml and overlay (a hash recorded beside it "
+    "proves nothing: an edit can update it): it was edited, truncated or left by another run; run torchgen-patch "
+    "gen.")
 REGISTRATION = Rule(
     "generated-registration-mismatch", "GeneratedRegistrationMismatch",
     "Register file does not register exactly the plan's kernels",

@@ -131,11 +131,37 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _check_identifiers(r: OpRecord, sig: CppSig) -> None:
-    """Argument names become C++ parameters: torchgen's schema parser does not check them."""
+    """Argument names become C++ parameters and the operator's name a C++ function: torchgen's
+    schema parser checks neither. A name that is no identifier, an argument name reserved for the
+    C++ implementation, or an operator name that C++ cannot declare is refused at its yaml line."""
     for name in [n for _, n in sig.formals] + list(sig.call_args) + [w.name for w in r.written]:
         if not _IDENTIFIER.match(name):
             raise InputError(r.loc.path, r.loc.line, f"{r.name}: argument name {printable(repr(name))} is not a "
                                                      "C++ identifier", "names are letters, digits and '_'")
+        if reserved(name):
+            raise InputError(r.loc.path, r.loc.line, f"{r.name}: argument name '{name}' is reserved for the C++ "
+                                                     "implementation, whose compiler and library define macros "
+                                                     "with such names (__LINE__, _GLIBCXX_...)",
+                             "rename the argument: no '__' in it, no '_' and a capital at its start")
+    why = function_name_problem(sig.unambiguous_name)
+    if why:
+        raise InputError(r.loc.path, r.loc.line, f"{r.name}: its C++ name '{sig.unambiguous_name}' is {why}: no "
+                                                 "kernel (nor PyTorch's own codegen) can declare a function of "
+                                                 "that name", "rename the operator")
+
+
+def function_name_problem(fn: str) -> str | None:
+    """Why an operator's C++ function name ``fn`` (``at::_ops::<fn>``, the kernel's) cannot be declared,
+    or None: a keyword, a macro's name, or a name that starts as C++ reserves for its implementation
+    (unless it starts with one of Python's operator methods, which PyTorch's operators are named after:
+    ``__and___Tensor``)."""
+    if fn in CPP_KEYWORDS:
+        return "a C++ keyword"
+    if macro_like(fn):
+        return "a macro's name"
+    if re.match(r"__|_[A-Z]", fn) and not _PYTHON_DUNDER.match(fn):
+        return "reserved for the C++ implementation"
+    return None
 
 
 # C++ keywords and alternative tokens (C++20): none can name a parameter or a function.
@@ -149,22 +175,49 @@ this thread_local throw true try typedef typeid typename union unsigned using vi
 while xor xor_eq""".split())
 # The names the kernel templates declare or use unqualified beside the parameters.
 TEMPLATE_NAMES = frozenset({"ks", "guard", "at", "c10", "std", "torchgen_patch"})
+# Macros with a lower-case letter in their names that the C and C++ libraries (glibc's included), the
+# compilers (GNU mode: `linux`, `unix`) and torch's headers define where the generated kernels are
+# compiled (tests/test_cpp_names.py compares this with the compiler's own list). Names spelt as macros
+# are (macro_like) also taken for macros: with no lower-case letter (EOF, NULL, TORCH_CHECK), or
+# capitals and '_' first (M_PIf, L_tmpnam, C10_DEFINE_bool).
+C_MACROS = frozenset("""
+alloca assert assert_perror errno math_errhandling offsetof setjmp sigsetjmp va_arg va_copy va_end va_start
+stdin stdout stderr be16toh be32toh be64toh htobe16 htobe32 htobe64 htole16 htole32 htole64 le16toh le32toh
+le64toh issubnormal iscanonical issignaling iszero pthread_cleanup_pop pthread_cleanup_pop_restore_np
+pthread_cleanup_push pthread_cleanup_push_defer_np sched_priority strdupa strndupa major minor makedev linux unix
+i386 MaxTypeIndex""".split())
+_MACRO_SPELLING = re.compile(r"[A-Z0-9_]{2,}|[A-Z][A-Z0-9]*_\w*")
+# Python's operator methods: PyTorch's operators named so (__and__, __ilshift__) compile, being no macros
+_PYTHON_DUNDER = re.compile(r"__(?:[ir]?(?:and|or|xor|lshift|rshift|add|sub|mul|matmul|truediv|floordiv|div|mod|"
+                            r"pow)|neg|pos|invert|abs|lt|le|gt|ge|eq|ne)__")
+
+
+def macro_like(name: str) -> bool:
+    """Whether ``name`` may be a macro where the kernels are compiled: one of C_MACROS, or spelt as one."""
+    return name in C_MACROS or bool(_MACRO_SPELLING.fullmatch(name))
+
+
+def reserved(name: str) -> bool:
+    """An identifier C++ reserves for its implementation: ``__`` anywhere, or ``_`` and a capital first
+    (compilers and libraries define macros named so: __LINE__, __linux__, _GLIBCXX_ASSERTIONS)."""
+    return "__" in name or bool(re.match(r"_[A-Z]", name))
 
 
 def cpp_names(formals: list[str], written: list[str]) -> dict[str, str]:
     """The fixed mangling of argument names that cannot be C++ parameters of a generated kernel:
-    a C++ keyword, a name the template uses (``ks``, ``guard``, ...) or one that collides with a
-    written argument's snapshot (``X_before``) gets trailing underscores until it is free.
-    Returns {schema name: C++ name} for the renamed ones."""
+    a C++ keyword, a macro's name (``errno``, ``EOF``, ``assert``: ``macro_like``), a name the template
+    uses (``ks``, ``guard``, ...) or one that collides with a written argument's snapshot (``X_before``)
+    gets trailing underscores until it is free. Returns {schema name: C++ name} for the renamed ones."""
     out: dict[str, str] = {}
     while True:
         names = {out.get(n, n) for n in formals}
         snapshots = {out.get(w, w) + "_before" for w in written}
-        bad = next((n for n in formals if out.get(n, n) in CPP_KEYWORDS | TEMPLATE_NAMES | snapshots), None)
+        bad = next((n for n in formals if (n not in out and macro_like(n))
+                    or out.get(n, n) in CPP_KEYWORDS | TEMPLATE_NAMES | snapshots), None)
         if bad is None:
             return out
         m = out.get(bad, bad) + "_"
-        while m in names or m in snapshots or m in TEMPLATE_NAMES:
+        while m in names or m in snapshots or m in TEMPLATE_NAMES or m in C_MACROS:
             m += "_"
         out[bad] = m
 
