@@ -81,3 +81,19 @@ def below_inplace_or_view_guard():
 def disabled_torch_function():
     """The ``__torch_function__`` of a subclass that only wants ``__torch_dispatch__``."""
     return _c()._disabled_torch_function_impl
+
+
+def version_bumper():
+    """A function that bumps the version counter of each tensor of a list once, in one call where
+    this torch takes a list (``torch._C._increment_version``, 2.5 on) and one call per tensor where it
+    takes one (2.4). Inference tensors, which have no counter, must not be in the list."""
+    bump = _c()._increment_version
+    try:
+        bump([])
+        return bump
+    except TypeError:
+        def each(tensors) -> None:
+            for t in tensors:
+                bump(t)
+
+        return each
