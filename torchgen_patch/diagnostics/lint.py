@@ -1,6 +1,7 @@
 """Lint: every finding of a lint run is made here, whatever it looks at: the missing and
 unsupported ops of each yaml that the overlay does not accept, the live operator registry
-(``--runtime``), a generated directory (``--generated``), the baseline, and the drift between
+(``--runtime``; with ``--import``, also the optimizer classes those modules define, each given
+a probe step), a generated directory (``--generated``), the baseline, and the drift between
 the yaml and the running torch (``--against-runtime``), and, asked (``autograd``), the ops whose autograd kernel skips its
 requires-grad checks. The CLI parses flags and prints."""
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from ..plan.overlay import Overlay
 from ..scan.model import INPLACE_UNCHECKED, MISSING, OUT_UNCHECKED, UNSUPPORTED, VERDICTS, Scan
 from ..sources import Options
+from ..vocabulary import StepOutcome
 from . import Finding, rules
 from .render import Summary
 
@@ -100,7 +102,16 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
     registry.check_namespaces(req.namespaces)
     ops = registry.uncovered(req.namespaces)
     fs = [rules.missing_at_runtime(o) for o in ops if not overlay.skipped(o.name)]
-    return fs, Summary(source="runtime", left_out=len(ops) - len(fs))
+    left_out = len(ops) - len(fs)
+    probes = []
+    if req.imports:  # the optimizer classes the modules define, each given a probe step
+        from ..runtime.optim_probe import probe_modules
+
+        probes = probe_modules(list(req.imports), overlay.optimizers)
+        fs += [rules.optimizer_probe(p) for p in probes if p.outcome in (StepOutcome.UNSEEN, StepOutcome.NOT_RUN,
+                                                                         StepOutcome.UNCHANGED)]
+    covered = tuple(p.cls for p in probes if p.outcome == StepOutcome.COVERED)
+    return fs, Summary(source="runtime", left_out=left_out, probed=len(probes), covered=covered)
 
 
 def _generated(runs, fs: list[Finding], directory: str, options: Options) -> list[Finding]:

@@ -84,12 +84,12 @@ def disabled_torch_function():
 
 
 def version_bumper():
-    """A function that bumps the version counter of each tensor of a list once, in one call where
-    this torch takes a list (``torch._C._increment_version``, 2.5 on) and one call per tensor where it
-    takes one (2.4). Inference tensors, which have no counter, must not be in the list."""
+    """A function that bumps the version counter of each tensor of a sequence once: this torch's own
+    ``torch._C._increment_version`` where it takes a sequence (2.5 on), one call per tensor where it
+    takes one tensor (2.4). Inference tensors, which have no counter, must not be among them."""
     bump = _c()._increment_version
     try:
-        bump([])
+        bump(())
         return bump
     except TypeError:
         def each(tensors) -> None:

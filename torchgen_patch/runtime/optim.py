@@ -66,19 +66,22 @@ def active() -> list[str]:
 
 
 def entry_for(cls):
-    """The active entry that covers ``cls``: named by the module that defines it, or by a module
-    already imported that exports this very class under the entry's name; None if none."""
+    """The active entry that covers ``cls`` (None if none), resolved once per class."""
     entry = _BY_CLASS.get(cls, _UNRESOLVED)
-    if entry is not _UNRESOLVED:
-        return entry
-    entry = _ENTRIES.get(f"{cls.__module__}.{cls.__qualname__}")
+    if entry is _UNRESOLVED:
+        entry = _BY_CLASS[cls] = covering(_ENTRIES, cls)
+    return entry
+
+
+def covering(entries: dict, cls):
+    """The entry of ``entries`` that names ``cls``: by the module that defines it, or by a module
+    already imported that exports this very class under the entry's name; None if none."""
+    entry = entries.get(f"{cls.__module__}.{cls.__qualname__}")
     if entry is None:
-        for path, e in sorted(_ENTRIES.items()):
+        for path, e in sorted(entries.items()):
             module, _, name = path.rpartition(".")
             if getattr(sys.modules.get(module), name, None) is cls:
-                entry = e
-                break
-    _BY_CLASS[cls] = entry
+                return e
     return entry
 
 
@@ -94,10 +97,12 @@ def _after(optimizer, args, kwargs) -> None:
     todo = _PENDING.pop(id(optimizer), None)
     if todo is None:
         return
-    tensors, versions, owners, had_grad = todo
-    # a tensor of a parameter the step skipped (no gradient before it or after it) was not written
-    _BUMP[0]([t for t, v, p, g in zip(tensors, versions, owners, had_grad)
-              if t._version == v and (g or p.grad is not None)])
+    bump = _BUMP[0]
+    for t, version, p, had_grad in zip(*todo):
+        # one at a time: a tensor that shares its counter with one bumped just now has moved already;
+        # a tensor of a parameter the step skipped (no gradient before it or after it) was not written
+        if t._version == version and (had_grad or p.grad is not None):
+            bump((t,))
 
 
 def _snapshot(optimizer, writes: tuple[str, ...]) -> tuple[list, list, list, list]:
