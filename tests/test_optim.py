@@ -352,6 +352,25 @@ def test_deepspeed_with_the_shipped_entries_a_step_before_backward_raises(path, 
         torchgen_patch.uninstall()
 
 
+def test_deepspeed_adagrads_sparse_step_moves_the_version_itself_and_is_not_bumped_again():
+    cls = _deepspeed("deepspeed.ops.adagrad.DeepSpeedCPUAdagrad")
+
+    def step():
+        p = torch.nn.Parameter(torch.randn(8, 4))
+        p.grad = torch.sparse_coo_tensor(torch.tensor([[1, 3]]), torch.ones(2, 4), (8, 4)).coalesce()
+        before = p.detach().clone()
+        cls([p]).step()  # writes the rows by indexing (index_put_), which bumps
+        assert not torch.equal(before, p.detach())
+        return p._version
+
+    assert step() == 1
+    torchgen_patch.install(ONE_OP, backend="python")
+    try:
+        assert step() == 1
+    finally:
+        torchgen_patch.uninstall()
+
+
 def test_deepspeed_without_the_entries_install_changes_nothing():
     rep = torchgen_patch.install(ONE_OP, backend="python", no_overlay=True)
     try:
