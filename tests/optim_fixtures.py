@@ -99,3 +99,17 @@ class PrintsInC(NumpyWriter):
         os.write(1, b"PrintsInC was created\n")
         print("PrintsInC says hello")
         super().__init__(params, lr)
+
+
+class StepPerInstance(NumpyWriter):
+    """Replaces ``step`` on each instance (as DeepSpeed's ZenFlowCPUAdam does): torch's step hooks
+    wrap the class's ``step`` only."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, lr)
+        self.step = self._own_step
+
+    @torch.no_grad()
+    def _own_step(self, closure=None):
+        for group, p in self._each():
+            p.detach().numpy()[...] -= group["lr"] * p.grad.numpy()

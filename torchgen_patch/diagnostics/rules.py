@@ -127,8 +127,8 @@ def optimizer_probe(probe) -> Finding:
            + ("it" if len(probe.through) == 1 else "them")) if probe.through else \
         f"an optimizer entry in the overlay (optimizers: {probe.cls}: writes: [params]) makes install() and run bump it"
     return _make(OPTIMIZER_UNSEEN, probe.loc, probe.cls,
-                 f"{probe.cls}: its step changed the parameter and moved no version counter ({probe.detail}): "
-                 f"autograd cannot see the write; {fix}")
+                 f"{probe.cls}: its step changed the parameter without moving its version counter, so autograd "
+                 f"cannot see the write: {probe.detail}; {fix}")
 
 
 def stale_baseline(path: str, line: int, op: str, rule: str) -> Finding:

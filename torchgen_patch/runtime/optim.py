@@ -78,7 +78,7 @@ def covering(entries: dict, cls):
     already imported that exports this very class under the entry's name; None if none."""
     entry = entries.get(f"{cls.__module__}.{cls.__qualname__}")
     if entry is None:
-        for path, e in sorted(entries.items()):
+        for path, e in entries.items():  # the overlay's order
             module, _, name = path.rpartition(".")
             if getattr(sys.modules.get(module), name, None) is cls:
                 return e

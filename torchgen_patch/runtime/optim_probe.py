@@ -87,6 +87,10 @@ def probe(cls: type, entry=None) -> StepProbe:
             opt, p = _construct(cls)
         except Exception as e:  # noqa: BLE001 — the library's own error, reported as the reason
             return StepProbe(path, loc, StepOutcome.NOT_RUN, f"could not be constructed: {_error(e)}")
+        if "step" in vars(opt):  # a step bound per instance: torch's hooks wrap the class's only
+            return StepProbe(path, loc, StepOutcome.NOT_RUN, "its instances replace step() with a method PyTorch's "
+                                                             "optimizer step hooks do not wrap, so no overlay entry "
+                                                             "can cover it")
         try:
             changed, moved = _steps(opt, p)
         except Exception as e:  # noqa: BLE001
