@@ -239,6 +239,30 @@ def test_uninstall_removes_the_hooks(entries):
     assert optim._after not in _global_optimizer_post_hooks.values()
 
 
+def test_the_bump_takes_one_tensor_at_a_time_where_torch_takes_no_list(monkeypatch):
+    """torch 2.4's ``_increment_version`` takes one tensor (later releases a list): each is bumped once."""
+    from torchgen_patch.runtime import dispatcher
+
+    real = torch._C._increment_version
+
+    def one(t):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("_increment_version(): incompatible function arguments")
+        real((t,)) if torch_takes_lists() else real(t)
+
+    def torch_takes_lists():
+        try:
+            real(())
+            return True
+        except TypeError:
+            return False
+
+    monkeypatch.setattr(torch._C, "_increment_version", one)
+    a, b = torch.zeros(2), torch.zeros(2)
+    dispatcher.version_bumper()((a, b))
+    assert (a._version, b._version) == (1, 1)
+
+
 def test_inference_tensors_have_no_counter_and_are_left_alone(entries):
     entries(NumpyWriter="[params]")
     with torch.inference_mode():
@@ -360,7 +384,8 @@ def test_deepspeed_adagrads_sparse_step_moves_the_version_itself_and_is_not_bump
 
     def step():
         p = torch.nn.Parameter(torch.randn(8, 4))
-        p.grad = torch.sparse_coo_tensor(torch.tensor([[1, 3]]), torch.ones(2, 4), (8, 4)).coalesce()
+        p.grad = torch.sparse_coo_tensor(torch.tensor([[1, 3]]), torch.ones(2, 4), (8, 4),
+                                         check_invariants=True).coalesce()
         before = p.detach().clone()
         cls([p]).step()  # writes the rows by indexing (index_put_), which bumps
         assert not torch.equal(before, p.detach())
