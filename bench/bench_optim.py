@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TARGET = 1.01
 WIDTHS = (1024, 256)  # the first is the target's case
-BLOCK = 15  # steps per timed block; a block counts by its median step (a neighbour's preemption is one outlier)
+BLOCK = 7  # steps per timed block; a block counts by its median step (a neighbour's preemption is one outlier)
 
 
 def _mlp(width: int):
@@ -75,7 +75,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=200, help="at most this many paired blocks per case")
-    ap.add_argument("--seconds", type=float, default=8.0, help="about how long each case runs")
+    ap.add_argument("--seconds", type=float, default=20.0, help="about how long each case runs")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(1)
