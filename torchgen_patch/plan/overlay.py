@@ -221,6 +221,8 @@ def _optimizers(path: str, line: int, node) -> dict[str, OptimizerEntry]:
     """The ``optimizers:`` section: class path -> what its step writes, each field checked."""
     import yaml
 
+    if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+        return {}  # a section with no entries yet
     if not isinstance(node, yaml.MappingNode):
         raise InputError(path, line, f"'{OPTIMIZERS}' must be a mapping keyed by optimizer class "
                                      "(module.Class)")
@@ -240,18 +242,8 @@ def _optimizers(path: str, line: int, node) -> dict[str, OptimizerEntry]:
 def _optimizer_fields(path: str, cls: str, line: int, node) -> OptimizerEntry:
     import yaml
 
-    if not isinstance(node, yaml.MappingNode):
-        raise InputError(path, node.start_mark.line + 1, f"entry for '{cls}' must be a mapping")
     fields: dict[str, object] = {}
-    for k, v in node.value:
-        kl = k.start_mark.line + 1
-        key = k.value if isinstance(k, yaml.ScalarNode) else None
-        if key not in OPTIMIZER_KEYS:
-            close = _difflib().get_close_matches(str(key), sorted(OPTIMIZER_KEYS), n=1)
-            raise InputError(path, kl, f"unknown key '{key}' in entry for '{cls}'",
-                             f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(OPTIMIZER_KEYS))}")
-        if key in fields:
-            raise InputError(path, kl, f"duplicate key '{key}'")
+    for key, kl, v in _keys(path, cls, node, OPTIMIZER_KEYS):
         if key == "writes":
             if not isinstance(v, yaml.SequenceNode) or not v.value or \
                     not all(isinstance(x, yaml.ScalarNode) and x.tag == "tag:yaml.org,2002:str" for x in v.value):
@@ -318,19 +310,9 @@ def _fields(path, op, line, node, templates: set[str] | None = None) -> Entry:
     """The entry's keys, each checked (``templates`` None: the template name is not looked up)."""
     import yaml
 
-    if not isinstance(node, yaml.MappingNode):
-        raise InputError(path, node.start_mark.line + 1, f"entry for '{op}' must be a mapping")
     fields: dict[str, object] = {}
     lines: dict[str, int] = {}
-    for k, v in node.value:
-        kl = k.start_mark.line + 1
-        key = k.value if isinstance(k, yaml.ScalarNode) else None
-        if key not in KEYS:
-            close = _difflib().get_close_matches(str(key), sorted(KEYS), n=1)
-            raise InputError(path, kl, f"unknown key '{key}' in entry for '{op}'",
-                             f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(KEYS))}")
-        if key in fields:
-            raise InputError(path, kl, f"duplicate key '{key}'")
+    for key, kl, v in _keys(path, op, node, KEYS):
         lines[key] = kl
         if key == "devices":
             if not isinstance(v, yaml.SequenceNode) or not all(isinstance(x, yaml.ScalarNode) for x in v.value):
@@ -362,6 +344,27 @@ def _fields(path, op, line, node, templates: set[str] | None = None) -> Entry:
         raise InputError(path, lines["requires_grad"], f"requires_grad must be one of {', '.join(REQUIRES_GRAD)}, "
                                                        f"not '{requires_grad}'")
     return Entry(op, line, action, reason, template, tuple(devices), requires_grad)
+
+
+def _keys(path: str, name: str, node, allowed: set[str]):
+    """(key, its line, its value node) of the entry ``node`` for ``name``: a mapping whose keys are
+    each in ``allowed`` (an unknown one answered with the closest) and given once."""
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        raise InputError(path, node.start_mark.line + 1, f"entry for '{name}' must be a mapping")
+    seen: set[str] = set()
+    for k, v in node.value:
+        kl = k.start_mark.line + 1
+        key = k.value if isinstance(k, yaml.ScalarNode) else None
+        if key not in allowed:
+            close = _difflib().get_close_matches(str(key), sorted(allowed), n=1)
+            raise InputError(path, kl, f"unknown key '{key}' in entry for '{name}'",
+                             f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(allowed))}")
+        if key in seen:
+            raise InputError(path, kl, f"duplicate key '{key}'")
+        seen.add(key)
+        yield key, kl, v
 
 
 def _difflib():
