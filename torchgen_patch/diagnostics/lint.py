@@ -1,7 +1,6 @@
 """Lint: every finding of a lint run is made here, whatever it looks at: the missing and
 unsupported ops of each yaml that the overlay does not accept, the live operator registry
-(``--runtime``; with ``--import``, also the optimizer classes those modules define, each given
-a probe step), a generated directory (``--generated``), the baseline, and the drift between
+(``--runtime``), a generated directory (``--generated``), the baseline, and the drift between
 the yaml and the running torch (``--against-runtime``), and, asked (``autograd``), the ops whose autograd kernel skips its
 requires-grad checks. The CLI parses flags and prints."""
 
@@ -94,6 +93,8 @@ def run(req: Request, noted=lambda inputs: None, apply_baseline: bool = True) ->
 
 
 def _runtime(req: Request) -> tuple[list[Finding], Summary]:
+    """The live registry's findings; with ``--import``, also those of the optimizer classes the
+    modules define, each given a probe step (runtime/optim_probe.py)."""
     from ..runtime import registry
     from ..runtime.install import runtime_overlay
 
