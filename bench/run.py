@@ -22,14 +22,14 @@ from common import ROOT, save  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust", "startup"), action="append")
+    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust", "startup", "optim"), action="append")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15, help="paired rounds of the per-call benchmark")
     ap.add_argument("--startup-rounds", type=int, default=11, help="paired rounds of the start-up benchmark")
     ap.add_argument("--report", action="store_true",
                     help="also update the committed report under reports/ (only the sections run are replaced)")
     args = ap.parse_args()
-    only = set(args.only or ("lint", "gen", "build", "call", "trust", "startup"))
+    only = set(args.only or ("lint", "gen", "build", "call", "trust", "startup", "optim"))
     results = {}
     if "lint" in only:
         print("== lint", flush=True)
@@ -53,6 +53,18 @@ def main() -> int:
             return r.returncode
         with open(out) as fh:
             results["call"] = json.load(fh)
+    if "optim" in only:
+        print("== an optimizer step with the overlay's optimizer entries active vs not: torch's AdamW, DeepSpeedCPUAdam",
+              flush=True)
+        out = os.path.join(ROOT, "build", "bench-optim.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+        env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
+        r = subprocess.run([sys.executable, os.path.join(HERE, "bench_optim.py"), "--json", out], env=env)
+        if r.returncode != 0:
+            return r.returncode
+        with open(out) as fh:
+            results["optim"] = json.load(fh)
     if "startup" in only:
         print("== start-up: prebuilt wheel, warm cache, python backend vs import torch; the launcher vs the plain "
               "program", flush=True)

@@ -25,6 +25,8 @@ LIBS = [
     ("torchao", ["torchao", "torchao.optim"], "torchao"),
     ("torch-optimi", ["optimi"], "optimi"),
     ("liger-kernel", ["liger_kernel", "liger_kernel.ops"], None),
+    # optimizers that write outside the dispatcher (the shipped overlay's optimizer entries)
+    ("deepspeed", ["deepspeed.ops.adam", "deepspeed.ops.adagrad", "deepspeed.ops.lion"], "deepspeed"),
 ]
 
 
@@ -80,6 +82,16 @@ def _checks(kind: str) -> dict[str, str]:
         import optimi
 
         return {"optimi.AdamW (control: aten ops)": _stale_optimizer(lambda ps: optimi.AdamW(ps, lr=0.05))}
+    if kind == "deepspeed":
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+        from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+        from deepspeed.ops.lion import DeepSpeedCPULion
+
+        return {f"{name}: step between forward and backward": _stale_optimizer(make) for name, make in (
+            ("DeepSpeedCPUAdam (adamw_mode=True)", lambda ps: DeepSpeedCPUAdam(ps)),
+            ("DeepSpeedCPUAdam (adamw_mode=False)", lambda ps: DeepSpeedCPUAdam(ps, adamw_mode=False)),
+            ("DeepSpeedCPUAdagrad", DeepSpeedCPUAdagrad), ("DeepSpeedCPULion", DeepSpeedCPULion),
+            ("FusedAdam (its CPU build; no shipped entry)", FusedAdam))}
     return {}
 
 
@@ -122,9 +134,11 @@ def worker(dist: str) -> dict:
     out["ops"] = [{"name": o.name, "schema": o.schema, "written": list(o.written),
                    "location": o.loc.render() if o.loc.path else None} for o in ops]
     out["torch"] = torch.__version__
+    out["optimizers"] = _probes(out["imported"])
     if check:
         out["checks"]["unpatched"] = _checks(check)
-        if ops:
+        if ops or any(p["outcome"] == "covered" for p in out["optimizers"]):
+            # the runtime ops and the shipped overlay's optimizer entries
             rep = torchgen_patch.install(runtime_ops=[o.name for o in ops])
             out["refused"] = rep.refused
             try:
@@ -132,6 +146,17 @@ def worker(dist: str) -> dict:
             finally:
                 torchgen_patch.uninstall()
     return out
+
+
+def _probes(modules: list[str]) -> list[dict]:
+    """lint --runtime --import's optimizer rule on the library's modules: each optimizer class they
+    define, probed (or covered by the shipped overlay's optimizer entries)."""
+    from torchgen_patch.plan.overlay import load_runtime
+    from torchgen_patch.runtime.optim_probe import probe_modules
+    from torchgen_patch.sources import shipped_overlay
+
+    return [{"class": p.cls, "outcome": str(p.outcome), "detail": p.detail, "through": list(p.through)}
+            for p in probe_modules(modules, load_runtime(shipped_overlay()).optimizers)]
 
 
 def _rel(path: str | None) -> str:
@@ -155,9 +180,12 @@ def markdown(results: list[dict]) -> str:
              f"torch {torch_v}, CPU. Produced by `python scripts/ecosystem_audit.py` (each library in a fresh "
              "interpreter; its namespaces are the operators its import registered). \"silent\" means autograd used "
              "a tensor that the step had overwritten without an error; \"raises\" is PyTorch's "
-             "\"modified by an inplace operation\" error, the correct behaviour.", "",
-             "| library | version | namespaces | mutating ops without a kernel | consequence unpatched | patched |",
-             "|---|---|---|---|---|---|"]
+             "\"modified by an inplace operation\" error, the correct behaviour. The last column is "
+             "`lint --runtime --import`'s optimizer rule on the library's modules: every optimizer class they define, "
+             "given a probe step on a tiny parameter; \"unseen\" changes its parameter without a version bump.", "",
+             "| library | version | namespaces | mutating ops without a kernel | consequence unpatched | patched | "
+             "optimizer classes (`lint --runtime --import`'s probe step) |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         unp = r["checks"].get("unpatched", {})
         pat = r["checks"].get("patched", {})
@@ -165,7 +193,8 @@ def markdown(results: list[dict]) -> str:
         psummary = ", ".join(f"{v} {k}" for k, v in _tally(pat).items()) or "—"
         err = "; ".join(f"`{m}`: {e}" for m, e in r["import_errors"].items())
         lines.append(f"| {r['dist']} | {r['version'] or '—'} | {', '.join(r.get('namespaces', [])) or '—'} | "
-                     f"{len(r['ops'])} | {summary}{' (import: ' + err + ')' if err else ''} | {psummary} |")
+                     f"{len(r['ops'])} | {summary}{' (import: ' + err + ')' if err else ''} | {psummary} | "
+                     f"{_probe_tally(r.get('optimizers', []))} |")
     for r in results:
         lines += ["", f"## {r['dist']} {r['version'] or ''}".rstrip(), ""]
         if r["import_errors"]:
@@ -185,8 +214,21 @@ def markdown(results: list[dict]) -> str:
                 lines += ["", f"Check, {phase}" + (" (`install(runtime_ops=[those ops])`, shipped overlay)"
                                                    if phase == "patched" else "") + ":", ""]
                 lines += [f"- {k}: **{v}**" for k, v in r["checks"][phase].items()]
+        if r.get("optimizers"):
+            lines += ["", f"Optimizer classes its modules define, each given `lint --runtime --import`'s probe step "
+                          f"({_probe_tally(r['optimizers'])}):", "", "| class | probe step | how |", "|---|---|---|"]
+            lines += [f"| `{p['class']}` | {PROBE_WORDS[p['outcome']]} | {p['detail'] or '—'} |"
+                      for p in r["optimizers"]]
         if r.get("refused"):
             lines += ["", "Not patched: " + "; ".join(f"`{k}` ({v})" for k, v in sorted(r["refused"].items()))]
+        outside = [p["class"] for p in r.get("optimizers", []) if p["outcome"] in ("unseen", "covered")
+                   and not p["through"]]
+        if outside:
+            lines += ["", "Fix on the library's side, for the optimizers whose step writes outside the dispatcher ("
+                      + ", ".join(f"`{c}`" for c in outside) + "): after the C++ update, call "
+                      "`torch.autograd.graph.increment_version` on each parameter it wrote (a list in one call, "
+                      "torch >= 2.5). Until then, `torchgen-patch run` and `install()` do it with the shipped "
+                      "overlay's optimizer entries."]
         silent = [k for k, v in r["checks"].get("unpatched", {}).items() if v.startswith("silent")]
         if silent and r["ops"]:
             ns = ", ".join(f"`{n}`" for n in r["namespaces"])
@@ -203,6 +245,21 @@ def markdown(results: list[dict]) -> str:
                       + (f" and {len(r['ops']) - 8} more (table above)" if len(r["ops"]) > 8 else ""), "",
                       "Fix on the library's side: " + FIX.format(patterns=patterns)]
     return "\n".join(lines) + "\n"
+
+
+PROBE_WORDS = {"unseen": "**changes the parameter, no version bump**", "bumps": "bumps (seen by autograd)",
+               "covered": "covered by the shipped overlay's entry", "not_run": "not probed", "unchanged": "not probed"}
+
+
+def _probe_tally(probes: list[dict]) -> str:
+    if not probes:
+        return "none"
+    t: dict[str, int] = {}
+    for p in probes:
+        t[p["outcome"]] = t.get(p["outcome"], 0) + 1
+    words = {"unseen": "unseen", "bumps": "bump", "covered": "covered by an entry", "not_run": "not probed",
+             "unchanged": "changed nothing"}
+    return ", ".join(f"{t[k]} {words[k]}" for k in words if k in t)
 
 
 def _tally(d: dict) -> dict:
@@ -234,6 +291,8 @@ def main() -> int:
         json.dump(worker(args.worker), sys.stdout)
         return 0
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, args.site) if p))
+    # DeepSpeed builds its CPU ops on first use: once, in the project's cache, as the tests do
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
     results = []
     for dist, _, _ in LIBS:
         r = subprocess.run([sys.executable, __file__, "--worker", dist], capture_output=True, text=True, env=env,

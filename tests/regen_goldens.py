@@ -47,7 +47,9 @@ def format_goldens() -> dict[str, bytes]:
     from torchgen_patch.diagnostics.render import RENDERERS, Summary, scan_text
     from torchgen_patch.errors import Location
     from torchgen_patch.plan.overlay import empty
+    from torchgen_patch.runtime.optim_probe import StepProbe
     from torchgen_patch.runtime.registry import RuntimeOp
+    from torchgen_patch.vocabulary import StepOutcome
     from torchgen_patch.scan.model import VERDICTS
 
     with tempfile.TemporaryDirectory() as d:
@@ -66,10 +68,22 @@ def format_goldens() -> dict[str, bytes]:
                rules.missing_at_runtime(RuntimeOp("ext::write_far", "ext::write_far(Tensor(a!) out) -> ()",
                                                   ("out",), Location(None, None)))]
     runtime_summary = Summary(source="runtime", left_out=1)
+    # lint --runtime --import's optimizer rule: an unseen write each way, a class not probed, one covered
+    S, O = StepProbe, StepOutcome
+    optim = sorted([rules.optimizer_probe(p) for p in (
+        S("ext.optim.PybindAdam", Location("ext/optim.py", 10), O.UNSEEN,
+          "it writes the parameter outside the dispatcher (C++ bound with pybind, data_ptr, numpy)"),
+        S("ext.optim.OpAdam", Location("ext/optim.py", 40), O.UNSEEN,
+          "it writes the parameter through ext::adam_update, which has no ADInplaceOrView kernel",
+          ("ext::adam_update",)),
+        S("ext.optim.ShardedAdam", Location("ext/optim.py", 70), O.NOT_RUN,
+          "its step raised RuntimeError: Default process group has not been initialized"))], key=Finding.sort_key)
+    optim_summary = Summary(source="runtime", probed=5, covered=("ext.optim.CoveredAdam",))
     out = {"formats/scan.text": scan_table}  # the scan's JSON names this machine's paths: tests/test_lint.py
     for fmt, render in RENDERERS.items():
         out[f"formats/lint.{fmt}"] = render(fs, yaml_summary).encode()
         out[f"formats/lint-runtime.{fmt}"] = render(runtime, runtime_summary).encode()
+        out[f"formats/lint-optimizers.{fmt}"] = render(optim, optim_summary).encode()
     T = v.TensorResult
     runs = {
         "without patch": [v.OpResult("aten::_cummax_helper", "cpu", False, v.MISS, [T("values", 0, 0), T("indices", 0, 0)]),

@@ -49,6 +49,25 @@ def fsdp2() -> tuple[str, list[str]]:
     return name, ops
 
 
+def train_mlp(make_optimizer, steps: int, width: int = 64):
+    """A small MLP (``width`` wide) trained on one fixed batch for ``steps`` steps with the optimizer
+    ``make_optimizer(params)`` makes: (the losses, the model)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    opt = make_optimizer(model.parameters())
+    x, y = torch.randn(32, width), torch.randn(32, 1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
 def entry_point(python: str, bin_dir: str) -> str:
     """A `torchgen-patch` console script for ``python`` in ``bin_dir``, written as pip writes one
     (its own folder first on sys.path, never the current directory); returns its path."""

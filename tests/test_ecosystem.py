@@ -96,18 +96,9 @@ def test_patched_every_optimizer_raises(backend):
 
 
 def _train(name, steps=5):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    opt = _optimizer(name, model.parameters())
-    x, y = torch.randn(32, 64), torch.randn(32, 1)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    from tests.support import train_mlp
+
+    return train_mlp(lambda params: _optimizer(name, params), steps)[0]
 
 
 @pytest.mark.build

@@ -32,7 +32,8 @@ def test_a_plain_script_runs_patched_and_its_exit_code_passes_through(default_pl
     assert r.returncode == 3, r.stderr
     (p,) = _probes(r.stdout)
     assert p["active"] == str(len(default_plan.kernels)) and p["versions"] == "1,1"
-    assert re.search(r"^torchgen-patch: \d+ kernels active \(cpp\), 0 refused, in pid \d+$", r.stderr, re.M)
+    assert re.search(r"^torchgen-patch: \d+ kernels active \(cpp\), 0 refused; \d+ optimizer entries active, in pid \d+$",
+                     r.stderr, re.M)
 
 
 def test_python_dash_m_and_the_python_backend():

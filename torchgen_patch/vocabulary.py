@@ -81,6 +81,16 @@ class Gap(Word):
     INPLACE = "inplace"  # an in-place op: no check_inplace (a leaf that requires grad can be written)
 
 
+class StepOutcome(Word):
+    """What a probe step of an optimizer class shows (``lint --runtime --import``)."""
+
+    BUMPS = "bumps"  # its step changed the parameter and moved its version
+    UNSEEN = "unseen"  # changed it and moved no version: autograd cannot see the write
+    COVERED = "covered"  # an optimizer entry of the overlay covers the class (not probed)
+    UNCHANGED = "unchanged"  # its probe steps changed no parameter: nothing learned
+    NOT_RUN = "not_run"  # it could not be constructed or stepped
+
+
 class Backend(Word):
     CPP = "cpp"  # the compiled kernels
     PYTHON = "python"  # torch.library kernels, no compiler needed

@@ -193,7 +193,9 @@ def parser() -> argparse.ArgumentParser:
     lint.add_argument("--runtime", action="store_true",
                       help="lint the live operator registry (any namespace) instead of a yaml (needs torch)")
     lint.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
-                      help="with --runtime: import MOD first (repeatable), e.g. torch.distributed.fsdp")
+                      help="with --runtime: import MOD first (repeatable), e.g. torch.distributed.fsdp; each "
+                           "optimizer class MOD defines gets a probe step (one whose step writes its parameter "
+                           "without a version bump is a finding)")
     lint.add_argument("--namespace", action="append", metavar="NS", help="with --runtime: only these namespaces")
 
     g = sub.add_parser("gen", help="generate ADInplaceOrView kernels for the missing ops")

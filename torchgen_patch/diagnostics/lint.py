@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..plan.overlay import Overlay
 from ..scan.model import INPLACE_UNCHECKED, MISSING, OUT_UNCHECKED, UNSUPPORTED, VERDICTS, Scan
 from ..sources import Options
+from ..vocabulary import StepOutcome
 from . import Finding, rules
 from .render import Summary
 
@@ -96,6 +97,8 @@ def run(req: Request, noted=lambda inputs: None, apply_baseline: bool = True) ->
 
 
 def _runtime(req: Request) -> tuple[list[Finding], Summary]:
+    """The live registry's findings; with ``--import``, also those of the optimizer classes the
+    modules define, each given a probe step (runtime/optim_probe.py)."""
     from ..runtime import registry
     from ..runtime.install import runtime_overlay
 
@@ -104,7 +107,16 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
     registry.check_namespaces(req.namespaces)
     ops = registry.uncovered(req.namespaces)
     fs = [rules.missing_at_runtime(o) for o in ops if not overlay.skipped(o.name)]
-    return fs, Summary(source="runtime", left_out=len(ops) - len(fs))
+    left_out = len(ops) - len(fs)
+    probes = []
+    if req.imports:  # the optimizer classes the modules define, each given a probe step
+        from ..runtime.optim_probe import probe_modules
+
+        probes = probe_modules(list(req.imports), overlay.optimizers)
+        fs += [rules.optimizer_probe(p) for p in probes if p.outcome in (StepOutcome.UNSEEN, StepOutcome.NOT_RUN,
+                                                                         StepOutcome.UNCHANGED)]
+    covered = tuple(p.cls for p in probes if p.outcome == StepOutcome.COVERED)
+    return fs, Summary(source="runtime", left_out=left_out, probed=len(probes), covered=covered)
 
 
 def _generated(runs, fs: list[Finding], directory: str, options: Options) -> list[Finding]:

@@ -34,6 +34,8 @@ class Summary:
     baseline: str | None = None  # the --baseline file, when one was applied
     accepted: int = 0  # findings it accepted (not reported)
     left_out: int = 0  # runtime operators the overlay skips (not reported, but counted)
+    probed: int = 0  # optimizer classes of the --import modules (each probed or covered)
+    covered: tuple[str, ...] = ()  # of those, the classes an optimizer entry of the overlay covers
 
 
 def _line(f: Finding) -> str:
@@ -49,10 +51,16 @@ def _left_out(s: Summary) -> str:
     return f"left out by the overlay: {s.left_out}"
 
 
+def _covered(s: Summary) -> str:
+    return f"optimizer classes probed: {s.probed}, covered by the overlay: {len(s.covered)}" + \
+        (f" ({', '.join(s.covered)})" if s.covered else "")
+
+
 def summary_line(fs: list[Finding], s: Summary) -> str:
     """The text report's last line: how many findings, how many the baseline accepted, the verdict counts."""
     if s.source == "runtime":
-        return f"{len(fs)} finding(s) in the live operator registry{_accepted(s)}; {_left_out(s)}"
+        return f"{len(fs)} finding(s) in the live operator registry{_accepted(s)}; {_left_out(s)}" + \
+            (f"; {_covered(s)}" if s.probed else "")
     return (f"{len(fs)} finding(s){_accepted(s)}; " + ", ".join(f"{v} {n}" for v, n in s.counts.items())
             + f" (of {sum(s.counts.values())} functions)")
 
@@ -69,6 +77,8 @@ def json_(fs: list[Finding], s: Summary) -> str:
     if s.source == "runtime":
         doc["source"] = "runtime"
         doc["left_out_by_overlay"] = s.left_out
+        if s.probed:
+            doc["optimizers"] = {"probed": s.probed, "covered_by_overlay": list(s.covered)}
     else:
         doc.update(torch=s.torch, native_functions=[display_path(p) for p in s.inputs], counts=s.counts,
                    total=sum(s.counts.values()))
@@ -80,6 +90,10 @@ def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
     notes = [json.dumps({"path": None, "line": None, "char": None, "code": CODE, "severity": "advice",
                          "name": "left-out-by-overlay", "original": None, "replacement": None,
                          "description": _left_out(s)}, sort_keys=True) + "\n"] if _says_left_out(s) else []
+    notes += [json.dumps({"path": None, "line": None, "char": None, "code": CODE, "severity": "advice",
+                          "name": "covered-by-overlay", "original": None, "replacement": None,
+                          "description": f"{c}: covered by an optimizer entry of the overlay"}, sort_keys=True) + "\n"
+              for c in (s.covered if s is not None else ())]
     return "".join(json.dumps({
         "path": display_path(f.path) if f.path else None, "line": f.line, "char": None, "code": f.code,
         "severity": f.severity,
@@ -140,7 +154,9 @@ def sarif(fs: list[Finding], s: Summary | None = None) -> str:
                 } for r in rule_ids],
             }},
             "results": results,
-            **({"properties": {"leftOutByOverlay": s.left_out}} if _says_left_out(s) else {}),
+            **({"properties": {**({"leftOutByOverlay": s.left_out} if _says_left_out(s) else {}),
+                               **({"optimizersCoveredByOverlay": list(s.covered)} if s.covered else {})}}
+               if _says_left_out(s) or (s is not None and s.covered) else {}),
         }],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
@@ -174,6 +190,8 @@ def github(fs: list[Finding], s: Summary | None = None) -> str:
         out.append(f"::{kind} {props}::{_escape_data(f.message)}\n")
     if _says_left_out(s):
         out.append(f"::notice title={_escape_property(CODE)}::{_escape_data(_left_out(s))}\n")
+    out += [f"::notice title={_escape_property(CODE)}::{_escape_data(c + ': covered by an optimizer entry of the overlay')}\n"
+            for c in (s.covered if s is not None else ())]
     return "".join(out)
 
 

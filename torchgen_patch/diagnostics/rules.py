@@ -71,9 +71,22 @@ INPLACE_UNCHECKED = Rule(
     "check_inplace: in grad mode a leaf that requires grad is modified without the error other in-place ops "
     "raise (\"a leaf Variable that requires grad is being used in an in-place operation\").", "warning")
 
+OPTIMIZER_UNSEEN = Rule(
+    "optimizer-step-unseen", "OptimizerStepUnseen", "Optimizer whose step writes parameters without a version bump",
+    "A probe step of the class on a tiny parameter changed the parameter and moved no version counter: it writes "
+    "outside the dispatcher (C++ bound with pybind, data_ptr, numpy), through an alias whose counter is its own "
+    "(p.data), or through an operator without an ADInplaceOrView kernel. A parameter saved for backward and then "
+    "stepped is used stale, without autograd's \"modified by an inplace operation\" error. An optimizer entry in "
+    "the overlay (for an operator: install(runtime_ops=...)) makes install() and run bump what it writes.")
+OPTIMIZER_NOT_PROBED = Rule(
+    "optimizer-not-probed", "OptimizerNotProbed", "Optimizer class whose probe step could not tell",
+    "The class could not be constructed with its defaults (lr= where it has none) or stepped on a tiny parameter, "
+    "or its probe steps changed nothing: whether autograd sees what its step writes is unknown.", "warning")
+
 # One rule, one entry: a new rule is a Rule above, its entry here and the function that makes its findings.
 RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE,
-                           FILE_MISSING, FILE_MODIFIED, REGISTRATION, OUT_REQUIRES_GRAD, INPLACE_UNCHECKED)}
+                           FILE_MISSING, FILE_MODIFIED, REGISTRATION, OUT_REQUIRES_GRAD, INPLACE_UNCHECKED,
+                           OPTIMIZER_UNSEEN, OPTIMIZER_NOT_PROBED)}
 
 
 def _make(rule: Rule, loc: Location, op: str, message: str) -> Finding:
@@ -105,6 +118,18 @@ def missing_at_runtime(op) -> Finding:
     """A mutating op of the live registry (runtime.registry.RuntimeOp) with no kernel."""
     return _make(MISSING, op.loc, op.name, f"{op.name}: writes {', '.join(op.written)} and has no ADInplaceOrView "
                                            "kernel: nothing bumps the version counters of what it writes")
+
+
+def optimizer_probe(probe) -> Finding:
+    """An optimizer class whose probe step (runtime.optim_probe.StepProbe) wrote unseen, or could not tell."""
+    if probe.outcome != "unseen":
+        return _make(OPTIMIZER_NOT_PROBED, probe.loc, probe.cls, f"{probe.cls}: not probed: {probe.detail}")
+    fix = (f"install(runtime_ops=[{', '.join(repr(o) for o in probe.through)}]) or run --runtime-op serves "
+           + ("it" if len(probe.through) == 1 else "them")) if probe.through else \
+        f"an optimizer entry in the overlay (optimizers: {probe.cls}: writes: [params]) makes install() and run bump it"
+    return _make(OPTIMIZER_UNSEEN, probe.loc, probe.cls,
+                 f"{probe.cls}: its step changed the parameter without moving its version counter, so autograd "
+                 f"cannot see the write: {probe.detail}; {fix}")
 
 
 def stale_baseline(path: str, line: int, op: str, rule: str) -> Finding:

@@ -81,3 +81,19 @@ def below_inplace_or_view_guard():
 def disabled_torch_function():
     """The ``__torch_function__`` of a subclass that only wants ``__torch_dispatch__``."""
     return _c()._disabled_torch_function_impl
+
+
+def version_bumper():
+    """A function that bumps the version counter of each tensor of a sequence once: this torch's own
+    ``torch._C._increment_version`` where it takes a sequence (2.5 on), one call per tensor where it
+    takes one tensor (2.4). Inference tensors, which have no counter, must not be among them."""
+    bump = _c()._increment_version
+    try:
+        bump(())
+        return bump
+    except (TypeError, RuntimeError):  # "incompatible function arguments": it takes one tensor
+        def each(tensors) -> None:
+            for t in tensors:
+                bump(t)
+
+        return each

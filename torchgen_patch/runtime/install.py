@@ -45,10 +45,12 @@ class InstallReport:
     refused: dict[str, str] = field(default_factory=dict)  # op -> why
     prebuilt: str | None = None  # the installed prebuilt kernels used (their version), if any
     prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used
+    optimizers: list[str] = field(default_factory=list)  # the overlay's optimizer entries active (runtime/optim.py)
 
     def summary(self) -> str:
         lines = [f"torchgen-patch install ({self.backend}): {len(self.registered)} registered, "
-                 f"{len(self.already)} already active, {len(self.refused)} refused"]
+                 f"{len(self.already)} already active, {len(self.refused)} refused; "
+                 f"{len(self.optimizers)} optimizer entries active"]
         if self.prebuilt:
             lines.append(f"  prebuilt: {self.prebuilt} ({self.library})")
         if self.prebuilt_unused:
@@ -116,6 +118,8 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
     (``torchgen-patch lint --runtime``), served by one boxed kernel that reads
     their schemas at call time; given alone, only those are installed.
     Loading twice is a no-op: ops already installed are reported as such.
+    The overlay's optimizer entries (``optimizers:``) are applied too, through PyTorch's global
+    optimizer step hooks (runtime/optim.py); the report lists them (``optimizers``).
     ``evidence`` (runtime ops, Python backend): also record which written arguments each call
     really changed; read it with ``evidence()`` ("declared written, never changed").
     With neither ``library`` nor ``plan``, installed prebuilt kernels (``torchgen-patch wheel``)
@@ -140,7 +144,7 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
         with _LOCK:
             todo = plan_runtime(expand_patterns(list(how.runtime_ops)), runtime_overlay(opts), live_op,
                                 set(_INSTALLED))
-            return _install_runtime(todo, backend, how)
+            return _with_optimizers(opts, _install_runtime(todo, backend, how))
     with _LOCK:
         if backend == "python":
             if plan is None:
@@ -149,12 +153,20 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
                 _, plan = make(opts)
             cands = [Candidate(k.op, k.schema, k.written, (k.refuse_name, k.refuse_args) if k.refuse_name else None)
                      for k in plan.kernels]
-            return _install_python(_select(cands, ops))
+            return _with_optimizers(opts, _install_python(_select(cands, ops)))
         from . import artifact_at, library
 
         art = artifact_at(how.library) if how.library else \
             library(opts, plan=plan, build=how.build, prebuilt=plan is None, verbose=how.verbose)
-        return register(art, ops)
+        return _with_optimizers(opts, register(art, ops))
+
+
+def _with_optimizers(opts: Options, rep: InstallReport) -> InstallReport:
+    """The overlay's optimizer entries applied (runtime/optim.py), and said in the report."""
+    from . import optim
+
+    rep.optimizers = optim.activate(runtime_overlay(opts).optimizers)
+    return rep
 
 
 def register(artifact, ops: list[str] | None = None, backend: str = "cpp") -> InstallReport:
@@ -366,6 +378,9 @@ def uninstall() -> list[str]:
                 if hasattr(dll, fn):
                     getattr(dll, fn).restype = None
                     getattr(dll, fn)()
+        from . import optim
+
+        optim.deactivate()
         for lib in _HANDLES:
             lib._destroy()
         _HANDLES.clear()

@@ -222,12 +222,13 @@ def _install(spec: dict, name: str) -> None:
     from . import install as inst
 
     opts = Options(**spec["options"])
-    line, refused = "", False
+    line, refused, optimizers = "", False, ""
     if "kernels" not in _DONE:
         _DONE.add("kernels")
         library, _ = resolve(spec, _log(spec))
         rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts)
         line = f"torchgen-patch: {len(rep.registered)} kernels active ({spec['backend']}), {len(rep.refused)} refused"
+        optimizers = f"; {len(rep.optimizers)} optimizer entries active"
         refused = bool(rep.refused)
     waiting = [m for m in spec["imports"] if _importing(m, name)]
     if spec["runtime_ops"] and not waiting:
@@ -244,7 +245,7 @@ def _install(spec: dict, name: str) -> None:
     elif not spec["runtime_ops"]:
         _DONE.add("runtime")
     if line and (not spec.get("quiet") or "NOT active" in line or refused):
-        print(f"{line}, in pid {os.getpid()}", file=sys.stderr, flush=True)
+        print(f"{line}{optimizers}, in pid {os.getpid()}", file=sys.stderr, flush=True)
 
 
 def run_program(program: list[str], env: dict[str, str]) -> int:

@@ -1,0 +1,223 @@
+"""The probe behind ``lint --runtime --import MOD``'s optimizer rule: every optimizer class that
+MOD (and the submodules of it that are imported) defines gets a probe step on a tiny parameter —
+constructed with its defaults (``lr=`` where it has none), given a gradient, its version and bits
+taken, stepped, compared. A step that changes the bits and not the version writes where autograd
+cannot see; a class that cannot be constructed or stepped is said so with the reason, and one an
+optimizer entry of the overlay covers is reported as covered, not probed.
+
+For a write that moved no version, a second probe under a recording dispatch mode says how it was
+made: through an operator without an ``ADInplaceOrView`` kernel (``install(runtime_ops=...)``
+serves it), through an operator on an alias whose version counter is its own (``p.data``), or
+outside the dispatcher (C++ bound with pybind, ``data_ptr``, numpy): the last two need an entry."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+
+from ..errors import Location, one_line
+from ..vocabulary import StepOutcome
+from .optim import covering
+
+STEPS = 3  # probe steps before a class counts as changing nothing (some skip their first steps)
+SHAPE = (8, 8)
+
+
+@dataclass(frozen=True)
+class StepProbe:
+    """One optimizer class's probe."""
+
+    cls: str  # module.Class
+    loc: Location  # where the class is defined
+    outcome: StepOutcome
+    detail: str = ""  # why it was not run; how an unseen write was made; the entry that covers it
+    through: tuple[str, ...] = ()  # operators without an ADInplaceOrView kernel that wrote the parameter
+
+
+def probe_modules(modules: list[str], entries: dict) -> list[StepProbe]:
+    """Probe every optimizer class defined in ``modules`` (already imported) and their imported
+    submodules; ``entries``: the overlay's optimizer entries (class path -> OptimizerEntry)."""
+    classes = optimizer_classes(modules)
+    if not classes:
+        return []
+    import warnings
+
+    with _stdout_to_stderr(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [probe(c, covering(entries, c)) for c in classes]
+
+
+def optimizer_classes(modules: list[str]) -> list[type]:
+    """The subclasses of torch.optim.Optimizer defined in ``modules`` or their imported submodules,
+    sorted by path."""
+    import torch
+
+    base, found = torch.optim.Optimizer, {}
+    for name in sorted(sys.modules):
+        if not any(name == m or name.startswith(m + ".") for m in modules):
+            continue
+        for obj in list(getattr(sys.modules.get(name), "__dict__", {}).values()):
+            try:
+                if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == name:
+                    found[path_of(obj)] = obj
+            except TypeError:  # a class whose metaclass refuses issubclass
+                continue
+    return [found[k] for k in sorted(found)]
+
+
+def path_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def probe(cls: type, entry=None) -> StepProbe:
+    """``cls``'s probe (``entry``: the overlay entry that covers it, if any: then it is not run)."""
+    path, loc = path_of(cls), _where(cls)
+    if entry is not None:
+        return StepProbe(path, loc, StepOutcome.COVERED, f"overlay entry at line {entry.line}")
+    if inspect.isabstract(cls):
+        return StepProbe(path, loc, StepOutcome.NOT_RUN, "an abstract class")
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            opt, p = _construct(cls)
+        except Exception as e:  # noqa: BLE001 — the library's own error, reported as the reason
+            return StepProbe(path, loc, StepOutcome.NOT_RUN, f"could not be constructed: {_error(e)}")
+        if "step" in vars(opt):  # a step bound per instance: torch's hooks wrap the class's only
+            return StepProbe(path, loc, StepOutcome.NOT_RUN, "its instances replace step() with a method PyTorch's "
+                                                             "optimizer step hooks do not wrap, so no overlay entry "
+                                                             "can cover it")
+        try:
+            changed, moved = _steps(opt, p)
+        except Exception as e:  # noqa: BLE001
+            return StepProbe(path, loc, StepOutcome.NOT_RUN, f"its step raised {_error(e)}")
+        if not changed:
+            return StepProbe(path, loc, StepOutcome.UNCHANGED, f"{STEPS} probe steps changed no parameter")
+        if moved:
+            return StepProbe(path, loc, StepOutcome.BUMPS)
+        how, through = _how(cls)
+        return StepProbe(path, loc, StepOutcome.UNSEEN, how, through)
+
+
+def _construct(cls):
+    import torch
+
+    p = torch.nn.Parameter(torch.randn(*SHAPE))
+    try:
+        lr = inspect.signature(cls).parameters.get("lr")
+    except (TypeError, ValueError):
+        lr = None
+    required = lr is not None and (lr.default is inspect.Parameter.empty
+                                   or type(lr.default).__name__ == "_RequiredParameter")  # torch's `required`
+    return (cls([p], lr=1e-3) if required else cls([p])), p
+
+
+def _steps(opt, p) -> tuple[bool, bool]:
+    """(whether a probe step changed the parameter's bits, whether its version moved in that step)."""
+    import torch
+
+    closure = None
+    try:
+        c = inspect.signature(opt.step).parameters.get("closure")
+        if c is not None and c.default is inspect.Parameter.empty:  # LBFGS and the like
+
+            def closure():
+                with torch.enable_grad():
+                    opt.zero_grad()
+                    loss = (p * p).sum()
+                    loss.backward()
+                return loss
+    except (TypeError, ValueError):
+        pass
+    for _ in range(STEPS):
+        p.grad = torch.randn(*SHAPE)
+        version, before = p._version, p.detach().clone()
+        opt.step() if closure is None else opt.step(closure)
+        if not torch.equal(before.view(torch.int32), p.detach().view(torch.int32)):
+            return True, p._version != version
+    return False, False
+
+
+def _how(cls) -> tuple[str, tuple[str, ...]]:
+    """How an unseen write is made: a second probe step with the dispatcher's writes recorded."""
+    import torch
+
+    from . import dispatcher
+
+    torch.manual_seed(0)
+    try:
+        opt, p = _construct(cls)
+        with _recorder(p) as rec:
+            _steps(opt, p)
+    except Exception as e:  # noqa: BLE001
+        return f"how it writes is not known (its step under a recording dispatch mode raised {_error(e)})", ()
+    without = tuple(sorted(op for op in rec.ops if not dispatcher.has_kernel(op, "ADInplaceOrView")))
+    if without:
+        return f"it writes the parameter through {', '.join(without)}, which has no ADInplaceOrView kernel", without
+    if rec.ops:
+        return (f"it writes the parameter through {', '.join(sorted(rec.ops))} on an alias whose version counter "
+                "is its own (p.data)"), ()
+    return "it writes the parameter outside the dispatcher (C++ bound with pybind, data_ptr, numpy)", ()
+
+
+def _recorder(p):
+    """A dispatch mode that records the operators writing a tensor that shares ``p``'s storage."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ptr, self.ops = _storage(p), set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            for i, a in enumerate(func._schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    value = args[i] if i < len(args) else kwargs.get(a.name)
+                    if any(_storage(t) == self.ptr for t in (value if isinstance(value, (list, tuple)) else [value])):
+                        self.ops.add(func.name())
+            return func(*args, **kwargs)
+
+    return Recorder()
+
+
+def _storage(t):
+    try:
+        return t.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError, NotImplementedError):  # None, a number, a sparse tensor
+        return None
+
+
+def _where(cls) -> Location:
+    try:
+        return Location(inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1])
+    except (OSError, TypeError):
+        return Location(None, None)
+
+
+def _error(e: BaseException) -> str:
+    return (type(e).__name__ + (f": {one_line(str(e))}" if str(e).strip() else ""))[:300]
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """What the probed classes print, in Python or in C (printf), goes to stderr: stdout carries the report."""
+    import ctypes
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        try:
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError):
+            pass
+        os.dup2(saved, 1)
+        os.close(saved)
