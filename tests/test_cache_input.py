@@ -45,8 +45,9 @@ def warm(tmp_path):
 
 
 def _body(entry: str) -> dict:
-    """An entry's JSON (after its proof line)."""
-    return json.loads(open(entry, "rb").read().partition(b"\n")[2])
+    """An entry's JSON (after its proof line, where it has one)."""
+    raw = open(entry, "rb").read()
+    return json.loads(raw.partition(b"\n")[2] if raw.startswith(b"tgp-proof-") else raw)
 
 
 def _edit(entry: str, change, sign: bool = True) -> None:
@@ -55,9 +56,11 @@ def _edit(entry: str, change, sign: bool = True) -> None:
     data = _body(entry)
     change(data)
     body = json.dumps(data).encode()
-    key = open(os.path.join(os.path.dirname(entry), cache.KEY_FILE), "rb").read()
+    if sign:
+        key = open(os.path.join(os.path.dirname(entry), cache.KEY_FILE), "rb").read()
+        body = cache.sign(os.path.basename(entry), body, key)
     with open(entry, "wb") as fh:
-        fh.write(cache.sign(os.path.basename(entry), body, key) if sign else body)
+        fh.write(body)
 
 
 def _same_tree(a, b) -> bool:

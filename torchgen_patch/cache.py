@@ -446,11 +446,12 @@ def _not_a_directory(here: Dir, part: str, e: OSError) -> EnvironmentProblem:
     return EnvironmentProblem(f"cannot open {p}: {e.strerror}")
 
 
-def open_dir(path: str, refusal: tuple[str, str] | None = None, create: bool = False) -> Dir:
+def open_dir(path: str, refusal: tuple[str, str] | None = None, create: bool = False, strict: bool = True) -> Dir:
     """The directory ``path``, walked from ``/`` one component at a time and checked on each
-    descriptor (above it the lenient rule, the directory itself the strict one), symlinks on the
-    way followed only where ``_link_problem`` allows. ``create``: missing components are made
-    private (0700). ``Missing`` when it does not exist (and is not to be created)."""
+    descriptor (above it the lenient rule, the directory itself the strict one unless ``strict``
+    is False: a shared temporary directory that holds private ones), symlinks on the way followed
+    only where ``_link_problem`` allows. ``create``: missing components are made private (0700).
+    ``Missing`` when it does not exist (and is not to be created)."""
     refusal = refusal or cache_refusal(path)
     uids = trusted_uids()
     todo = [p for p in os.path.abspath(path).split(os.sep) if p]
@@ -464,12 +465,15 @@ def open_dir(path: str, refusal: tuple[str, str] | None = None, create: bool = F
         if not stat.S_ISDIR(st.st_mode):
             raise EnvironmentProblem(f"{here} is not a directory",
                                      f"set {ENV} to a directory of yours" if not todo else f"remove {here}")
-        why = problem(here, st, not todo, uids, *refusal)
+        why = problem(here, st, strict and not todo, uids, *refusal)
         if why:
             raise EnvironmentProblem(*why)
 
     try:
-        push(os.open(os.sep, _DIR_FLAGS), os.sep)
+        try:
+            push(os.open(os.sep, _DIR_FLAGS), os.sep)
+        except OSError as e:
+            raise _descriptors(e, os.sep) or EnvironmentProblem(f"cannot open /: {e.strerror}") from None
         check_top()
         links = 0
         while todo:
@@ -839,7 +843,7 @@ def private_copy(fd: int, name: str):
     import tempfile
 
     base = tempfile.gettempdir()
-    with open_dir(base, library_refusal(name)) as tmp:
+    with open_dir(base, library_refusal(name), strict=False) as tmp:
         with tmp.mkdtemp("torchgen-patch-load-") as d:
             out = os.open("lib.so", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o500,
                           dir_fd=d.fd)
