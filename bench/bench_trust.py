@@ -64,17 +64,40 @@ def _anchor_tree(d: str, ref: str) -> str:
     return tree
 
 
+def _package_of(pythonpath: str | None, cwd: str) -> str:
+    """Where ``torchgen_patch`` is imported from, run as the measured code runs."""
+    import subprocess
+
+    from common import ROOT, _env
+
+    e = _env(PYTHONPATH=os.pathsep.join(p for p in (pythonpath, ROOT) if p))
+    r = subprocess.run([sys.executable, "-c", "import torchgen_patch; print(torchgen_patch.__file__)"],
+                       capture_output=True, text=True, env=e, cwd=cwd, check=True)
+    return os.path.dirname(os.path.dirname(r.stdout.strip()))
+
+
 def main(rounds: int = 7, baseline: str = ANCHOR) -> list[dict]:
     import tempfile
+
+    from common import ROOT
 
     out = []
     with tempfile.TemporaryDirectory() as d:
         old = _anchor_tree(d, baseline)
+        # each side imports its own tree (python -c puts its working directory first on the path)
+        assert _package_of(None, ROOT) == ROOT and _package_of(old, old) == old
+
+        def new_side(code):
+            return run_py(code)
+
+        def old_side(code):
+            return run_py(code, pythonpath=old, cwd=old)
+
         for code in (MEASURE_PLAN, MEASURE_INDEX):  # built, scanned and indexed before anything is timed
-            run_py(code)
-            run_py(code, pythonpath=old)
+            new_side(code)
+            old_side(code)
         for what, code in (("install(plan=...)", MEASURE_PLAN), ("install()", MEASURE_INDEX)):
-            xs, ys = paired(lambda: run_py(code), lambda: run_py(code, pythonpath=old), rounds)
+            xs, ys = paired(lambda: new_side(code), lambda: old_side(code), rounds)
             result = ratio_line(f"cached {what} with every check vs the same at {baseline}", xs, ys, 1.05)
             result["anchor"] = baseline
             out.append(result)

@@ -248,9 +248,9 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     assert re.fullmatch(r"torchgen-patch: \[\d/2\] compiled torchgen_patch_build\.cpp in \d+ s", units[1]), lines
     assert lines[3].startswith("torchgen-patch: built ") and len(lines) == 4
     record = json.load(open(os.path.join(os.path.dirname(build_boxed(root=str(tmp_path)).path), build.RECORD)))
-    said = {u: t["seconds"] for u, t in record["units"].items()}
+    said = {u: t["seconds"] for u, t in record["unit_times"].items()}
     assert said["BoxedADInplaceOrView.cpp"] > said["torchgen_patch_build.cpp"] >= 0
-    guess = estimate(str(tmp_path), {"BoxedADInplaceOrView.cpp": record["units"]["BoxedADInplaceOrView.cpp"]["bytes"]})
+    guess = estimate(str(tmp_path), {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
     m = re.fullmatch(r"about (\d+) s, going by 1 earlier build here", guess)
     assert m and int(m.group(1)) <= round(record["seconds"]) + 1, (guess, record)
     assert estimate(str(tmp_path / "elsewhere"), {"a.cpp": 1}) is None

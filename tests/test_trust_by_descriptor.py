@@ -48,6 +48,14 @@ def _owned_by(top: str, uid: int) -> list[str]:
                   if os.lstat(os.path.join(b, n)).st_uid == uid)
 
 
+def _their_cache(theirs: str, uid: int) -> None:
+    """The other account's directory, ready to receive a build (a builds/ that anyone may write)."""
+    os.makedirs(os.path.join(theirs, "builds"))
+    for p in (theirs, os.path.join(theirs, "builds")):
+        os.chmod(p, 0o777)
+        os.chown(p, uid, -1)
+
+
 @pytest.fixture
 def shared_tmp():
     """A sticky, world-writable directory like /tmp, of its own."""
@@ -69,10 +77,7 @@ def test_a_symlink_of_another_account_at_the_cache_path_is_refused_before_anythi
     native, tags = _fixture_yaml(tmp_path)
     victim, theirs, link = (os.path.join(shared_tmp, n) for n in ("victim-real", "theirs", "victim-cache"))
     os.mkdir(victim, 0o700)
-    os.makedirs(os.path.join(theirs, "builds"))
-    for p in (theirs, os.path.join(theirs, "builds")):
-        os.chmod(p, 0o777)
-        os.chown(p, uid, -1)
+    _their_cache(theirs, uid)
     os.symlink(victim, link)
     os.lchown(link, uid, -1)
     flip = _wrapper(tmp_path, "cxx", f'[ "$1" = --version ] && ln -sfn {theirs} {link}.new && chown -h {uid} '
@@ -96,10 +101,7 @@ def test_a_cache_path_swapped_after_its_check_changes_nothing_the_build_does(tmp
     native, tags = _fixture_yaml(tmp_path)
     victim, away, theirs = (os.path.join(shared_tmp, n) for n in ("victim", "victim.checked", "theirs"))
     os.mkdir(victim, 0o700)
-    os.makedirs(os.path.join(theirs, "builds"))
-    for p in (theirs, os.path.join(theirs, "builds")):
-        os.chmod(p, 0o777)
-        os.chown(p, uid, -1)
+    _their_cache(theirs, uid)
     swap = _wrapper(tmp_path, "cxx", f'[ "$1" = --version ] && [ ! -e {away} ] && mv {victim} {away} && '
                                      f'ln -s {theirs} {victim} && chown -h {uid} {victim}')
     r = _cli("install", "--native-functions", native, "--tags", tags, "--no-overlay", cache_dir=victim,
@@ -566,3 +568,19 @@ def test_a_shared_read_only_cache_lacking_a_build_says_the_build_directory_is_no
         f"{shared / 'builds'}: error: build directory is not writable: Permission denied (hint: set "
         "TORCHGEN_PATCH_CACHE to a cache of your own (a directory you can write))"), r.stderr
     assert os.listdir(shared / "builds") == []
+
+
+def test_a_one_kernel_build_says_one_kernel(small_library, tmp_path):
+    """Counts in the build's own words: "1 kernel", never "1 kernels" (the cached build of the same plan)."""
+    from tests.yaml_fixtures import subset_yaml
+
+    native, tags = subset_yaml(str(tmp_path), ["_cummax_helper"])
+    c = tmp_path / "cache"
+    (c / "builds").mkdir(parents=True, mode=0o700)
+    os.chmod(c, 0o700)
+    shutil.copytree(small_library.directory, c / "builds" / os.path.basename(small_library.directory))
+    r = _cli("build", "--native-functions", native, "--tags", tags, "--no-overlay", "--shards", "1", cache_dir=c)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(c / "builds" / os.path.basename(small_library.directory) /
+                                   os.path.basename(small_library.path))
+    assert r.stderr.splitlines() == ["build: 1 kernel; up to date (cache hit)"]

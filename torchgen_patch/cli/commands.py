@@ -57,22 +57,9 @@ def _say(args, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-class _Nowhere:
-    """Where -q sends the build's messages (no file is opened for it)."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
 def _build_log(args):
     """The build's messages: stderr, or nowhere with -q."""
-    return _Nowhere() if args.quiet else sys.stderr
+    return open(os.devnull, "w") if args.quiet else sys.stderr
 
 
 def _count(n: int, word: str) -> str:

@@ -428,8 +428,10 @@ def _compile(builds: cache.Dir, files, units, flags, name, key, final, compiler,
                       "sha256": digest, "flags": list(flags), "seconds": seconds,
                       "jobs": int(jobs) if jobs.isdigit() else os.cpu_count() or 1,
                       "link_seconds": times.get(library),
-                      "units": {u: {"bytes": sizes[u], "seconds": times.get(os.path.splitext(u)[0] + ".o")}
-                                for u in units}}
+                      # "units" stays a count, as older versions of this tool read it from a shared cache
+                      "units": len(units),
+                      "unit_times": {u: {"bytes": sizes[u], "seconds": times.get(os.path.splitext(u)[0] + ".o")}
+                                     for u in units}}
             tmp.create(RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
             if builds.lstat(final) is not None and not _complete(builds, final, key, builds.join(final, library)):
                 with builds.mkdtemp(f".stale-{key[:12]}-{os.getpid()}-") as aside, cache.leased(aside):
@@ -492,10 +494,10 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
                 info = json.loads(d.read(RECORD))  # a record is input like any cache entry
         except (cache.Missing, EnvironmentProblem, OSError, ValueError):
             continue
-        if not isinstance(info, dict) or not isinstance(info.get("units"), dict):
+        if not isinstance(info, dict) or not isinstance(info.get("unit_times"), dict):
             continue
         n += 1
-        for u, t in info["units"].items():
+        for u, t in info["unit_times"].items():
             if isinstance(t, dict) and type(t.get("bytes")) is int and isinstance(t.get("seconds"), (int, float)):
                 seen.setdefault(u, []).append((t["bytes"], float(t["seconds"])))
         if isinstance(info.get("link_seconds"), (int, float)):
