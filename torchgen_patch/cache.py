@@ -588,15 +588,6 @@ def open_root(create: bool = False) -> Dir | None:
         raise
 
 
-def root(create: bool = False) -> str | None:
-    """The cache root's path once it passed the checks (see ``open_root``), else None."""
-    r = open_root(create)
-    if r is None:
-        return None
-    r.close()
-    return r.path
-
-
 def subdir(name: str) -> Dir:
     """``<root>/<name>``, created private, the root and it checked (EnvironmentProblem if not)."""
     d = directory()
@@ -615,16 +606,12 @@ def subdir(name: str) -> Dir:
 
 KEY_FILE = "entries.key"
 _PROOF = b"tgp-proof-1 "
-_KEYS: dict[tuple[int, int], bytes] = {}
 
 
 def _entry_key(r: Dir, create: bool) -> bytes | None:
     """This cache's key for the entries' proofs: random, made once (a trusted owner's regular file
-    that nobody else can write, like any entry), None when there is none (and none can be made)."""
-    st = os.fstat(r.fd)
-    known = _KEYS.get((st.st_dev, st.st_ino))
-    if known is not None:
-        return known
+    that nobody else can write, like any entry), None when there is none (and none can be made).
+    Read each time (a few microseconds): a cache removed and made again has a key of its own."""
     for _ in range(2):
         try:
             data = r.read(KEY_FILE)
@@ -642,7 +629,6 @@ def _entry_key(r: Dir, create: bool) -> bytes | None:
         if len(data) != 64:
             note(f"cache key {r.join(KEY_FILE)} not used: damaged")
             return None
-        _KEYS[(st.st_dev, st.st_ino)] = data
         return data
     return None
 
@@ -773,7 +759,7 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
 
     age = now - os.fstat(d.fd).st_mtime
     try:
-        fd = os.open(LEASE, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d.fd)
+        fd = os.open(LEASE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d.fd)
     except FileNotFoundError:
         return age > 3600, "a process that left no lease"
     except OSError:
