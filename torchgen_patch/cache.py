@@ -31,7 +31,6 @@ import contextlib
 import errno
 import functools
 import hashlib
-import hmac
 import json
 import os
 import stat
@@ -634,6 +633,8 @@ def _entry_key(r: Dir, create: bool) -> bytes | None:
 
 
 def _proof(k: bytes, name: str, body: bytes) -> bytes:
+    import hmac
+
     return hmac.new(k, name.encode() + b"\0" + body, hashlib.sha256).hexdigest().encode()
 
 
@@ -659,6 +660,8 @@ def read(name: str):
         except OSError as e:
             note(f"cache entry {r.join(name)} ignored: {e.strerror}")
             return None
+        import hmac
+
         k = _entry_key(r, create=False)
         head, _, body = raw.partition(b"\n")
         if k is None or not head.startswith(_PROOF) or not hmac.compare_digest(head[len(_PROOF):],

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -324,6 +323,8 @@ def _toolchain_flags() -> tuple[list[str], list[str]]:
 
 
 def _ninja_quote(words: list[str]) -> str:
+    import shlex
+
     return " ".join(shlex.quote(w) for w in words).replace("$", "$$")
 
 
