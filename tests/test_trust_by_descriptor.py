@@ -20,11 +20,30 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_cache_input import SECOND, _body, _cli, _edit, _same_tree, _second_account, warm  # noqa: F401
+from tests.test_cache_input import SECOND, _cli, _edit, _same_tree, _second_account
 from torchgen_patch import cache
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as (and chown to) a second account needs root")
 TRIVIAL = {"tgp_trivial.cpp": b'extern "C" int tgp_trivial() { return 1; }\n'}
+
+
+@pytest.fixture(scope="module")
+def warm_once(tmp_path_factory):
+    """A private cache with the default scan and overlay in it, and the gen output from it (made once)."""
+    d = tmp_path_factory.mktemp("warm")
+    r = _cli("gen", "-o", d / "clean", cache_dir=d / "cache")
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+@pytest.fixture
+def warm(warm_once, tmp_path):
+    """A copy of ``warm_once`` of the test's own: (cache, its full scan entry, the clean gen output)."""
+    c, clean = tmp_path / "cache", tmp_path / "clean"
+    shutil.copytree(warm_once / "cache", c)
+    shutil.copytree(warm_once / "clean", clean)
+    [entry] = [str(c / n) for n in os.listdir(c) if n.startswith("scan-") and not n.endswith("-no-autograd.json")]
+    return c, entry, clean
 
 
 def _fixture_yaml(tmp_path):
@@ -96,16 +115,28 @@ def test_a_cache_path_swapped_after_its_check_changes_nothing_the_build_does(tmp
     """The victim's own cache passes its checks; then (at the compiler's first call) its name is made to
     point at another account's directory. The build goes on in the directory that was checked,
     through its descriptor: nothing lands in the other directory, and the library is not loaded
-    from there (loading walks the path again: refused)."""
+    from there (``install()``'s next step, reading the build, walks the path again: refused)."""
     uid = _second_account()
-    native, tags = _fixture_yaml(tmp_path)
     victim, away, theirs = (os.path.join(shared_tmp, n) for n in ("victim", "victim.checked", "theirs"))
     os.mkdir(victim, 0o700)
     _their_cache(theirs, uid)
     swap = _wrapper(tmp_path, "cxx", f'[ "$1" = --version ] && [ ! -e {away} ] && mv {victim} {away} && '
                                      f'ln -s {theirs} {victim} && chown -h {uid} {victim}')
-    r = _cli("install", "--native-functions", native, "--tags", tags, "--no-overlay", cache_dir=victim,
-             env={"CXX": swap})
+    code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {ROOT!r})
+        os.environ["CXX"] = {swap!r}
+        from torchgen_patch.errors import InputError
+        from torchgen_patch.runtime import artifact_at, build
+        lib = build.build({TRIVIAL!r}, [], 1, sources=list({TRIVIAL!r}), log=open(os.devnull, "w"))
+        try:
+            artifact_at(lib.path, "build")  # what install() reads next, then loads
+        except InputError as e:
+            print(e.render(), file=sys.stderr)
+            sys.exit(e.exit_code)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TORCHGEN_PATCH_CACHE=victim))
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.splitlines()[-1].startswith(f"torchgen-patch: error: {victim} is owned by {SECOND} (uid {uid})")
     assert _owned_by(theirs, 0) == []
@@ -329,11 +360,6 @@ def _small_library(tmp_path, edit=None):
     return build.build(files, plan.ops(), 1, root=str(tmp_path / "builds"), log=open(os.devnull, "w"))
 
 
-@pytest.fixture(scope="module")
-def small_library(tmp_path_factory):
-    return _small_library(tmp_path_factory.mktemp("small"))
-
-
 def test_a_kernel_torch_refuses_is_one_line_never_sigabrt(tmp_path):
     """A kernel whose C++ type is not the one the schema gives (what a tampered scan would make):
     torch's dispatcher refuses it with a c10::Error, which must not cross the library's C entry
@@ -350,7 +376,7 @@ def test_a_kernel_torch_refuses_is_one_line_never_sigabrt(tmp_path):
         "nothing was registered" in line, line
 
 
-def test_a_library_is_refused_when_it_states_another_torch_or_another_build(small_library, tmp_path, monkeypatch):
+def test_a_library_is_refused_when_it_states_another_torch_or_another_build(library, tmp_path, monkeypatch):
     """The record can say anything; the library's own statement decides: a torch that is not the one it
     was built against, or a library that is not the build its record names, is not registered."""
     import torch
@@ -359,11 +385,12 @@ def test_a_library_is_refused_when_it_states_another_torch_or_another_build(smal
     from torchgen_patch.errors import EnvironmentProblem
     from torchgen_patch.runtime import build
 
-    copy = tmp_path / os.path.basename(small_library.directory)
-    shutil.copytree(small_library.directory, copy)
+    copy = tmp_path / os.path.basename(library.directory)
+    shutil.copytree(library.directory, copy)
     os.chmod(copy, 0o700)
-    lib = build.Library(str(copy / os.path.basename(small_library.path)), str(copy), small_library.key,
-                        small_library.torch_version, small_library.ops, False)
+    key = json.load(open(copy / build.RECORD))["key"]
+    lib = build.Library(str(copy / os.path.basename(library.path)), str(copy), key, library.torch,
+                        tuple(library.ops), False)
     monkeypatch.setattr(torch, "__version__", "2.14.1")
     monkeypatch.setattr(torch.version, "git_version", "0" * 40)
     info = os.path.join(lib.directory, build.RECORD)
@@ -570,17 +597,12 @@ def test_a_shared_read_only_cache_lacking_a_build_says_the_build_directory_is_no
     assert os.listdir(shared / "builds") == []
 
 
-def test_a_one_kernel_build_says_one_kernel(small_library, tmp_path):
-    """Counts in the build's own words: "1 kernel", never "1 kernels" (the cached build of the same plan)."""
+def test_a_one_kernel_build_says_one_kernel(run_cli, monkeypatch, tmp_path):
+    """Counts in the build's own words: "1 kernel", never "1 kernels"."""
+    from tests.test_cli_flags import _stub_build
     from tests.yaml_fixtures import subset_yaml
 
+    _stub_build(monkeypatch)
     native, tags = subset_yaml(str(tmp_path), ["_cummax_helper"])
-    c = tmp_path / "cache"
-    (c / "builds").mkdir(parents=True, mode=0o700)
-    os.chmod(c, 0o700)
-    shutil.copytree(small_library.directory, c / "builds" / os.path.basename(small_library.directory))
-    r = _cli("build", "--native-functions", native, "--tags", tags, "--no-overlay", "--shards", "1", cache_dir=c)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str(c / "builds" / os.path.basename(small_library.directory) /
-                                   os.path.basename(small_library.path))
-    assert r.stderr.splitlines() == ["build: 1 kernel; up to date (cache hit)"]
+    rc, out, err = run_cli("build", "--native-functions", native, "--tags", tags, "--no-overlay")
+    assert (rc, out, err) == (0, "/x.so\n", "build: 1 kernel; up to date (cache hit)\n")
