@@ -278,9 +278,9 @@ def _run(d: cache.Dir, argv: list[str], log, verbose: bool) -> tuple[int, str]:
                      start_new_session=True, preexec=_die_with_parent)
         _CHILDREN[proc] = os.getpid()
         try:
-            out = b""
+            out = []
             for line in proc.stdout:
-                out += line
+                out.append(line)
                 if verbose:
                     log.write(line.decode(errors="replace"))
                     log.flush()
@@ -292,7 +292,7 @@ def _run(d: cache.Dir, argv: list[str], log, verbose: bool) -> tuple[int, str]:
         finally:
             _CHILDREN.pop(proc, None)
             proc.stdout.close()
-    return proc.returncode, out.decode(errors="replace")
+    return proc.returncode, b"".join(out).decode(errors="replace")
 
 
 # ---- flags, build.ninja, the library's statement of its build ------------------------------------
