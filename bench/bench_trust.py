@@ -1,12 +1,15 @@
-"""What the checks on the cache and the library (owner and modes of the root and every directory,
-the library opened once without following symlinks and loaded from that descriptor, its SHA-256,
-the record and manifest read the same way) cost a cached install(), against the same install()
-of the code before those checks (commit ANCHOR, unpacked with `git archive` into a temporary
-directory and imported from there).
+"""What every check on the cache and the library costs a cached install(): the cache walked and used
+by descriptor, entries proven, the library opened once without following symlinks, hashed,
+loaded from that descriptor under a name of its own and made to state its build, against the
+same install() of the code before (``--baseline``, a commit unpacked with `git archive` into a
+temporary directory and imported from there; by default the code before the checks by
+descriptor).
 
-Side by side, interleaved, each in a fresh interpreter, on the same warm cache: target <= 1.05.
+Two calls, each side by side, interleaved, in fresh interpreters on the same warm cache: the
+plan given (``install(plan=plan)``: render, the build's key, its record) and the plain
+``install()`` (the library found by its inputs' key, nothing rendered). Target <= 1.05 each.
 
-    .venv/bin/python bench/bench_trust.py [--rounds N] [--json PATH]
+    .venv/bin/python bench/bench_trust.py [--rounds N] [--baseline REF] [--json PATH]
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ sys.path.insert(0, HERE)
 
 from common import paired, ratio_line, run_py, save  # noqa: E402
 
-ANCHOR = "0539071"
-MEASURE = r"""
+ANCHOR = "1162100"  # the code before the cache and the builds were used by descriptor
+MEASURE_PLAN = r"""
 import time
 import torch
 import torchgen_patch
@@ -36,39 +39,78 @@ dt = time.perf_counter() - t
 assert rep.registered and not rep.refused, rep.summary()
 print(dt)
 """
+MEASURE_INDEX = r"""
+import time
+import torch
+import torchgen_patch
+
+t = time.perf_counter()
+rep = torchgen_patch.install()
+dt = time.perf_counter() - t
+assert rep.registered and not rep.refused, rep.summary()
+print(dt)
+"""
 
 
-def _anchor_tree(d: str) -> str:
+def _anchor_tree(d: str, ref: str) -> str:
     import subprocess
 
     from common import ROOT
 
     tree = os.path.join(d, "anchor")
     os.makedirs(tree)
-    archive = subprocess.run(["git", "archive", ANCHOR], cwd=ROOT, capture_output=True, check=True).stdout
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
     return tree
 
 
-def main(rounds: int = 7) -> dict:
+def _package_of(pythonpath: str | None, cwd: str) -> str:
+    """Where ``torchgen_patch`` is imported from, run as the measured code runs."""
+    import subprocess
+
+    from common import ROOT, _env
+
+    e = _env(PYTHONPATH=os.pathsep.join(p for p in (pythonpath, ROOT) if p))
+    r = subprocess.run([sys.executable, "-c", "import torchgen_patch; print(torchgen_patch.__file__)"],
+                       capture_output=True, text=True, env=e, cwd=cwd, check=True)
+    return os.path.dirname(os.path.dirname(r.stdout.strip()))
+
+
+def main(rounds: int = 7, baseline: str = ANCHOR) -> list[dict]:
     import tempfile
 
+    from common import ROOT
+
+    out = []
     with tempfile.TemporaryDirectory() as d:
-        old = _anchor_tree(d)
-        run_py(MEASURE)  # the library built and both scans cached before anything is timed
-        run_py(MEASURE, pythonpath=old)
-        xs, ys = paired(lambda: run_py(MEASURE), lambda: run_py(MEASURE, pythonpath=old), rounds)
-    result = ratio_line(f"cached install() with every check vs the same at {ANCHOR}", xs, ys, 1.05)
-    result["anchor"] = ANCHOR
-    return result
+        old = _anchor_tree(d, baseline)
+        # each side imports its own tree (python -c puts its working directory first on the path)
+        assert _package_of(None, ROOT) == ROOT and _package_of(old, old) == old
+
+        def new_side(code):
+            return run_py(code)
+
+        def old_side(code):
+            return run_py(code, pythonpath=old, cwd=old)
+
+        for code in (MEASURE_PLAN, MEASURE_INDEX):  # built, scanned and indexed before anything is timed
+            new_side(code)
+            old_side(code)
+        for what, code in (("install(plan=...)", MEASURE_PLAN), ("install()", MEASURE_INDEX)):
+            xs, ys = paired(lambda: new_side(code), lambda: old_side(code), rounds)
+            result = ratio_line(f"cached {what} with every check vs the same at {baseline}", xs, ys, 1.05)
+            result["anchor"] = baseline
+            out.append(result)
+    return out
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--baseline", default=ANCHOR, help="the commit to compare with (default: %(default)s)")
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args()
-    res = main(args.rounds)
+    res = main(args.rounds, args.baseline)
     if args.json:
         save([{"section": "trust", "results": res}], args.json)
     print(json.dumps(res, indent=2))

@@ -12,12 +12,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_py(code: str, env: dict | None = None, args: list[str] = (), pythonpath: str | None = None) -> float:
+def run_py(code: str, env: dict | None = None, args: list[str] = (), pythonpath: str | None = None,
+           cwd: str = ROOT) -> float:
     """Run ``code`` (with ``args``) in a fresh interpreter; it must print the seconds it measured.
-    ``pythonpath``: put first on the path (a checkout whose torchgen is to be imported)."""
+    ``pythonpath``: put first on the path (a checkout whose torchgen is to be imported); ``cwd``: where
+    it runs, which ``python -c`` puts before the path (another tree of this package: run there)."""
     e = _env(PYTHONPATH=os.pathsep.join(p for p in (pythonpath, ROOT) if p))
     e.update(env or {})
-    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=e, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=e, cwd=cwd)
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
     return float(r.stdout.strip().splitlines()[-1])

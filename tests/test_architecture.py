@@ -180,3 +180,143 @@ def test_vocabulary_is_typed():
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in words:
                 spelled.append(f"{mod}: {ast.unparse(node)}")
     assert spelled == []
+
+
+# ---- the cache and the builds: touched by name in one module only ------------------------------------
+
+# Calls that open, create, rename, remove, list or look at a path by its name (the package's own
+# readers and writers of user files included): outside cache.py, each may name only what the
+# user or the package names, never a cache or build path. Every such call outside cache.py is
+# listed here, by module and function, with what it names.
+BY_NAME = {"open", "io.open", "os.open", "os.mkdir", "os.makedirs", "os.rename", "os.renames", "os.replace",
+           "os.unlink", "os.remove", "os.rmdir", "os.removedirs", "os.listdir", "os.scandir", "os.walk", "os.link",
+           "os.symlink", "os.readlink", "os.chmod", "os.chown", "os.lchown", "os.truncate", "os.utime", "os.mkfifo",
+           "os.stat", "os.lstat", "os.access", "os.path.realpath", "os.path.exists", "os.path.lexists",
+           "os.path.isfile", "os.path.isdir", "os.path.islink", "os.path.getsize", "os.path.getmtime",
+           "shutil.rmtree", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree", "shutil.move",
+           "tempfile.mkdtemp", "tempfile.mkstemp", "tempfile.NamedTemporaryFile", "tempfile.TemporaryDirectory",
+           "tempfile.TemporaryFile", "files.read_bytes", "files.read_text", "files.atomic_write",
+           "files.write_if_changed", "files.private_dirs", "files.write_output"}
+# whole modules whose every path is one the user names (inputs, outputs, checkouts, programs) or the
+# package's own data; none of them is handed a cache or build path
+USER_PATHS = {
+    "files.py": "inputs and outputs the user names",
+    "sources/__init__.py": "the inputs the user names, and where the installed torch keeps its yaml",
+    "sources/torchgen.py": "the toolchains' own files (torchgen, the autograd codegen, derivatives.yaml)",
+    "codegen/output.py": "gen's output directory",
+    "codegen/render.py": "the package's templates",
+    "diagnostics/lint.py": "the yaml and generated files the user lints",
+    "diagnostics/generated.py": "gen's output directory the user names",
+    "diagnostics/baseline.py": "the baseline the user names",
+    "upstream/patch.py": "the checkout the user names, and the package's injected code",
+    "upstream/pr_body.py": "the checkout the user names",
+    "checks/verify.py": "the reports the user names",
+    "checks/samples.py": "the package's own data",
+    "checks/subclass.py": "the package's own data",
+    "cli/commands.py": "the paths of the command line",
+    "cli/parser.py": "the paths of the command line",
+    "runtime/launch.py": "the program, its interpreter and PYTHONPATH",
+    "runtime/site/sitecustomize.py": "the program's sys.path",
+    "diagnostics/render.py": "the files findings name",
+    "runtime/registry.py": "the modules the user imports",
+    "plan/overlay.py": "the overlay the user names",
+    "plan/__init__.py": "the overlay and yaml the user names",
+    "scan/__init__.py": "the yaml the user names (the scan's key is its bytes)",
+}
+ALLOWED = {
+    ("runtime/__init__.py", "_inputs_key"): "the package's templates and the overlay, hashed into the index key",
+    ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
+                                           "library's checked descriptor",
+    ("runtime/prebuilt.py", "_publish"): "the wheel's output directory (-o)",
+    ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
+    ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",
+}
+
+
+def _aliases(tree) -> dict[str, str]:
+    """Names a module binds to the modules and functions of BY_NAME (``from ..files import read_bytes``)."""
+    out = {"open": "open"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = "files" if (node.module or "").split(".")[-1] == "files" else node.module or ""
+            for a in node.names:
+                out[a.asname or a.name] = f"{base}.{a.name}"
+    return out
+
+
+def _calls_by_name(path: str) -> list[tuple[str, str, int]]:
+    """(enclosing function, the BY_NAME call, line) of every such call in ``path``."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    names = _aliases(tree)
+    found = []
+
+    def dotted(f) -> str | None:
+        if isinstance(f, ast.Name):
+            return names.get(f.id, f.id)
+        if isinstance(f, ast.Attribute):
+            base = dotted(f.value)
+            return f"{base}.{f.attr}" if base else None
+        return None
+
+    def visit(node, where):
+        for child in ast.iter_child_nodes(node):
+            inner = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = f"{where}.{child.name}" if where and isinstance(node, ast.ClassDef) else child.name
+            if isinstance(child, ast.Call):
+                name = dotted(child.func)
+                if name in BY_NAME:
+                    found.append((where or "<module>", name, child.lineno))
+            visit(child, inner)
+
+    visit(tree, "")
+    return found
+
+
+def test_no_cache_or_build_path_is_touched_by_name_outside_the_cache_module():
+    """Every directory of the cache and of a build is walked and used by descriptor in cache.py
+    (``cache.Dir``); anywhere else, a path touched by name is one the user or the package names."""
+    stray, used = [], set()
+    for path in _modules().values():
+        rel = os.path.relpath(path, PKG)
+        if rel == "cache.py" or rel in USER_PATHS:
+            continue
+        for fn, call, line in _calls_by_name(path):
+            if (rel, fn) in ALLOWED:
+                used.add((rel, fn))
+            else:
+                stray.append(f"{rel}:{line}: {call} in {fn}")
+    assert stray == []
+    assert used == set(ALLOWED)  # each exception still exists (none kept after its reason went away)
+    assert set(USER_PATHS) <= {os.path.relpath(p, PKG) for p in _modules().values()}
+
+
+def test_the_cache_directory_is_named_only_where_it_is_handed_on():
+    """Code outside cache.py asks cache.py for what it needs (an open ``Dir``), never for the root's
+    name to build paths from; the launcher only hands the absolute name to the processes it starts."""
+    assert _sources_matching(r"\bcache\.directory\(|\bimport directory\b|\bdirectory\(\)") - {"cache.py"} == \
+        {"runtime/launch.py"}
+
+
+def test_nothing_loads_a_library_by_path():
+    """No cpp_extension.load()/load_inline(), no torch.ops.load_library(); the one dlopen is of the checked
+    descriptor's name (runtime/install.py's _dlopen; CDLL(None) is the process itself)."""
+    loads, dlopens = [], []
+    for path in _modules().values():
+        rel = os.path.relpath(path, PKG)
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            attr = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if attr in ("load_library", "load_inline") or (attr == "load" and "cpp_extension" in ast.unparse(f)):
+                loads.append(f"{rel}:{node.lineno}")
+            if attr in ("CDLL", "dlopen", "LoadLibrary"):
+                arg = ast.unparse(node.args[0]) if node.args else ""
+                dlopens.append((rel, arg))
+    assert loads == []
+    assert {d for d in dlopens if d[1] != "None"} == {("runtime/install.py", "name")}  # None: the process itself

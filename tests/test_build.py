@@ -169,8 +169,8 @@ def test_no_ninja(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda cmd, *a, **k: None if cmd == "ninja" else real(cmd, *a, **k))
     with pytest.raises(InputError) as e:
         build.build(files, [], 1, root=str(tmp_path / "b"))
-    assert e.value.render() == ("torchgen-patch: error: ninja is not installed (torch.utils.cpp_extension builds "
-                                "with it) (hint: pip install ninja)")
+    assert e.value.render() == ("torchgen-patch: error: ninja is not installed (the kernels are built with it) "
+                                "(hint: pip install ninja)")
     assert [p for p in os.listdir(tmp_path / "b") if p.startswith(".build-")] == []
 
 
@@ -232,27 +232,44 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_a_first_build_says_how_long_before_and_each_unit_on_a_terminal(tmp_path, monkeypatch):
+def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate(tmp_path, monkeypatch):
+    """On a terminal: a line per translation unit with its own compile time (not the time since the
+    start), plurals right; no estimate before anything was built here (none could be honest), and
+    after one build an estimate made from that build's units."""
     from torchgen_patch.runtime.build import build_boxed, estimate
 
     monkeypatch.delenv("CI", raising=False)
     log = _Terminal()
     build_boxed(root=str(tmp_path), log=log)
     lines = log.getvalue().splitlines()
-    assert lines[0].startswith("torchgen-patch: compiling 1 translation units with ninja") and \
-        lines[0].endswith("; about 10-25 s on 2 cores, less with more ...")
-    assert re.fullmatch(r"torchgen-patch: \[1/1\] compiled BoxedADInplaceOrView\.cpp \(\d+ s\)", lines[1]), lines
-    assert lines[2].startswith("torchgen-patch: built ") and len(lines) == 3
-    assert re.fullmatch(r"about \d+ s, going by the last build here", estimate(str(tmp_path), 3))
+    assert lines[0] == f"torchgen-patch: compiling 2 translation units with ninja (torch {torch.__version__}) ..."
+    units = sorted(lines[1:3], key=lambda line: line.split("compiled ")[-1])
+    assert re.fullmatch(r"torchgen-patch: \[\d/2\] compiled BoxedADInplaceOrView\.cpp in \d+ s", units[0]), lines
+    assert re.fullmatch(r"torchgen-patch: \[\d/2\] compiled torchgen_patch_build\.cpp in \d+ s", units[1]), lines
+    assert lines[3].startswith("torchgen-patch: built ") and len(lines) == 4
+    record = json.load(open(os.path.join(os.path.dirname(build_boxed(root=str(tmp_path)).path), build.RECORD)))
+    said = {u: t["seconds"] for u, t in record["unit_times"].items()}
+    assert said["BoxedADInplaceOrView.cpp"] > said["torchgen_patch_build.cpp"] >= 0
+    guess = estimate(str(tmp_path), {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
+    m = re.fullmatch(r"about (\d+) s, going by 1 earlier build here", guess)
+    assert m and int(m.group(1)) <= round(record["seconds"]) + 1, (guess, record)
+    assert estimate(str(tmp_path / "elsewhere"), {"a.cpp": 1}) is None
 
 
 def test_build_progress_is_for_terminals_only(tmp_path, monkeypatch):
+    from torchgen_patch import cache
     from torchgen_patch.runtime.build import Progress
 
-    (tmp_path / "a.o").write_bytes(b"")
-    log = io.StringIO()  # a pipe or a file: CI logs get the start and end lines only
-    with Progress(str(tmp_path), ["src/a.cpp"], log):
-        pass
-    assert log.getvalue() == ""
-    monkeypatch.setenv("CI", "1")
-    assert not Progress(str(tmp_path), ["src/a.cpp"], _Terminal()).on
+    (tmp_path / ".ninja_log").write_text("# ninja log v5\n0\t1000\t0\ta.o\t0\n")
+    with cache.open_dir(str(tmp_path)) as d:
+        log = io.StringIO()  # a pipe or a file: CI logs get the start and end lines only
+        with Progress(d, ["src/a.cpp"], log):
+            pass
+        assert log.getvalue() == ""
+        on = _Terminal()
+        monkeypatch.delenv("CI", raising=False)
+        with Progress(d, ["src/a.cpp"], on):
+            pass
+        assert on.getvalue() == "torchgen-patch: [1/1] compiled a.cpp in 1 s\n"
+        monkeypatch.setenv("CI", "1")
+        assert not Progress(d, ["src/a.cpp"], _Terminal()).on

@@ -49,7 +49,7 @@ def test_a_compiler_that_fails_is_one_line_exit_3(tmp_path, argv):
 def test_no_ninja_is_said_before_compiling(tmp_path, monkeypatch):
     files = _files(tmp_path)
     monkeypatch.setattr(build, "_ninja", lambda: (_ for _ in ()).throw(
-        EnvironmentProblem("ninja is not installed (torch.utils.cpp_extension builds with it)", "pip install ninja")))
+        EnvironmentProblem("ninja is not installed (the kernels are built with it)", "pip install ninja")))
     log = open(tmp_path / "log", "w")
     with pytest.raises(EnvironmentProblem, match="ninja is not installed"):
         build.build(files, [], 1, root=str(tmp_path / "b"), log=log)
@@ -151,13 +151,16 @@ def test_install_in_a_child_forked_while_another_thread_installs(tmp_path):
 
 
 def _compilers_in(path: str) -> list[int]:
+    """The compilers and ninja working in ``path`` (by command line or working directory)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if path in cmd and ("ninja" in cmd or "cc1plus" in cmd or "c++" in cmd or "g++" in cmd):
+        if (path in cmd or cwd.startswith(path + os.sep)) and \
+                ("ninja" in cmd or "cc1plus" in cmd or "c++" in cmd or "g++" in cmd):
             out.append(int(pid))
     return out
 

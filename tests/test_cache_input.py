@@ -21,7 +21,7 @@ from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
 from torchgen_patch.runtime import install as installer
 from torchgen_patch.runtime import trust
-from tests.test_trust import cached  # noqa: F401  (the fixture: a private cache holding the session's build)
+from tests.test_trust import _sha, cached  # noqa: F401  (the fixture: a private cache holding the session's build)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another account needs root")
@@ -44,11 +44,23 @@ def warm(tmp_path):
     return c, entry, tmp_path / "clean"
 
 
-def _edit(entry: str, change) -> None:
-    data = json.load(open(entry))
+def _body(entry: str) -> dict:
+    """An entry's JSON (after its proof line, where it has one)."""
+    raw = open(entry, "rb").read()
+    return json.loads(raw.partition(b"\n")[2] if raw.startswith(b"tgp-proof-") else raw)
+
+
+def _edit(entry: str, change, sign: bool = True) -> None:
+    """Change an entry's JSON; ``sign``: and prove it with the cache's own key, as only a process that
+    read the key could (the entry must then be refused by what it says, not by its proof)."""
+    data = _body(entry)
     change(data)
-    with open(entry, "w") as fh:
-        json.dump(data, fh)
+    body = json.dumps(data).encode()
+    if sign:
+        key = open(os.path.join(os.path.dirname(entry), cache.KEY_FILE), "rb").read()
+        body = cache.sign(os.path.basename(entry), body, key)
+    with open(entry, "wb") as fh:
+        fh.write(body)
 
 
 def _same_tree(a, b) -> bool:
@@ -232,7 +244,7 @@ def test_a_symlink_on_the_path_owned_by_another_account_is_refused(cached, tmp_p
         pytest.skip("lchown to another account needs root")
     os.lchown(link, NOBODY, -1)
     with pytest.raises(EnvironmentProblem) as e:
-        installer._load(str(link), trust.sha256_of(lib), str(tmp_path))
+        installer._load(str(link), _sha(lib), str(tmp_path))
     assert e.value.message.startswith(f"{link} is owned by ")
     assert torchgen_patch.installed_ops() == []
 
@@ -346,7 +358,7 @@ def test_a_cache_another_account_prepared_is_refused_and_not_written_through(war
     try:
         os.chmod(shared, 0o1777)
         theirs = os.path.join(shared, "cache")
-        planted = json.load(open(entry))
+        planted = _body(entry)
         planted["cpp"]["aten::_cummax_helper"]["formals"][-1][0] = INJECTED
         pid = os.fork()
         if pid == 0:  # the other account's process

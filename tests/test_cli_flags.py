@@ -289,7 +289,7 @@ def p_wheel_output_dir(run_cli, monkeypatch, tmp_path, **_):
 
     made = []
     _stub_build(monkeypatch)
-    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, lib, manifest, opts: made.append(out) or out + "/w.whl")
+    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, art, opts, log=None: made.append(out) or out + "/w.whl")
     assert run_cli("wheel", "-o", tmp_path / "w")[:2] == (0, f"{tmp_path / 'w'}/w.whl\n")
     assert run_cli("wheel")[0] == 0
     assert made == [str(tmp_path / "w"), "."]
@@ -302,7 +302,7 @@ def p_wheel_quiet_verbose(run_cli, monkeypatch, tmp_path, **_):
     from torchgen_patch.runtime import prebuilt
 
     calls = _stub_build(monkeypatch)
-    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, lib, manifest, opts: out + "/w.whl")
+    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, art, opts, log=None: out + "/w.whl")
     assert "kernels packed" in run_cli("wheel", "-o", tmp_path)[2]
     assert run_cli("wheel", "-o", tmp_path, "-q")[2] == ""
     run_cli("wheel", "-o", tmp_path, "-v")

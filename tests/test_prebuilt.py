@@ -39,14 +39,55 @@ def _venv(path, wheel) -> str:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+def wheel_run(tmp_path_factory):
+    """`torchgen-patch wheel -q`: (its run, the output directory)."""
     out = tmp_path_factory.mktemp("dist")
-    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "wheel", "-o", str(out)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "wheel", "-q", "-o", str(out)], capture_output=True,
                        text=True, env=dict(os.environ, PYTHONPATH=ROOT, MAX_JOBS="2"), timeout=1800)
     assert r.returncode == 0, r.stderr
+    return r, out
+
+
+@pytest.fixture(scope="module")
+def wheel(wheel_run):
+    r, out = wheel_run
     path = r.stdout.strip()
     assert os.path.dirname(path) == str(out) and os.listdir(out) == [os.path.basename(path)]
     return path
+
+
+def test_wheel_q_prints_the_wheel_and_nothing_else(wheel_run, wheel):
+    r, _ = wheel_run
+    assert r.stdout == wheel + "\n" and r.stderr == ""
+
+
+EDITED_RECORD = """
+import json, sys, torch, torchgen_patch
+from torchgen_patch.errors import InputError
+torch.__version__, torch.version.git_version = "2.14.1", "f" * 40  # this process is another torch
+try:
+    torchgen_patch.install(build=False)
+    print("installed", torchgen_patch.installed_ops()[:1])
+except InputError as e:
+    print(e.render(), file=sys.stderr)
+    sys.exit(e.exit_code)
+"""
+
+
+def test_a_wheel_whose_record_was_edited_to_another_torch_is_refused_by_its_library(wheel, tmp_path):
+    """The record says torch 2.14.1 (edited), and the process is torch 2.14.1: the record fits, but the
+    library states the torch it was built against, which decides: refused, one line, nothing active."""
+    python = _venv(tmp_path / "venv", wheel)
+    rec_path = os.path.join(_site(tmp_path / "venv"), "torchgen_patch_kernels", "record.json")
+    rec = json.load(open(rec_path))
+    built_for = rec["torch"]["version"]
+    rec["torch"].update(version="2.14.1", git_version="f" * 40)
+    json.dump(rec, open(rec_path, "w"))
+    r = _run(python, EDITED_RECORD, str(tmp_path / "venv" / "bin"), tmp_path / "cache")
+    assert r.returncode == 3 and r.stdout == "" and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    [line] = r.stderr.splitlines()
+    assert line.startswith("torchgen-patch: error: ") and " was built against another torch: version " \
+        f"{built_for!r} (this torch: '2.14.1'); git_version " in line and line.count("it is not registered") == 1, line
 
 
 def _run(python, code, path, cache, extra_path=None):

@@ -13,10 +13,13 @@
 // the dispatcher needs is then instantiated once per distinct C++ signature
 // (many ops share one), not once per kernel, and only in this file.
 
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace torchgen_patch {
@@ -71,6 +74,12 @@ std::vector<std::unique_ptr<torch::Library>>& libraries() {
   return libs;
 }
 
+// What torch said when it refused the last registration (no exception crosses the C boundary).
+std::string& last_error() {
+  static std::string error;
+  return error;
+}
+
 } // namespace
 } // namespace torchgen_patch
 
@@ -98,20 +107,38 @@ extern "C" const char* torchgen_patch_name(int64_t i) {
 }
 
 // Register the named kernels in one new library block. Returns the number
-// registered, or -(index + 1) of the first unknown name (nothing registered).
+// registered, -(index + 1) of the first unknown name, or -(n + 1) when torch
+// refused one (a C++ exception, caught here: torchgen_patch_error() says what).
+// Nothing is registered unless all are: a refused block is dropped whole.
 extern "C" int64_t torchgen_patch_register(const char* const* names, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (torchgen_patch::find_entry(names[i]) == nullptr) {
       return -(i + 1);
     }
   }
-  auto lib = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
-  for (int64_t i = 0; i < n; ++i) {
-    torchgen_patch::find_entry(names[i])->reg(*lib);
+  try {
+    auto lib = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
+    for (int64_t i = 0; i < n; ++i) {
+      torchgen_patch::find_entry(names[i])->reg(*lib);
+    }
+    torchgen_patch::libraries().push_back(std::move(lib));
+  } catch (const c10::Error& e) {
+    torchgen_patch::last_error() = e.what_without_backtrace();
+    return -(n + 1);
+  } catch (const std::exception& e) {
+    torchgen_patch::last_error() = e.what();
+    return -(n + 1);
+  } catch (...) {
+    torchgen_patch::last_error() = "an unknown C++ exception";
+    return -(n + 1);
   }
-  torchgen_patch::libraries().push_back(std::move(lib));
   return n;
+}
+
+// What torch said when it refused the last registration ("" if none did).
+extern "C" const char* torchgen_patch_error() {
+  return torchgen_patch::last_error().c_str();
 }
 
 // Drop every block registered by torchgen_patch_register.

@@ -57,6 +57,15 @@ def _say(args, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def _build_log(args):
+    """The build's messages: stderr, or nowhere with -q."""
+    return open(os.devnull, "w") if args.quiet else sys.stderr
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _summary(args, text: str, to_stdout: bool) -> None:
     """The command's summary for people; -q silences it. On stdout when the result itself went to a
     file (so `make run > log` keeps it), else on stderr beside the result on stdout."""
@@ -229,10 +238,9 @@ def build(args) -> int:
 
     _needs_torch("build")
     pipeline.check_shards(args.shards)
-    art = library(options(args), shards=args.shards, prebuilt=False, verbose=args.verbose,
-                  log=open(os.devnull, "w") if args.quiet else sys.stderr)
+    art = library(options(args), shards=args.shards, prebuilt=False, verbose=args.verbose, log=_build_log(args))
     print(art.path)
-    _say(args, f"build: {len(art.kernels)} kernels; "
+    _say(args, f"build: {_count(len(art.kernels), 'kernel')}; "
                f"{'built' if art.origin == 'build' else 'up to date (cache hit)'}")
     return 0
 
@@ -261,9 +269,9 @@ def wheel(args) -> int:
     out = args.output or "."
     check_output_dir(out, _run_inputs(args))
     opts = Options()
-    art = library(opts, prebuilt=False, verbose=args.verbose, log=open(os.devnull, "w") if args.quiet else sys.stderr)
-    print(prebuilt.make_wheel(out, art.path, art.manifest, opts))
-    _say(args, f"wheel: {len(art.kernels)} kernels packed for torch {art.torch}")
+    art = library(opts, prebuilt=False, verbose=args.verbose, log=_build_log(args))
+    print(prebuilt.make_wheel(out, art, opts, log=_build_log(args)))
+    _say(args, f"wheel: {_count(len(art.kernels), 'kernel')} packed for torch {art.torch}")
     return 0
 
 

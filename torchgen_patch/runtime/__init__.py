@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
 import sys
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ class Artifact:
     manifest: dict  # the plan it was generated from (codegen's manifest)
     prebuilt: str | None = None  # the prebuilt kernels' version, for origin "prebuilt"
     prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used, if any
+    key: str | None = None  # the build key its record names, which the loaded library must state
 
     @property
     def ops(self) -> list[str]:
@@ -60,7 +60,8 @@ def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, pr
         found, unused = lookup(opts)
         if found is not None:
             return Artifact(found.library, found.sha256, found.record["torch"]["version"],
-                            tuple(found.kernels()), "prebuilt", found.root, found.record["plan"], found.version)
+                            tuple(found.kernels()), "prebuilt", found.root, found.record["plan"], found.version,
+                            key=found.record.get("key"))
         if not build:
             raise InputError(None, None, f"no usable prebuilt kernels: {unused or DIST + ' is not installed'}; "
                                          "and building was ruled out (build=False, --no-build)",
@@ -120,9 +121,7 @@ def _indexed(index: str) -> Artifact | None:
 
     data = cache.read(index)
     path = data.get("library") if isinstance(data, dict) else None
-    builds = os.path.join(cache.directory(), "builds") + os.sep
-    if not isinstance(path, str) or os.path.normpath(path) != path or not path.startswith(builds) \
-            or not os.path.isfile(path):
+    if not isinstance(path, str) or not cache.names_a_build(path):
         if data is not None:
             cache.invalid(index, "it names no build of this cache")
         return None
@@ -133,55 +132,63 @@ def _indexed(index: str) -> Artifact | None:
         return None
 
 
-def artifact_at(path: str, origin: str = "given") -> Artifact:
+def artifact_at(path: str, origin: str = "given", manifest: bool = True) -> Artifact:
     """The build of torchgen-patch at ``path``, its record and manifest read through the trust checks
-    (owner, modes, no symlink followed: trust.py) and matched against the running torch."""
+    (owner, modes, no symlink followed: every directory from the cache root, or the library's own
+    directory, down checked on its descriptor) and matched against the running torch.
+    ``manifest`` False: a library without one (the boxed library)."""
+    from .. import cache
     from ..codegen.render import MANIFEST
     from ..errors import require_torch
     from .build import RECORD
 
     torch = require_torch("installing the kernels")
-    d = os.path.dirname(os.path.abspath(path))
-    root = _root_of(d)
-    info = _checked_json(os.path.join(d, RECORD), root, path)
-    manifest = _checked_json(os.path.join(d, "src", MANIFEST), root, path)
-    if not isinstance(info, dict) or not isinstance(manifest, dict):
+    path = os.path.abspath(path)
+    try:
+        with cache.library_dir(path) as (d, root, _):
+            info = _checked_json(d, RECORD, path)
+            if manifest:
+                with _sub(d, "src", path) as src:
+                    plan = _checked_json(src, MANIFEST, path)
+            else:
+                plan = {"kernels": []}
+    except cache.Missing as e:
+        raise InputError(path, None, f"not a complete torchgen-patch build ({os.path.basename(str(e))} is "
+                                     "missing)") from None
+    if not isinstance(info, dict) or not isinstance(plan, dict):
         raise InputError(path, None, "not a complete torchgen-patch build (its record or manifest is no mapping)")
     if info.get("torch") != torch.__version__:
         raise InputError(path, None, f"built for torch {info.get('torch')}, this is torch {torch.__version__}",
                          "rebuild with `torchgen-patch build`")
     try:
-        kernels = tuple((k["op"], k["schema"]) for k in manifest.get("kernels", ()))
+        kernels = tuple((k["op"], k["schema"]) for k in plan.get("kernels", ()))
     except (KeyError, TypeError) as e:
         raise InputError(path, None, f"not a complete torchgen-patch build (its manifest lacks {e})") from None
-    return Artifact(path, info.get("sha256"), info["torch"], kernels, origin, root, manifest)
+    key = info.get("key") if isinstance(info.get("key"), str) else None
+    return Artifact(path, info.get("sha256"), info["torch"], kernels, origin, root, plan, key=key)
 
 
-def _root_of(d: str) -> str:
-    """Where the strict trust rule starts for a library in ``d``: the cache root when it is inside it."""
-    from ..cache import directory, inside
-
-    cache = os.path.realpath(directory())
-    return cache if inside(os.path.realpath(d), cache) else d
-
-
-def _checked_json(path: str, root: str, library: str):
-    """The JSON in ``path``, read from a descriptor opened without following symlinks and checked
-    like the library (owner, modes, every directory from ``root`` down)."""
-    from . import trust
+def _sub(d, name: str, library: str):
+    from .. import cache
 
     try:
-        fd = trust.open_library(path, root, library)
-    except EnvironmentProblem as e:
-        if e.message.startswith(("cannot check", "cannot open")):
-            raise InputError(library, None, f"not a complete torchgen-patch build ({os.path.basename(path)} "
-                                            "is missing)") from None
-        raise
+        return d.sub(name)
+    except cache.Missing:
+        raise InputError(library, None, f"not a complete torchgen-patch build ({name}/ is missing)") from None
+
+
+def _checked_json(d, name: str, library: str):
+    """The JSON of ``name`` in the checked directory ``d``: a regular file of a trusted owner that
+    nobody else can write, opened without following a symlink."""
+    from .. import cache
+
     try:
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise ValueError("not a regular file")
-            return json.loads(fh.read())
-    except (OSError, ValueError) as e:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({os.path.basename(path)}: "
-                                        f"{e})") from None
+        data = d.read(name)
+    except cache.Missing:
+        raise InputError(library, None, f"not a complete torchgen-patch build ({name} is missing)") from None
+    except OSError as e:
+        raise InputError(library, None, f"not a complete torchgen-patch build ({name}: {e.strerror})") from None
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise InputError(library, None, f"not a complete torchgen-patch build ({name}: {e})") from None

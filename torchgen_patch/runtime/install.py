@@ -32,7 +32,6 @@ os.register_at_fork(after_in_child=_reset_lock_in_child)
 _INSTALLED: dict[str, str] = {}  # op -> backend
 _HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
 _CDLLS: dict[tuple[int, int], ctypes.CDLL] = {}  # (st_dev, st_ino) of the file loaded -> its handle
-_FDS: list[int] = []  # the checked descriptors the loaded libraries were opened from (kept open)
 _EVIDENCE = None  # pykernel.Evidence of the runtime ops installed with evidence=True
 
 
@@ -176,7 +175,7 @@ def register(artifact, ops: list[str] | None = None, backend: str = "cpp") -> In
         raise InputError(None, None, f"an artifact is a compiled library: backend '{backend}' does not load one",
                          "use install(backend='python') for the Python kernels")
     rep = _install_cpp(artifact.path, _select([Candidate(op, schema) for op, schema in artifact.kernels], ops),
-                       lambda: _load(artifact.path, artifact.sha256, artifact.root))
+                       lambda: _load(artifact.path, artifact.sha256, artifact.root, artifact.key))
     rep.prebuilt = artifact.prebuilt
     rep.prebuilt_unused = artifact.prebuilt_unused
     return rep
@@ -196,36 +195,94 @@ def _dlopen(name: str) -> ctypes.CDLL:
     return ctypes.CDLL(name)
 
 
-def _load(path: str, sha256: str | None, root: str) -> ctypes.CDLL:
+def _load(path: str, sha256: str | None, root: str, key: str | None = None) -> ctypes.CDLL:
     """The library at ``path``, checked (trust.check_library) and loaded from the very descriptor that
-    was checked, once per file; the descriptor stays open while the library is loaded."""
+    was checked, once per file, under a name no earlier load used (``cache.loadable``); before it is
+    used, the library must state that it is the build ``key`` (its record's) for exactly this torch
+    (``build.build_problem``): no record can say otherwise."""
     from . import trust
+    from .build import build_problem
 
     fd = trust.check_library(path, sha256, root)
-    st = os.fstat(fd)
-    dll = _CDLLS.get((st.st_dev, st.st_ino))
-    if dll is not None:
-        os.close(fd)
-        return dll
     try:
-        dll = _dlopen(trust.loadable(fd))
-    except OSError as e:
+        st = os.fstat(fd)
+        dll = _CDLLS.get((st.st_dev, st.st_ino))
+        if dll is not None:
+            return dll
+        dll = _open_checked(fd, path)
+        why = build_problem(_stated(dll), key, path)
+        if why:
+            _close(dll)
+            raise EnvironmentProblem(f"{why}: it is not registered",
+                                     "install the kernels made for this torch (`torchgen-patch wheel` with it), or "
+                                     f"remove {os.path.dirname(path)} and build again (torchgen-patch build)")
+        _CDLLS[(st.st_dev, st.st_ino)] = dll
+        return dll
+    finally:
         os.close(fd)
-        raise EnvironmentProblem(f"cannot load {path}: {one_line(str(e))}",
+
+
+def _open_checked(fd: int, path: str) -> ctypes.CDLL:
+    """``dlopen`` of the file behind ``fd``: through /proc/self/fd, or a private copy where this system
+    has none. A failure that is the process's (no free descriptor) is said as such."""
+    import errno
+
+    from .. import cache
+
+    name = cache.loadable(fd)
+    try:
+        if name is not None:
+            return _dlopen(name)
+        with cache.private_copy(fd, path) as copy:  # no /proc: a copy of the checked descriptor's bytes
+            return _dlopen(copy)
+    except OSError as e:
+        text = one_line(str(e))
+        if getattr(e, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in text:
+            raise EnvironmentProblem(f"cannot load {path}: this process has no free file descriptor to open it "
+                                     "with (too many open files)",
+                                     "close descriptors the program does not need, or raise the limit (ulimit -n)") \
+                from None
+        raise EnvironmentProblem(f"cannot load {path}: {text}",
                                  f"remove {os.path.dirname(path)} and build again (torchgen-patch build)") from None
-    _CDLLS[(st.st_dev, st.st_ino)] = dll
-    _FDS.append(fd)
-    return dll
+
+
+def _stated(dll: ctypes.CDLL) -> bytes | None:
+    """What the library says of its own build (``torchgen_patch_build()``), or None if it says nothing."""
+    from .build import IDENTITY_SYMBOL
+
+    try:
+        fn = getattr(dll, IDENTITY_SYMBOL)
+    except AttributeError:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_char_p, []
+    return fn()
+
+
+def _close(dll: ctypes.CDLL) -> None:
+    import _ctypes
+
+    try:
+        _ctypes.dlclose(dll._handle)
+    except (OSError, AttributeError):
+        pass
 
 
 def _load_built(library: str) -> ctypes.CDLL:
     """A build of torchgen-patch (the boxed library, say), its record read through the trust checks."""
-    from . import _checked_json, _root_of
-    from .build import RECORD
+    from . import artifact_at
 
-    d = os.path.dirname(os.path.abspath(library))
-    info = _checked_json(os.path.join(d, RECORD), _root_of(d), library)
-    return _load(library, info.get("sha256") if isinstance(info, dict) else None, _root_of(d))
+    art = artifact_at(library, manifest=False)
+    return _load(art.path, art.sha256, art.root, art.key)
+
+
+def _refused_by_torch(dll: ctypes.CDLL, path: str, error_fn: str) -> EnvironmentProblem:
+    """Torch refused a registration (a C++ exception caught inside the library, nothing registered)."""
+    fn = getattr(dll, error_fn)
+    fn.restype, fn.argtypes = ctypes.c_char_p, []
+    said = (fn() or b"").decode("utf-8", errors="replace")
+    return EnvironmentProblem(f"torch refused the kernels of {path}: {one_line(said) or 'an unknown C++ exception'}; "
+                              "nothing was registered",
+                              f"remove {os.path.dirname(path)} and build again (torchgen-patch build)")
 
 
 def _c_names(names: list[str]):
@@ -255,8 +312,10 @@ def _install_cpp(path: str, cands: list[Candidate], load=None) -> InstallReport:
     dll.torchgen_patch_register.restype = ctypes.c_int64
     dll.torchgen_patch_register.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int64]
     n = dll.torchgen_patch_register(_c_names([c.op.split("::", 1)[1] for c in ok]), len(ok))
-    if n < 0:
+    if n < 0 and -n - 1 < len(ok):
         raise InputError(path, None, f"the library has no kernel for {ok[-n - 1].op}: rebuild it")
+    if n < 0:
+        raise _refused_by_torch(dll, path, "torchgen_patch_error")
     for c in ok:
         _INSTALLED[c.op] = "cpp"
         rep.registered.append(c.op)
@@ -323,7 +382,8 @@ def _install_runtime(todo, backend: str, how: InstallOptions) -> InstallReport:
         ns, rest = op.name.split("::", 1)
         by_ns.setdefault(ns, []).append(rest)
     for ns, rests in sorted(by_ns.items()):
-        dll.torchgen_patch_boxed_register(ns.encode(), _c_names(rests), len(rests))
+        if dll.torchgen_patch_boxed_register(ns.encode(), _c_names(rests), len(rests)) < 0:
+            raise _refused_by_torch(dll, rep.library, "torchgen_patch_boxed_error")
         for r in rests:
             _INSTALLED[f"{ns}::{r}"] = "boxed"
             rep.registered.append(f"{ns}::{r}")

@@ -5,8 +5,11 @@ cluster's nodes, a production image) install the kernels without building them.
 ``make_wheel`` packs a finished build with setuptools through ``pip wheel``; ``lookup`` finds an
 installed one and says why it may not be used: another torch build (version, git hash, C++
 ABI, CUDA), another torchgen-patch, other inputs, a missing or damaged library, two copies
-installed. The library's SHA-256 is in the wheel's record and checked before it is loaded
-(``library_problem``: the same checks as a cached build's, runtime/trust.py).
+installed. The wheel's record is read like a cached build's (a regular file of a trusted owner
+that nobody else can write, in a package directory checked from ``/`` down, no symlink
+followed); the library's SHA-256 is in it and checked before the library is loaded
+(``library_problem``: the same checks as a cached build's, runtime/trust.py), and the library
+itself states the torch it was built against, which must be this one whatever the record says.
 """
 
 from __future__ import annotations
@@ -20,15 +23,17 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from ..errors import EnvironmentProblem, InputError, require_torch
+from .. import cache
+from ..errors import EnvironmentProblem, InputError
 from ..sources import Options, overlay_path
 from ..version import __version__
-from .trust import check_library, sha256_of
+from .build import torch_identity  # noqa: F401  (re-exported: what the wheel records)
+from .trust import sha256_of, verify
 
 DIST = "torchgen-patch-kernels"
 PACKAGE = "torchgen_patch_kernels"
 RECORD = "record.json"
-FORMAT = 1
+FORMAT = 2  # 2: the library states its own build (and the record its key)
 IDENTITY = ("version", "git_version", "cxx11_abi", "cuda")  # what must match the running torch exactly
 
 
@@ -45,13 +50,6 @@ class Prebuilt:
         return [(k["op"], k["schema"]) for k in self.record["plan"]["kernels"]]
 
 
-def torch_identity() -> dict:
-    """The running torch build, as the wheel records it."""
-    torch = require_torch("prebuilt kernels")
-    return {"version": torch.__version__, "git_version": torch.version.git_version,
-            "cxx11_abi": bool(torch.compiled_with_cxx11_abi()), "cuda": torch.version.cuda}
-
-
 def wheel_version(identity: dict) -> str:
     """``<torchgen-patch version>+torch<version>.<cpu|cuXY>.<cxx11abi|precxx11abi>.g<hash>``
     (a PEP 440 local version naming the torch build)."""
@@ -63,31 +61,43 @@ def wheel_version(identity: dict) -> str:
 
 
 def overlay_sha256(opts: Options) -> str | None:
+    import hashlib
+
+    from ..files import read_bytes
+
     path = overlay_path(opts)
     try:
-        return None if path is None else sha256_of(path)
-    except OSError:
+        return None if path is None else hashlib.sha256(read_bytes(path, "overlay")).hexdigest()
+    except InputError:
         return f"unreadable: {path}"  # matches no record; the plan reports the overlay itself
 
 
-def library_problem(path: str, sha256: str, root: str) -> str | None:
-    """Why the library at ``path`` must not be loaded, or None: the same rules as a cached build's
-    (trust.check_library: owner and modes from ``root``, the wheel's package directory, down; a
-    regular file; the SHA-256 the wheel recorded)."""
+def library_problem(d: cache.Dir, name: str, sha256: str) -> str | None:
+    """Why the library ``name`` in the wheel's checked package directory ``d`` must not be loaded, or
+    None: the same rules as a cached build's (owner and modes from the package directory down; a
+    regular file, no symlink; the SHA-256 the wheel recorded)."""
     try:
-        os.close(check_library(path, sha256, root))
+        fd = d.open(name)
+    except cache.Missing:
+        return f"cannot check {d.join(name)} before loading native code from it: No such file or directory"
+    except EnvironmentProblem as e:
+        return e.message
+    try:
+        verify(fd, d.join(name), sha256)
     except EnvironmentProblem as e:
         return e.message
     except OSError as e:
-        return f"its library {path} cannot be read ({e.strerror})"
+        return f"its library {d.join(name)} cannot be read ({e.strerror})"
+    finally:
+        os.close(fd)
     return None
 
 
-def record(library: str, manifest: dict, opts: Options) -> dict:
-    """What the wheel says about itself: torch build, library and its digest, inputs, plan."""
-    return {"format": FORMAT, "torchgen_patch": __version__, "torch": torch_identity(),
-            "library": os.path.basename(library), "sha256": sha256_of(library),
-            "overlay_sha256": overlay_sha256(opts), "plan": manifest}
+def record(library: int, name: str, key: str, manifest: dict, opts: Options) -> dict:
+    """What the wheel says about itself: torch build, library (``library``: its open, checked descriptor)
+    and its digest, its build key, inputs, plan."""
+    return {"format": FORMAT, "torchgen_patch": __version__, "torch": torch_identity(), "library": name,
+            "sha256": sha256_of(library), "key": key, "overlay_sha256": overlay_sha256(opts), "plan": manifest}
 
 
 _PYPROJECT = """\
@@ -123,11 +133,19 @@ setup(distclass=PlatformDistribution)
 """
 
 
-def make_wheel(out_dir: str, library: str, manifest: dict, opts: Options, log=sys.stderr) -> str:
-    """Pack ``library`` (a finished build) and ``manifest`` (its plan) into a wheel in ``out_dir``;
-    returns the wheel's path. Built by setuptools through ``pip wheel``, with no network (no build
-    isolation) and a fixed SOURCE_DATE_EPOCH, so the same build gives the same wheel bytes."""
-    rec = record(library, manifest, opts)
+def make_wheel(out_dir: str, artifact, opts: Options, log=sys.stderr) -> str:
+    """Pack ``artifact`` (runtime.Artifact: a finished build, its library read from the descriptor its
+    checks ran on) and its plan into a wheel in ``out_dir``; returns the wheel's path. Built by
+    setuptools through ``pip wheel``, with no network (no build isolation) and a fixed
+    SOURCE_DATE_EPOCH, so the same build gives the same wheel bytes."""
+    from .trust import check_library
+
+    fd = check_library(artifact.path, artifact.sha256, artifact.root)
+    try:
+        rec = record(fd, os.path.basename(artifact.path), artifact.key, artifact.manifest, opts)
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        os.close(fd)
     version = wheel_version(rec["torch"])
     with tempfile.TemporaryDirectory(prefix="tgp-wheel-") as tmp:
         project, pkg, dist = (os.path.join(tmp, p) for p in ("project", os.path.join("project", PACKAGE), "dist"))
@@ -142,7 +160,8 @@ def make_wheel(out_dir: str, library: str, manifest: dict, opts: Options, log=sy
         with open(os.path.join(pkg, RECORD), "w") as fh:
             json.dump(rec, fh, indent=1, sort_keys=True)
             fh.write("\n")
-        shutil.copyfile(library, os.path.join(pkg, rec["library"]))
+        with open(os.path.join(pkg, rec["library"]), "wb") as fh:
+            fh.write(data)
         print(f"torchgen-patch: packing {DIST} {version} with pip wheel ...", file=log, flush=True)
         r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                             "--disable-pip-version-check", "-q", "-w", dist, project], capture_output=True, text=True,
@@ -209,32 +228,61 @@ def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
         copies = ", ".join(f"{d.version} in {d.locate_file('')}" for d in dists)
         return None, f"{len(dists)} copies of {DIST} are installed ({copies}): uninstall all but one"
     dist = dists[0]
-    where = str(dist.locate_file(PACKAGE))
+    where = os.path.abspath(str(dist.locate_file(PACKAGE)))
     name = f"{DIST} {dist.version}"
     try:
-        with open(os.path.join(where, RECORD), encoding="utf-8") as fh:
-            rec = json.load(fh)
+        d = cache.open_dir(where, cache.library_refusal(where))
+    except cache.Missing as e:
+        return None, f"{name}: {e} is missing"
+    except EnvironmentProblem as e:
+        return None, f"{name}: {e.message}"
+    with d:
+        found = _read_record(d, name)
+        if isinstance(found, str):
+            return None, found
+        rec = found
+        why = _unfit(rec, name, opts)
+        if why:
+            return None, why
+        lib = os.path.basename(rec["library"])
+        problem = library_problem(d, lib, rec["sha256"])
+        if problem:
+            return None, f"{name}: {problem}"
+    return Prebuilt(os.path.join(where, lib), dist.version, rec, rec["sha256"], where), None
+
+
+def _read_record(d: cache.Dir, name: str) -> dict | str:
+    """The wheel's record from its checked package directory (a regular file of a trusted owner that
+    nobody else can write, no symlink followed), or why not."""
+    try:
+        rec = json.loads(d.read(RECORD))
         torch, lib, digest, kernels = rec["torch"], rec["library"], rec["sha256"], rec["plan"]["kernels"]
         fmt = rec["format"]
         _ = [(k["op"], k["schema"]) for k in kernels]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return None, f"{name}: its {RECORD} is missing or damaged ({type(e).__name__}: {e})"
+        if not isinstance(torch, dict) or not isinstance(lib, str) or not isinstance(digest, str):
+            raise TypeError("torch, library or sha256 of another type")
+    except EnvironmentProblem as e:
+        return f"{name}: its {RECORD} is not used: {e.message}"
+    except (cache.Missing, OSError, ValueError, KeyError, TypeError) as e:
+        return f"{name}: its {RECORD} is missing or damaged ({type(e).__name__}: {e})"
     if fmt != FORMAT:
-        return None, f"{name}: record format {fmt}, this torchgen-patch reads {FORMAT}"
+        return f"{name}: record format {fmt}, this torchgen-patch reads {FORMAT}"
+    return rec
+
+
+def _unfit(rec: dict, name: str, opts: Options) -> str | None:
+    """Why a wheel with the record ``rec`` may not serve ``opts`` in this torch, or None."""
+    torch = rec["torch"]
     here = torch_identity()
     differ = [f"{k} {torch.get(k)!r} (this torch: {here[k]!r})" for k in IDENTITY if torch.get(k) != here[k]]
     if differ:
-        return None, f"{name} was built for another torch build: " + "; ".join(differ)
+        return f"{name} was built for another torch build: " + "; ".join(differ)
     if rec.get("torchgen_patch") != __version__:
-        return None, f"{name} was made by torchgen-patch {rec.get('torchgen_patch')}, this is {__version__}"
+        return f"{name} was made by torchgen-patch {rec.get('torchgen_patch')}, this is {__version__}"
     if opts.native_functions or opts.tags or opts.pytorch_root:
-        return None, f"{name} holds the kernels of the installed torch's own yaml; other inputs were asked for"
+        return f"{name} holds the kernels of the installed torch's own yaml; other inputs were asked for"
     if not opts.requires_grad_check:  # `torchgen-patch wheel` builds the default plan, whose out= kernels refuse it
-        return None, f"{name} holds kernels that refuse requires_grad in out= ops; no such check was asked for"
+        return f"{name} holds kernels that refuse requires_grad in out= ops; no such check was asked for"
     if rec.get("overlay_sha256") != overlay_sha256(opts):
-        return None, f"{name} was built with another overlay than the one asked for"
-    path = os.path.join(where, os.path.basename(lib))
-    problem = library_problem(path, digest, where)
-    if problem:
-        return None, f"{name}: {problem}"
-    return Prebuilt(path, dist.version, rec, digest, where), None
+        return f"{name} was built with another overlay than the one asked for"
+    return None

@@ -7,6 +7,8 @@ kernel can be generated for), so nothing downstream parses again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..files import decode, read_bytes
 from ..sources import Sources
 from .. import cache
@@ -68,7 +70,48 @@ def _from_cache(data, sources: Sources, k: str, name: str, autograd: bool = True
         if not records:
             raise ValueError("no records")
         validate(records, cpp, data["facts"])
-        return Scan(sources, records, cpp, k, autograd)
+        return Scan(sources, records, Rederived(cpp, records, sources, name), k, autograd)
     except (TypeError, KeyError, IndexError, ValueError, AttributeError) as e:
         cache.invalid(name, f"{type(e).__name__}: {e}")
         return None
+
+
+class Rederived(Mapping):
+    """A cached scan's C++ signatures (op -> CppSig), used only as what the scan would make: on first
+    use (a plan; a lint never asks), every one is made again from its schema and yaml entry by the
+    same function the scan uses (``sources.torchgen.cpp_signatures``), and those are what is used.
+    A cached one that differs is said (-v note); the cost is torchgen's import and one schema parse
+    per kernel candidate, never a wrong type in a kernel."""
+
+    def __init__(self, cached: dict, records, sources: Sources, name: str):
+        self._cached, self._sources, self._name = cached, sources, name
+        self._wanted = [(r.name, r.schema, r.loc.line) for r in records if r.name in cached]
+        self._made: dict | None = None
+
+    def _sigs(self) -> dict:
+        if self._made is None:
+            from ..sources import torchgen
+
+            src = self._sources
+            try:
+                made = torchgen.cpp_signatures(src.toolchain, src.native, decode(
+                    src.native, read_bytes(src.native, "native_functions.yaml"), "native_functions.yaml"),
+                    self._wanted)
+            except ValueError as e:  # the records name no entry of this yaml: the scan's own, made again
+                cache.note(f"cache entry {self._name}: {e}; its C++ signatures made by a scan again")
+                made = dict(scan(src, use_cache=False).cpp)
+            wrong = sorted(op for op in made if made[op] != self._cached.get(op))
+            if wrong:
+                cache.note(f"cache entry {self._name}: the C++ signature of {wrong[0]} is not what its schema "
+                           f"gives ({len(wrong)} such); made from the schemas")
+            self._made = made
+        return self._made
+
+    def __getitem__(self, op: str):
+        return self._sigs()[op]
+
+    def __iter__(self):
+        return iter(self._sigs())
+
+    def __len__(self) -> int:
+        return len(self._cached)

@@ -26,9 +26,10 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import EnvironmentProblem, InputError, one_line, printable
-from ..files import check_depth, private_dirs, yaml_error
+from ..files import check_depth, yaml_error
 from .facts import CppSig, Facts, WrittenArg
 
 INSTALLED, CHECKOUT = "installed", "checkout"
@@ -165,18 +166,10 @@ def imported(tc: Toolchain, identity: str | None = None):
 
 
 def _bytecode_dir(identity: str) -> str | None:
-    """Beside the result cache, not in it: emptying the result cache (a cold scan) does not
-    make the checkout's torchgen compile again, as its own __pycache__ would not."""
-    base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                        "torchgen-patch-bytecode")
-    try:
-        private_dirs(base)
-        st = os.stat(base)
-    except OSError:
-        return None
-    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:  # bytecode is code: only from a private place
-        return None
-    return os.path.join(base, identity[:24])
+    """Beside the result cache, not in it, and only when private (``cache.bytecode_dir``)."""
+    from ..cache import bytecode_dir
+
+    return bytecode_dir(identity)
 
 
 def _import(tc: Toolchain, name: str):
@@ -629,3 +622,61 @@ def cpp_signature(f) -> CppSig:
         formals = tuple((a.type, a.name) for a in sig.arguments())
         names = tuple(e.expr for e in sig.exprs())
     return CppSig(formals, names, f.func.name.unambiguous_name(), f.root_name)
+
+
+class _Entry(NamedTuple):
+    """What ``cpp_signature`` reads of a NativeFunction: its schema, where it is, and the two fields of
+    its yaml entry that decide its C++ types (torchgen's native_function_manager)."""
+
+    func: object
+    loc: object
+    use_const_ref_for_mutable_tensors: bool
+    part_of_structured_group: bool
+
+    @property
+    def root_name(self) -> str:
+        return self.func.name.name.base
+
+
+def cpp_signatures(tc: Toolchain, native_path: str, native_text: str, wanted, identity: str | None = None) \
+        -> dict[str, CppSig]:
+    """The C++ signatures a scan makes for ``wanted`` ((op, schema, yaml line) each), made again by the
+    same function (``cpp_signature``, torchgen's C++ API) from each schema and its yaml entry's
+    ``use_const_ref_for_mutable_tensors`` and ``structured``/``structured_delegate`` (a function
+    torchgen generates from an entry, an autogen'd ``.out`` say, has the entry's first and neither of
+    the others, as torchgen's own generation gives it). A cached scan's signatures are used only
+    when they are these. ValueError when a schema or entry cannot be read back."""
+    lines = native_text.splitlines(keepends=True)
+    with imported(tc, identity):
+        model = _import(tc, "torchgen.model")
+        out = {}
+        for op, schema, line in wanted:
+            if not (isinstance(line, int) and 0 < line <= len(lines)) or "::" not in schema:
+                raise ValueError(f"{op}: no yaml entry at line {line}")
+            entry = _entry_at(tc, native_path, lines, line)
+            try:
+                func = model.FunctionSchema.parse(schema.split("::", 1)[1])
+            except Exception as e:  # torchgen's parser raises bare AssertionErrors
+                raise ValueError(f"{op}: schema does not parse ({type(e).__name__})") from None
+            own = str(entry.get("func", "")).split("(", 1)[0].strip() == str(func.name)
+            structured = own and (entry.get("structured") is True or entry.get("structured_delegate") is not None)
+            f = _Entry(func, model.Location(native_path, line),
+                       entry.get("use_const_ref_for_mutable_tensors") is True, structured)
+            out[op] = cpp_signature(f)
+        return out
+
+
+def _entry_at(tc: Toolchain, path: str, lines: list[str], line: int) -> dict:
+    """The yaml entry that starts at ``line`` (its block, up to the next entry), read as a whole file
+    is (the toolchain's bounded loader, no aliases, bounded depth)."""
+    end = line
+    while end < len(lines) and not lines[end].startswith("- "):
+        end += 1
+    block = "".join(lines[line - 1:end])
+    try:
+        es = load_yaml_list(tc, path, block, "native_functions.yaml")
+    except InputError as e:
+        raise ValueError(f"the yaml entry at line {line} does not read back: {e.message}") from None
+    if len(es) != 1:
+        raise ValueError(f"no single yaml entry at line {line}")
+    return es[0]
