@@ -98,7 +98,9 @@ def test_every_shipped_lint_gate_checks_both_halves():
 
 def test_runtime_lint_hints_name_the_namespace():
     """`lint --runtime --import LIB` alone lists every namespace's ops (255 with bitsandbytes, 6 of
-    them its own): each such command the README, the docs and `make run` give names --namespace."""
+    them its own): each such command the README, the docs and `make run` give names --namespace. A
+    mention of the optimizer probe (its findings are classes, which --namespace does not filter) is
+    not such a command."""
     import glob
     import re
 
@@ -108,6 +110,8 @@ def test_runtime_lint_hints_name_the_namespace():
     for page in pages:
         text = open(page, encoding="utf-8").read()
         for m in re.finditer(r"lint --runtime --import\s+\S+([^`\n]*(?:\n[^`\n]*)?)", text):
+            if "optimizer" in m.group(1):
+                continue
             seen += 1
             assert "--namespace" in m.group(1).split("`")[0], (page, m.group(0))
     assert seen >= 3
