@@ -1,0 +1,207 @@
+"""A fingerprint of a tensor's contents, computed where the tensor lives, that never differs for
+two reads of the same bits: integer arithmetic on the stored bit patterns only (never values, so
+NaN payloads and -0.0 count as what they are), in an order that gives the same result whatever
+the threads or kernels.
+
+- CPU, a tensor whose elements fill one block of memory (contiguous, or any permutation of
+  dimensions of a contiguous block: a transposed weight): CRC-32 of that block, read in place
+  (no copy, no torch op).
+- CPU, a tensor with gaps or overlaps (a slice, a split head, an expanded tensor): the same CRC-32
+  of a contiguous copy made a chunk at a time.
+- Any other device (CUDA): a 64-bit sum, on the device, of each element's bit pattern mixed by a
+  bijection and weighted by a random odd constant of its position; the result stays a 0-d tensor
+  on the device, so nothing waits for the device (the caller compares a batch of them at once).
+
+``fingerprint(t)`` is a tuple of parts (ints, or 0-d device tensors), or a ``Skip`` that says why
+a tensor's contents are not read (sparse, nested, meta, no storage of its own).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import zlib
+from typing import NamedTuple
+
+CHUNK = 1 << 20  # elements read at once where a copy or a temporary is made (bounded extra memory)
+_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so multiplying by it is a bijection
+_LOW35 = (1 << 35) - 1  # (h >> 29) & _LOW35: a logical shift of an int64, so h ^ that is a bijection
+
+
+class Skip(NamedTuple):
+    """The contents of this tensor are not fingerprinted (its version still is checked)."""
+
+    reason: str
+
+
+def fingerprint(t):
+    """The parts of ``t``'s fingerprint (see the module's docstring), or a ``Skip``."""
+    import torch
+
+    if type(t) not in _PLAIN:
+        inner = _inner_tensors(t)
+        if inner is None:
+            return Skip(f"a {type(t).__name__} (no storage of its own to read)")
+        parts: list = []
+        for x in inner:
+            p = fingerprint(x)
+            if isinstance(p, Skip):
+                return p
+            parts.extend(p)
+        return tuple(parts)
+    if t.layout != torch.strided:
+        return Skip(f"{str(t.layout).replace('torch.', '')} tensors")
+    if t.is_nested:
+        return Skip("nested tensors")
+    device = t.device.type
+    if device == "meta":
+        return Skip("meta tensors (no data)")
+    if t.numel() == 0:
+        return (0,)
+    if not _readable(t):
+        return Skip("a tensor whose storage is smaller than its elements (freed or resized)")
+    if device == "cpu" and not _FORCE_DEVICE_PATH:
+        return (_crc_cpu(t),)
+    return (_on_device(t),)
+
+
+_FORCE_DEVICE_PATH = False  # tests run the device path on CPU
+
+
+def _plain_types():
+    import torch
+
+    types = {torch.Tensor, torch.nn.Parameter}
+    buffer = getattr(torch.nn, "Buffer", None)  # torch >= 2.5
+    if isinstance(buffer, type):
+        types.add(buffer)
+    return frozenset(types)
+
+
+class _Lazy:
+    """``_PLAIN``, computed on first use (this module imports no torch at import time)."""
+
+    value = None
+
+    def __contains__(self, item) -> bool:
+        if _Lazy.value is None:
+            _Lazy.value = _plain_types()
+        return item in _Lazy.value
+
+
+_PLAIN = _Lazy()
+
+
+def _inner_tensors(t):
+    """The tensors a traceable wrapper subclass (DTensor, a ``__torch_dispatch__`` wrapper) holds, in
+    their fixed order; for another subclass, the tensor itself as a plain tensor when it has storage
+    of its own (``as_subclass``, ``_make_subclass``); None when it has none (FakeTensor,
+    FunctionalTensor)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [getattr(t, n) for n in names]
+    try:
+        storage = t.untyped_storage()
+        t.data_ptr()
+    except Exception:  # noqa: BLE001 — "Cannot access data pointer/storage of ..." (fake, functional)
+        return None
+    if storage.device.type == "meta":
+        return None
+    return [t.as_subclass(_tensor_type())]
+
+
+def _tensor_type():
+    import torch
+
+    return torch.Tensor
+
+
+def _readable(t) -> bool:
+    """Every element of ``t`` lies inside its storage (a storage resized to 0, as FSDP does between
+    uses, would make a read fault)."""
+    last = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            return False
+        last += (size - 1) * stride
+    return (last + 1) * t.element_size() <= t.untyped_storage().nbytes()
+
+
+def _dense(t) -> bool:
+    """The elements of ``t`` fill one block of memory exactly, in some order of its dimensions."""
+    if t.is_contiguous():
+        return True
+    expect = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _crc_cpu(t) -> int:
+    if _dense(t):
+        return zlib.crc32((ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr()))
+    crc = 0
+    for piece in _pieces(t.detach(), CHUNK):
+        block = piece.contiguous()
+        crc = zlib.crc32((ctypes.c_char * (block.numel() * block.element_size())).from_address(block.data_ptr()),
+                         crc)
+    return crc
+
+
+def _pieces(t, limit: int):
+    """Views of ``t`` that together cover it in order, each of at most ``limit`` elements (split along
+    the first dimension, recursively)."""
+    if t.numel() <= limit or t.dim() == 0:
+        yield t
+        return
+    row = t[0].numel()
+    if row > limit:
+        for i in range(t.shape[0]):
+            yield from _pieces(t[i], limit)
+        return
+    step = max(1, limit // max(row, 1))
+    for i in range(0, t.shape[0], step):
+        yield t[i:i + step]
+
+
+_WEIGHTS: dict = {}  # device -> CHUNK random odd int64 weights (8 MiB, made once per device)
+
+
+def _weights(device):
+    import torch
+
+    w = _WEIGHTS.get(device)
+    if w is None:
+        g = torch.Generator().manual_seed(0x5A7ED)
+        w = (torch.randint(-(1 << 62), 1 << 62, (CHUNK,), generator=g, dtype=torch.int64) | 1).to(device)
+        _WEIGHTS[device] = w
+    return w
+
+
+def _bits(t):
+    """``t``'s bit patterns as a signed integer tensor of the same element size (a view, no copy)."""
+    import torch
+
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t if t.dtype == signed else t.view(signed)
+
+
+def _on_device(t):
+    """The device fingerprint: a 0-d int64 tensor on ``t``'s device (no synchronisation)."""
+    import torch
+
+    w = _weights(t.device)
+    total = None
+    for k, piece in enumerate(_pieces(_bits(t.detach()), CHUNK)):
+        h = piece.reshape(-1).to(torch.int64)  # a temporary of at most CHUNK elements
+        h.mul_(_MIX)
+        h.bitwise_xor_(h.bitwise_right_shift(29).bitwise_and_(_LOW35))
+        h.mul_(w[:h.numel()])
+        s = h.sum()
+        total = s if total is None else total + s * w[k % CHUNK]
+    return total
