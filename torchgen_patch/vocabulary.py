@@ -117,3 +117,4 @@ class Writer(Word):
     DATA = "data"  # an in-place op on `.data` (a view with a version counter of its own)
     ALIAS = "alias"  # a numpy, DLPack or buffer alias of its memory
     KERNEL = "kernel"  # a C++ or Triton kernel of a library writing through data_ptr
+    HOOKS = "hooks"  # the program's own saved-tensor hooks gave back other contents (a recomputation)

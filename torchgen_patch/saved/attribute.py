@@ -58,7 +58,10 @@ def caller(depth: int = 2):
     """Where the current call came from, cheaply, to be made a Frame only if a finding needs it: the
     innermost frame of the program's own code and the innermost frame outside torch and this
     package, each as (code, line), or None."""
-    f = sys._getframe(depth)
+    try:
+        f = sys._getframe(depth)
+    except ValueError:  # called from less deep than that
+        return None, None
     site = None
     while f is not None:
         code = f.f_code
@@ -198,10 +201,11 @@ def rank() -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-def writers(optimizer_holds: bool, storage_moved: bool, parameter: bool) -> tuple[Writer, ...]:
+def writers(optimizer_holds: bool, storage_moved: bool, parameter: bool, returned: bool = False) -> tuple[Writer, ...]:
     """Who may have written a saved tensor, most likely first (``parameter``: it is a parameter or
-    buffer, or a view of one, where `.data` writes are the usual way)."""
-    out = []
+    buffer, or a view of one, where `.data` writes are the usual way; ``returned``: the contents
+    compared are what the program's own saved-tensor hooks gave back)."""
+    out = [Writer.HOOKS] if returned else []
     if optimizer_holds:
         out.append(Writer.OPTIMIZER)
     if storage_moved:

@@ -35,11 +35,20 @@ def top():
         return read()
 
 
+def _sequence_reader():
+    read = getattr(_autograd(), "_get_sequence_nr", None)
+    return read if read is not None else (lambda: None)
+
+
+_NEXT = []  # the binding, looked up once (this runs for every saved tensor)
+
+
 def next_sequence_nr() -> int | None:
     """The sequence number the next autograd node made on this thread will get (None: this torch
     cannot say). A tensor saved as an output of the node being made has a grad_fn one below it."""
-    read = getattr(_autograd(), "_get_sequence_nr", None)
-    return read() if read is not None else None
+    if not _NEXT:
+        _NEXT.append(_sequence_reader())
+    return _NEXT[0]()
 
 
 def current_node():

@@ -40,7 +40,8 @@ class _Saved:
     alias (same storage, same version counter) is kept, as autograd keeps one: holding the output
     itself would hold its grad_fn, that node, in a cycle."""
 
-    __slots__ = ("ref", "original", "version", "fp", "leaf", "output", "output_nr", "where", "steps", "ptr")
+    __slots__ = ("ref", "original", "version", "fp", "leaf", "output", "output_nr", "where", "steps", "ptr", "base",
+                 "layout")
 
 
 class Check:
@@ -61,7 +62,6 @@ class Check:
     def start(self) -> "Check":
         """Push the check's hooks on this thread's stack (around the hooks on top of it, if any)."""
         _patch()
-        attribute.STEPS.start()
         top = _top()
         layer = _Layer(self, *(top or (None, None)))
         if top:
@@ -69,6 +69,7 @@ class Check:
         _push(layer.pack, layer.unpack)
         layer.replaced = bool(top)
         self._layer = layer
+        attribute.STEPS.start()
         self.active = True
         _ACTIVE.append(self)
         return self
@@ -125,8 +126,11 @@ class Check:
         if own:
             s.ref = t.detach() if s.output else t
             s.original = _weak(t) if s.output else None
-        else:
+            s.base = s.layout = None
+        else:  # composed with the program's hooks: what to look at in backward if the tensor has died
             s.ref, s.original = None, _weak(t)
+            s.base = _weak(t._base) if t._base is not None else None
+            s.layout = (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
         s.fp = fingerprint(t)
         s.where = attribute.caller(3)
         s.steps = attribute.STEPS.count
@@ -136,13 +140,15 @@ class Check:
             s.ptr = None
         return s
 
-    def verify(self, s: _Saved, t, original) -> None:
+    def verify(self, s: _Saved, t, original, returned: bool = False) -> None:
         """At unpack: ``t`` is the saved tensor as it is now (the one kept, or the original itself);
-        ``original``: the tensor that was saved, if still alive (its grad_fn and identity)."""
+        ``original``: the tensor that was saved, if still alive (its grad_fn and identity).
+        ``returned``: ``t`` is what the program's own hooks gave back (a copy, a recomputation),
+        whose version says nothing."""
         if not self.active:
             return
         now = t._version
-        if now != s.version:
+        if now != s.version and not returned:
             raise RuntimeError(moved.version_error(
                 t, s.version, now, leaf=s.leaf, output=s.output, output_nr=s.output_nr, node=engine.current_node(),
                 grad_fn=original.grad_fn if original is not None else None))
@@ -157,27 +163,27 @@ class Check:
         host = [a != b for a, b in zip(s.fp, fp) if isinstance(a, int)]
         device = [(a, b) for a, b in zip(s.fp, fp) if not isinstance(a, int)]
         if any(host) or len(s.fp) != len(fp):
-            self.found(s, t, original, engine.current_node(), attribute.backward_call())
+            self.found(s, t, original, engine.current_node(), attribute.backward_call(), returned)
         elif device:
-            self._defer(s, t, original, device)
+            self._defer(s, t, original, device, returned)
 
     def _skip(self, skip: Skip) -> None:
         self.skipped[skip.reason] = self.skipped.get(skip.reason, 0) + 1
 
-    def _defer(self, s: _Saved, t, original, pairs) -> None:
+    def _defer(self, s: _Saved, t, original, pairs, returned: bool) -> None:
         """A device comparison, read with the others of its backward pass once that pass has finished."""
         import torch
 
         changed = torch.stack([a != b for a, b in pairs]).any()
         node = engine.current_node()
         task = engine.graph_task()
-        entry = (changed, s, _Facts(t), _weak(original) if original is not None else None, node)
+        entry = (changed, s, _Facts(t), _weak(original) if original is not None else None, node, returned)
         if task in self._pending:
             self._pending[task].append(entry)
         elif engine.at_end_of_backward(lambda: self._flush(task)):
             self._pending[task] = [entry]
         elif bool(changed):  # no backward pass to wait for (an unpack outside backward): read it now
-            self.found(s, t, original, node, attribute.backward_call())
+            self.found(s, t, original, node, attribute.backward_call(), returned)
 
     def _flush(self, task: int) -> None:
         import torch
@@ -187,11 +193,11 @@ class Check:
             return
         flags = torch.stack([e[0] for e in entries]).tolist()  # the one read of this backward pass
         where = attribute.backward_call() if any(flags) else None
-        for changed, (_, s, facts, original, node) in zip(flags, entries):
+        for changed, (_, s, facts, original, node, returned) in zip(flags, entries):
             if changed:
-                self.found(s, facts, _alive(original), node, where)
+                self.found(s, facts, _alive(original), node, where, returned)
 
-    def found(self, s: _Saved, t, original, node, backward) -> None:
+    def found(self, s: _Saved, t, original, node, backward, returned: bool = False) -> None:
         """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
         name, owner, view = attribute.module_name(t, original)
         optimizer, holds = attribute.STEPS.since(s.steps, t, original)
@@ -205,7 +211,7 @@ class Check:
                     node=node.name() if node is not None else None,
                     forward=attribute.frame(program), site=attribute.frame(site) if site != program else None,
                     backward=attribute.frame(backward),
-                    writers=attribute.writers(holds, moved_storage, name is not None or s.leaf),
+                    writers=attribute.writers(holds, moved_storage, name is not None or s.leaf, returned),
                     optimizer=optimizer, rank=attribute.rank())
         self.findings.append(f)
         first = f.key() not in self._distinct
@@ -236,6 +242,13 @@ class _Facts:
 
     def element_size(self) -> int:
         return self._size
+
+
+def _same_layout(t, layout) -> bool:
+    try:
+        return (tuple(t.shape), t.stride(), t.dtype, t.device) == (layout[0], layout[1], layout[3], layout[4])
+    except Exception:  # noqa: BLE001 — not a strided tensor
+        return False
 
 
 def _alive(ref):
@@ -272,10 +285,18 @@ class _Layer:
         if isinstance(packed, _Composed):
             t = self.inner_unpack(packed.inner)
             s = packed.saved
-            if s is not None:
-                original = s.original() if s.original is not None else None
-                if original is not None:  # alive: the tensor itself is what to look at
-                    c.verify(s, original, original)
+            if s is None:
+                return t
+            original, base = _alive(s.original), _alive(s.base)
+            if original is not None:  # alive: the tensor itself is what to look at
+                c.verify(s, original, original)
+            elif base is not None:  # a view that died, of a base that lives (a transposed weight): the same view
+                shape, stride, offset = s.layout[:3]
+                c.verify(s, base.detach().as_strided(shape, stride, offset), None)
+            elif _same_layout(t, s.layout):  # gone: what the program's hooks returned must be what was saved
+                c.verify(s, t, None, returned=True)
+            else:
+                c._skip(Skip("returned by the program's own hooks in another layout"))
             return t
         c.verify(packed, packed.ref, _alive(packed.original) if packed.output else packed.ref)
         return packed.ref
@@ -315,13 +336,14 @@ def _top():
 
 def _push(pack, unpack) -> None:
     engine.push(pack, unpack)
-    _mirror().append((pack, unpack))
+    if engine.top() is ...:
+        _mirror().append((pack, unpack))
 
 
 def _pop() -> None:
     engine.pop()
     mirror = _mirror()
-    if mirror:
+    if mirror and engine.top() is ...:
         mirror.pop()
 
 

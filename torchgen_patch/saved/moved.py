@@ -16,7 +16,7 @@ import threading
 import warnings
 
 _LEGACY = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long", "int32": "Int",
-           "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
+           "int16": "Short", "int8": "Char", "uint8": "Byte"}
 _KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta", "xpu": "XPU", "mps": "MPS", "hpu": "HPU"}
 _TEXT: dict[bool, tuple[str, str]] = {}  # anomaly mode on? -> (prefix, hint)
 

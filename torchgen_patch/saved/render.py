@@ -19,6 +19,8 @@ _WRITER = {
     Writer.ALIAS: "a numpy, DLPack or buffer alias of its memory (`.numpy()`, `torch.from_dlpack`, `np.frombuffer`, "
                   "shared memory)",
     Writer.KERNEL: "a C++ or Triton kernel of a library writing through `data_ptr()`",
+    Writer.HOOKS: "the program's own saved-tensor hooks gave back other contents than were saved (a recomputation "
+                  "from inputs written since, or a kernel that does not compute the same bits twice)",
 }
 
 
