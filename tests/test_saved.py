@@ -616,19 +616,40 @@ def test_a_wrapper_subclass_is_read_through_its_inner_tensors(path):
     assert not _same(before, fp.fingerprint(w))
 
 
-def test_the_fingerprints_misses_match_a_uniform_hash():
-    """What backs the docs' miss rate: truncated to 10 bits, the CPU fingerprint of a random change
-    goes unseen about once in 1024 changes, as a uniform hash would (so 64 bits: once in 2**64)."""
+@pytest.mark.parametrize("size,path_", [(1024, "small"), (8192, "numpy"), (8192, "device")])
+def test_the_fingerprints_misses_match_a_uniform_hash(size, path_, monkeypatch):
+    """What backs the docs' miss rate: truncated to 10 bits, the fingerprint of a random change goes
+    unseen about once in 1024 changes, as a uniform hash's would (so at 64 bits: once in 2**64); on
+    each path (Python's hash below 16 KiB, numpy's weighted sum above, the device path)."""
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", path_ == "device")
     rng = np.random.default_rng(0)
-    base = torch.from_numpy(rng.standard_normal(4096).astype(np.float32))  # 16 KiB: the numpy sum
-    ref = fp.fingerprint(base)[0] & 1023
+    base = torch.from_numpy(rng.standard_normal(size).astype(np.float32))
+    assert (base.nbytes <= fp.SMALL) == (path_ == "small")
+    ref = int(fp.fingerprint(base)[0]) % 1021  # every bit of the 64 counts in the residue
     misses, n = 0, 20000
-    for k in range(n):
+    for _ in range(n):
         t = base.clone()
         pos = rng.integers(0, t.numel(), 3)
         t[pos] = torch.from_numpy(rng.standard_normal(3).astype(np.float32))
-        misses += (fp.fingerprint(t)[0] & 1023) == ref
-    assert 5 <= misses <= 45, misses  # expected 19.5; a 2-sided binomial band of about 1e-4
+        misses += int(fp.fingerprint(t)[0]) % 1021 == ref
+    assert 5 <= misses <= 45, misses  # expected 19.6; a 2-sided binomial band of about 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.int64], ids=str)
+def test_sign_flips_and_other_high_bit_patterns_are_seen(dtype, path):
+    """Changes confined to the high bits of 8-byte words (an even number of sign flips of float64
+    elements, of the odd elements of a float32 tensor) would cancel in a plain weighted sum mod 2**64;
+    the fold into the low half sees them."""
+    n = 8192 if dtype != torch.float32 else 16384  # above SMALL: the numpy sum on CPU
+    t = torch.randn(n).to(dtype) if dtype.is_floating_point else torch.randint(-5, 5, (n,), dtype=dtype)
+    for pick in (slice(0, 2), slice(None), slice(1, None, 2), slice(0, 64)):
+        before = fp.fingerprint(t)
+        a = t.numpy()
+        if dtype.is_floating_point:
+            np.negative(a[pick], out=a[pick])
+        else:
+            a.view(np.uint64)[pick] ^= np.uint64(1 << 63)
+        assert not _same(before, fp.fingerprint(t)), pick
 
 
 # --- composition with the program's own hooks -----------------------------------------------------

@@ -115,7 +115,8 @@ def module_name(t, original=None) -> tuple[str | None, str | None, bool]:
     module = torch.nn.Module
     modules = [o for o in gc.get_objects() if issubclass(type(o), module)]
     children = {id(c) for m in modules for c in m.children()}
-    roots = sorted((m for m in modules if id(m) not in children), key=lambda m: -sum(1 for _ in m.parameters()))
+    roots = [getattr(m, "_orig_mod", m) for m in modules if id(m) not in children]  # torch.compile's wrapper: its model
+    roots.sort(key=lambda m: -sum(1 for _ in m.parameters()))
     target = original if original is not None else t
     best = None
     for root in roots:
@@ -186,6 +187,18 @@ class Steps:
 
 
 STEPS = Steps()
+
+
+# --- writes that are the saver's own --------------------------------------------------------------
+
+
+def written_by_its_saver(node, t) -> bool:
+    """Whether ``t`` is an argument the op that saved it writes itself, after saving it, by design:
+    batch norm's running statistics (``running_mean``, ``running_var``: 1-d, no grad), updated by
+    the op in place without a version bump (backward in training mode does not read them). Such a
+    change is no finding."""
+    return (node is not None and hasattr(node, "_raw_saved_running_mean") and t.dim() == 1
+            and not getattr(t, "requires_grad", False))
 
 
 # --- rank and writers ---------------------------------------------------------------------------

@@ -5,13 +5,15 @@ the threads or kernels.
 
 - CPU, a tensor whose elements fill one block of memory (contiguous, or any permutation of
   dimensions of a contiguous block: a transposed weight): a weighted sum mod 2**64 of that
-  block's 8-byte words, read in place (no copy, no torch op; numpy's integer matrix product, about
-  16 GB/s on one core), or CRC-32 where numpy is missing.
+  block's 4-byte words, read in place (no copy of the tensor, no torch op; numpy's integer matrix
+  product, about 3 GB/s on one core here), Python's own hash of it below 16 KiB, or CRC-32 where
+  numpy is missing.
 - CPU, a tensor with gaps or overlaps (a slice, a split head, an expanded tensor): the same sum
   of a contiguous copy made a chunk at a time.
 - Any other device (CUDA): a 64-bit sum, on the device, of each element's bit pattern mixed by a
-  bijection and weighted by a random odd constant of its position; the result stays a 0-d tensor
-  on the device, so nothing waits for the device (the caller compares a batch of them at once).
+  bijection (multiply by an odd constant, fold the high half into the low) and weighted by a random
+  odd constant of its position; the result stays a 0-d tensor on the device, so nothing waits for
+  the device (the caller compares a batch of them at once).
 
 ``fingerprint(t)`` is a tuple of parts (ints, or 0-d device tensors), or a ``Skip`` that says why
 a tensor's contents are not read (sparse, nested, meta, no storage of its own).
@@ -25,7 +27,7 @@ from typing import NamedTuple
 
 CHUNK = 1 << 20  # elements read at once where a copy or a temporary is made (bounded extra memory)
 _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so multiplying by it is a bijection
-_LOW35 = (1 << 35) - 1  # (h >> 29) & _LOW35: a logical shift of an int64, so h ^ that is a bijection
+_LOW32 = (1 << 32) - 1  # (h >> 32) & _LOW32: a logical shift of an int64, so h ^ that is a bijection
 
 
 class Skip(NamedTuple):
@@ -145,7 +147,7 @@ def _cpu(t) -> int:
 
 
 _MASK64 = (1 << 64) - 1
-_COLS = 1024  # words per row of the weighted sum
+_COLS = 2048  # 4-byte words per row of the weighted sum
 
 
 def _odd(k: int) -> int:
@@ -194,29 +196,44 @@ class _Numpy:
 SMALL = 1 << 14  # bytes: below this, Python's own 64-bit hash of a copy is cheaper than numpy's call
 
 
+_ROWS = 32  # rows widened at a time: a temporary of 512 KiB, which stays in cache
+
+
 def _block(ptr: int, nbytes: int) -> int:
     """The fingerprint of ``nbytes`` of memory at ``ptr``. Up to ``SMALL`` bytes: Python's hash of
-    the bytes (SipHash, 64 bits, fixed for the process). Larger, with numpy: the words (8 bytes, the
-    tail apart) laid out as rows of 1024 and summed mod 2**64 with the weight row[r] * column[c]
-    (odd, random: every change of one word changes the sum; any other change goes unseen only if
-    the weighted changes cancel exactly, about 1 in 2**64 for changes of random bits); without
-    numpy, CRC-32."""
+    the bytes (SipHash, 64 bits, fixed for the process). Larger, with numpy: the 4-byte words laid out
+    as rows of 2048, widened to 64 bits a few rows at a time, and summed mod 2**64 with the weight
+    row[r] * column[c] (random and odd). A change of one word always changes the sum (an odd weight
+    times a nonzero difference below 2**32 is never 0 mod 2**64); changes of several go unseen only
+    if their weighted differences cancel: about 1 in 2**64 for random bits and at most about 1 in
+    2**32 for any pattern of changes (a difference below 2**32 has at most 31 trailing zero bits).
+    Without numpy, CRC-32."""
     if nbytes <= SMALL:
         return hash(ctypes.string_at(ptr, nbytes)) & _MASK64
     memory = (ctypes.c_char * nbytes).from_address(ptr)
     np = _Numpy.load()
     if not np:
         return zlib.crc32(memory)
-    words = nbytes // 8
-    a = np.frombuffer(memory, dtype=np.uint64, count=words)
+    words = nbytes // 4
+    a = np.frombuffer(memory, dtype=np.uint32, count=words)
     rows = words // _COLS
     cols, weights = _Numpy.cols, _Numpy.row_weights(rows + 1)
-    total = int((a[:rows * _COLS].reshape(rows, _COLS) @ cols) @ weights[:rows]) if rows else 0
+    total = 0
+    if rows:
+        matrix = a[:rows * _COLS].reshape(rows, _COLS)
+        sums = np.empty(rows, dtype=np.uint64)
+        wide = np.empty((min(rows, _ROWS), _COLS), dtype=np.uint64)
+        for i in range(0, rows, _ROWS):
+            part = matrix[i:i + _ROWS]
+            w = wide[:part.shape[0]]
+            w[...] = part
+            np.matmul(w, cols, out=sums[i:i + part.shape[0]])
+        total = int(sums @ weights[:rows])
     rest = a[rows * _COLS:]
     if rest.size:
-        total += int(rest @ cols[:rest.size]) * int(weights[rows])
-    if nbytes % 8:
-        total += int.from_bytes(bytes(memory[words * 8:]), "little") * _odd(-1)
+        total += int(rest.astype(np.uint64) @ cols[:rest.size]) * int(weights[rows])
+    if nbytes % 4:
+        total += int.from_bytes(bytes(memory[words * 4:]), "little") * _odd(-1)
     return total & _MASK64
 
 
@@ -270,7 +287,7 @@ def _on_device(t):
         # a new tensor of at most CHUNK elements (never the tensor itself: what follows is in place)
         h = torch.empty(piece.shape, dtype=torch.int64, device=piece.device).copy_(piece).view(-1)
         h.mul_(_MIX)
-        h.bitwise_xor_(h.bitwise_right_shift(29).bitwise_and_(_LOW35))
+        h.bitwise_xor_(h.bitwise_right_shift(32).bitwise_and_(_LOW32))
         h.mul_(w[:h.numel()])
         s = h.sum()
         total = s if total is None else total + s * w[k % CHUNK]

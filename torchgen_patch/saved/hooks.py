@@ -199,6 +199,9 @@ class Check:
 
     def found(self, s: _Saved, t, original, node, backward, returned: bool = False) -> None:
         """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
+        if attribute.written_by_its_saver(node, t):
+            self._skip(Skip("written by the op that saved it (batch norm's running statistics)"))
+            return
         name, owner, view = attribute.module_name(t, original)
         optimizer, holds = attribute.STEPS.since(s.steps, t, original)
         try:
@@ -227,6 +230,7 @@ class _Facts:
 
     def __init__(self, t):
         self.shape, self.dtype, self.device, self._version = t.shape, t.dtype, t.device, t._version
+        self.requires_grad = t.requires_grad
         try:
             self._ptr, self._numel, self._size = t.data_ptr(), t.numel(), t.element_size()
         except Exception:  # noqa: BLE001
@@ -239,6 +243,9 @@ class _Facts:
 
     def numel(self) -> int:
         return self._numel
+
+    def dim(self) -> int:
+        return len(self.shape)
 
     def element_size(self) -> int:
         return self._size
