@@ -314,10 +314,11 @@ def test_fused_adamw_unpatched_is_a_finding_naming_the_optimizer():
 
 
 @pytest.mark.build
-def test_fused_adamw_patched_raises_autograds_own_error_checked_or_not(patched):
-    without = _outcome(lambda: _step_between("fused"))
+@pytest.mark.parametrize("mode", ["fused", "foreach"])
+def test_adamw_patched_raises_autograds_own_error_checked_or_not(patched, mode):
+    without = _outcome(lambda: _step_between(mode))
     assert isinstance(without, str) and MODIFIED in without
-    assert _outcome(lambda: _step_between("fused", check="raise")) == without
+    assert _outcome(lambda: _step_between(mode, check="raise")) == without
 
 
 @pytest.mark.build
@@ -328,6 +329,15 @@ def test_the_kernels_do_not_see_these_writes(patched, case):
     clean, _ = run(UNSEEN[case], write=False)
     silent, _ = run(UNSEEN[case], write=True)
     assert not torch.equal(clean, silent)
+
+
+@pytest.mark.build
+def test_a_version_move_inside_a_checkpointed_region_is_silent_patched_too(patched):
+    m, x, loss_of = _checkpointed(False)
+    loss = loss_of()
+    with torch.no_grad():
+        m[2].weight.mul_(1)
+    loss.backward()  # checkpointing's own hooks switch autograd's version check off, patched or not
 
 
 @pytest.mark.build
@@ -760,6 +770,34 @@ def test_hooks_already_pushed_are_wrapped_and_put_back():
     assert hooks.engine.top() is None and not hooks.patched()
 
 
+def test_torch_compile_saves_through_autograd_and_is_checked(tmp_path, monkeypatch):
+    """A compiled region saves what its compiled backward needs through autograd (one node,
+    CompiledFunctionBackward): those tensors are checked, with compiled autograd too, and turning the
+    check on or off compiles nothing again."""
+    import torch._dynamo.utils as du
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    cm, x = torch.compile(m), torch.randn(3, 4)
+    with check_saved("raise") as c:
+        cm(x).pow(2).sum().backward()
+    assert c.findings == [] and c.checked > 0
+    graphs = du.counters["stats"]["unique_graphs"]
+    cm(x).pow(2).sum().backward()  # the check off again
+    assert du.counters["stats"]["unique_graphs"] == graphs
+    for compiled_autograd in (False, True):
+        monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", compiled_autograd)
+        with check_saved("raise"):
+            loss = cm(x).pow(2).sum()
+            m[2].weight.data.mul_(2)
+            with pytest.raises(SavedTensorChanged) as e:
+                loss.backward()
+        assert (e.value.finding.name, e.value.finding.node) == ("2.weight", "CompiledFunctionBackward")
+    torch._dynamo.reset()
+
+
 def test_torch_func_transforms_run_under_the_check():
     """torch.func's grad refuses any saved-tensor hooks; under the check it runs as without it."""
     x = torch.randn(3)
@@ -942,3 +980,53 @@ def test_run_check_saved_alone_means_warn(monkeypatch):
     args = parser().parse_args(["run", "--check-saved"])
     assert args.check_saved == "warn"
     assert parser().parse_args(["run"]).check_saved is None
+
+
+COLLECTIVE = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    def grad(write):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        w = torch.full((4, 3), float(rank + 1))  # saved by x @ w (the gradient of x needs it)
+        loss = (x @ w).tanh().sum()
+        if write:
+            dist.all_reduce(w)  # in place, through c10d: no version moves
+        loss.backward()
+        return x.grad.tolist()
+    out = {"rank": rank, "clean": grad(False), "written": grad(True)}
+    dist.destroy_process_group()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.build
+def test_an_in_place_collective_is_a_finding_naming_its_rank(library, tmp_path):
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    script = tmp_path / "collective.py"
+    script.write_text(COLLECTIVE)
+
+    def launch(*run):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                    "127.0.0.1", "--master-port", str(port), str(script)]
+        cmd = [sys.executable, "-m", "torchgen_patch", "run", *run, "--", *torchrun] if run else torchrun
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")], r.stderr
+
+    plain, _ = launch()
+    assert len(plain) == 2 and all(p["clean"] != p["written"] for p in plain)  # silent, and backward used the sum
+    checked, err = launch("--check-saved=warn")
+    assert sorted(p["rank"] for p in checked) == [0, 1]
+    for rank in (0, 1):
+        head = f"torchgen-patch: saved tensor changed without a version bump [rank {rank}]: a tensor float32[4, 3] on cpu"
+        lines = [line for line in err.splitlines() if line.startswith(head)]
+        assert len(lines) == 1, err[-3000:]
+        assert "saved by MmBackward0" in lines[0] and "collective.py" in lines[0]

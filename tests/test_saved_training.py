@@ -174,17 +174,23 @@ DEEPSPEED = textwrap.dedent("""
     for name, make in OPTIMIZERS.items():
         out[name] = {"unchecked": between(make, False, True), "checked": between(make, True, True),
                      "checked, no step": between(make, True, False), "no step": between(make, False, False)}
+    rep = torchgen_patch.install(library=sys.argv[2])  # the kernels change nothing here: not through the dispatcher
+    assert not rep.refused, rep.summary()
+    for name, make in OPTIMIZERS.items():
+        out[name]["patched"] = between(make, False, True)
+        out[name]["patched, checked"] = between(make, True, True)
     print(json.dumps(out))
 """)
 
 
-def test_deepspeed_cpu_optimizers_stepped_between_forward_and_backward():
+def test_deepspeed_cpu_optimizers_stepped_between_forward_and_backward(library):
     """DeepSpeed's CPU optimizers (the optimizers of ZeRO-Offload) write the parameters through pybind-bound
     C++: a step moves no version, so a step between forward and backward is silent; under the check it is
     a finding naming the optimizer. Their C++ ops are built by DeepSpeed on first use, into
     $TORCH_EXTENSIONS_DIR (.cache/torch_extensions for the test session)."""
     pytest.importorskip("deepspeed")
-    r = subprocess.run([sys.executable, "-c", DEEPSPEED, ROOT], capture_output=True, text=True, timeout=1800,
+    r = subprocess.run([sys.executable, "-c", DEEPSPEED, ROOT, library.path], capture_output=True, text=True,
+                       timeout=1800,
                        env=_env(DS_BUILD_OPS="0"))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -200,3 +206,6 @@ def test_deepspeed_cpu_optimizers_stepped_between_forward_and_backward():
         assert found["optimizer"] == classes[name.split("(")[0]] and found["writers"][0] == "optimizer", found
         assert f"the optimizer {found['optimizer']}, whose step ran between save and use" in found["message"]
         assert runs["checked, no step"] == {"outcome": "silent", "findings": 0, "grads": runs["no step"]["grads"]}
+        assert runs["patched"]["outcome"] == "silent" and runs["patched"]["grads"] == runs["unchecked"]["grads"]
+        assert runs["patched, checked"]["outcome"] == "finding" and runs["patched, checked"]["optimizer"] == \
+            found["optimizer"]

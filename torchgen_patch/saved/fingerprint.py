@@ -92,7 +92,8 @@ def _inner_tensors(t):
 
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
-        return [getattr(t, n) for n in names]
+        inner = [getattr(t, n) for n in names]
+        return [x for x in inner if isinstance(x, _tensor_type())]  # DTensor also flattens its mesh
     try:
         storage = t.untyped_storage()
         t.data_ptr()
