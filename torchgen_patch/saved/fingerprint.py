@@ -95,11 +95,10 @@ def _inner_tensors(t):
         inner = [getattr(t, n) for n in names]
         return [x for x in inner if isinstance(x, _tensor_type())]  # DTensor also flattens its mesh
     try:
-        storage = t.untyped_storage()
+        if t.untyped_storage().device.type == "meta":  # FakeTensor: no data (and a warning, if asked its pointer)
+            return None
         t.data_ptr()
-    except Exception:  # noqa: BLE001 — "Cannot access data pointer/storage of ..." (fake, functional)
-        return None
-    if storage.device.type == "meta":
+    except Exception:  # noqa: BLE001 — "Cannot access data pointer/storage of ..." (functional tensors)
         return None
     return [t.as_subclass(_tensor_type())]
 
@@ -159,9 +158,12 @@ def _odd(k: int) -> int:
     return (z ^ (z >> 31)) | 1
 
 
+_BLOCK = 4096  # weights made a block at a time, each from its own seed: a longer table starts as a shorter did
+
+
 class _Numpy:
-    """The weights of the CPU sum, made once: random odd uint64 per column and per row (rows grow as
-    tensors do, each block of 65536 from its own seed, so a longer table starts as the shorter did)."""
+    """The weights of the CPU sum, made on first use: random odd uint64 per column, and per row as many
+    as the largest tensor read so far needs."""
 
     np = None
     cols = None
@@ -177,27 +179,27 @@ class _Numpy:
                 return False
             cls.np = numpy
             cls.cols = cls._table(0, _COLS)
-            cls.rows = cls._table(1, 1 << 16)
+            cls.rows = cls._table(1, _BLOCK)
         return cls.np
 
     @classmethod
     def _table(cls, seed: int, n: int):
         np = cls.np
-        parts = [np.random.default_rng([0x5A7ED, seed, k]).integers(0, 1 << 63, 1 << 16, dtype=np.uint64) * 2 + 1
-                 for k in range(max(1, -(-n // (1 << 16))))]
-        return np.concatenate(parts)[:n] if seed == 0 else np.concatenate(parts)
+        blocks = [np.random.default_rng([0x5A7ED, seed, k]).integers(0, 1 << 63, _BLOCK, dtype=np.uint64) * 2 + 1
+                  for k in range(-(-n // _BLOCK))]
+        return np.concatenate(blocks)[:n]
 
     @classmethod
     def row_weights(cls, n: int):
         if len(cls.rows) < n:
-            cls.rows = cls._table(1, n)
+            cls.rows = cls._table(1, max(n, 2 * len(cls.rows)))
         return cls.rows
 
 
 SMALL = 1 << 14  # bytes: below this, Python's own 64-bit hash of a copy is cheaper than numpy's call
 
 
-_ROWS = 32  # rows widened at a time: a temporary of 512 KiB, which stays in cache
+_ROWS = 16  # rows widened at a time: a temporary of 256 KiB, which stays in cache
 
 
 def _block(ptr: int, nbytes: int) -> int:

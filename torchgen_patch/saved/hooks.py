@@ -54,13 +54,14 @@ class Check:
         self.skipped: dict[str, int] = {}
         self._distinct: set = set()
         self._pending: dict[int, list] = {}  # graph task -> device comparisons to read at its end
-        self._layers = 0  # own layers pushed and not yet popped
         self.active = False
 
     # --- turning on and off ---------------------------------------------------------------
 
     def start(self) -> "Check":
         """Push the check's hooks on this thread's stack (around the hooks on top of it, if any)."""
+        if self.active:
+            return self
         _patch()
         top = _top()
         layer = _Layer(self, *(top or (None, None)))
