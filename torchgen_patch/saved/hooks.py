@@ -29,7 +29,7 @@ import weakref
 
 from ..vocabulary import CheckMode
 from . import attribute, engine, moved
-from .fingerprint import Skip, fingerprint
+from .fingerprint import Skip, _Numpy, fingerprint
 from .finding import Finding, SavedTensorChanged
 from .render import line, message, summary
 
@@ -62,6 +62,7 @@ class Check:
         """Push the check's hooks on this thread's stack (around the hooks on top of it, if any)."""
         if self.active:
             return self
+        _Numpy.load()  # numpy and the fingerprint's weights now, not in the middle of a forward pass
         _patch()
         top = _top()
         layer = _Layer(self, *(top or (None, None)))
