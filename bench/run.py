@@ -16,20 +16,22 @@ import bench_build  # noqa: E402
 import bench_gen  # noqa: E402
 import bench_lint  # noqa: E402
 import bench_trust  # noqa: E402
+import bench_saved  # noqa: E402
 import bench_startup  # noqa: E402
 from common import ROOT, save  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust", "startup", "optim"), action="append")
+    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust", "startup", "optim", "saved"), action="append")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15, help="paired rounds of the per-call benchmark")
     ap.add_argument("--startup-rounds", type=int, default=11, help="paired rounds of the start-up benchmark")
     ap.add_argument("--report", action="store_true",
                     help="also update the committed report under reports/ (only the sections run are replaced)")
+    ap.add_argument("--saved-rounds", type=int, default=15, help="paired rounds of the saved-tensor check's benchmark")
     args = ap.parse_args()
-    only = set(args.only or ("lint", "gen", "build", "call", "trust", "startup", "optim"))
+    only = set(args.only or ("lint", "gen", "build", "call", "trust", "startup", "optim", "saved"))
     results = {}
     if "lint" in only:
         print("== lint", flush=True)
@@ -69,6 +71,10 @@ def main() -> int:
         print("== start-up: prebuilt wheel, warm cache, python backend vs import torch; the launcher vs the plain "
               "program", flush=True)
         results["startup"] = bench_startup.main(args.startup_rounds)
+    if "saved" in only:
+        print("== the saved-tensor check: a training step with it on / off (CPU)", flush=True)
+        # its own report, one file for this check (reports/saved-check-cpu-torch<version>.md)
+        results["saved"] = bench_saved.main(args.saved_rounds, report=args.report)
     from torchgen_patch.sources import installed_torch_version as torch_version
 
     name = f"bench-{args.device}-torch{torch_version().split('+')[0]}.json"
@@ -77,9 +83,11 @@ def main() -> int:
     targets = [os.path.join(ROOT, "build", name)] + ([os.path.join(ROOT, "reports", name)] if args.report else [])
     for path in targets:
         sections = dict(results)
+        if path.startswith(os.path.join(ROOT, "reports")):
+            sections.pop("saved", None)  # the saved-tensor check has a report of its own
         if path.startswith(os.path.join(ROOT, "reports")) and os.path.exists(path):
             with open(path) as fh:
-                sections = {s["section"]: s["results"] for s in json.load(fh)} | results
+                sections = {s["section"]: s["results"] for s in json.load(fh)} | sections
         save([{"section": k, "results": v} for k, v in sorted(sections.items())], path)
         print(f"wrote {os.path.relpath(path, ROOT)}")
     return 0

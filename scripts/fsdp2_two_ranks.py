@@ -3,9 +3,11 @@ training unpatched and patched must be identical.
 
     python scripts/fsdp2_two_ranks.py --device cpu  [--report FILE]   # gloo
     python scripts/fsdp2_two_ranks.py --device cuda [--report FILE]   # nccl, needs 2 GPUs
+    python scripts/fsdp2_two_ranks.py --device cpu --check-saved raise  # the patched ranks also check
 
 Launches ``torch.distributed.run --nproc-per-node 2`` twice (without, then with
-``torchgen_patch.install()`` in every rank); exit 0 when the losses are identical,
+``torchgen_patch.install()`` in every rank, and with ``--check-saved`` the saved-tensor check on
+in the patched ranks); exit 0 when the losses are identical (and the check found nothing),
 1 when not, 3 when the machine cannot run it (no torch.distributed, fewer than 2 GPUs).
 """
 
@@ -39,15 +41,18 @@ def train(model, opt, x, y, steps: int, forward=None) -> list[float]:
     return losses
 
 
-def worker(device: str, patched: bool, out: str) -> None:
+def worker(device: str, patched: bool, out: str, check: str = "") -> None:
     import torch
     import torch.distributed as dist
 
+    saved = None
     if patched:
         import torchgen_patch
 
         rep = torchgen_patch.install()
         assert not rep.refused, rep.summary()
+        if check:
+            saved = torchgen_patch.check_saved(check).start()
     rank = int(os.environ["RANK"])
     if device == "cuda":
         torch.cuda.set_device(rank)
@@ -75,7 +80,9 @@ def worker(device: str, patched: bool, out: str) -> None:
         losses[mode] = train(model, opt, x, y, STEPS)
     with open(f"{out}.{rank}", "w") as f:  # the results first: what follows is teardown
         json.dump({"losses": losses, "torch": torch.__version__, "patched": patched,
-                   "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}, f)
+                   "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                   "check_saved": None if saved is None else {"mode": check, "findings": len(saved.findings),
+                                                               "checked": saved.checked}}, f)
     dist.destroy_process_group()
 
 
@@ -85,10 +92,11 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def launch(device: str, patched: bool, tmp: str, timeout: int) -> list[dict]:
+def launch(device: str, patched: bool, tmp: str, timeout: int, check: str = "") -> list[dict]:
     out = os.path.join(tmp, "patched" if patched else "unpatched")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_port()), os.path.abspath(__file__), "--worker", device, "1" if patched else "0", out]
+           "--master-port", str(_port()), os.path.abspath(__file__), "--worker", device, "1" if patched else "0", out,
+           check]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     side = "patched" if patched else "unpatched"
@@ -118,11 +126,17 @@ def aborted_at_exit(stderr: str, outputs: list[str]) -> bool:
 def report(device: str, runs: dict[str, list[dict]]) -> tuple[str, bool]:
     first = runs["unpatched"][0]
     same = all(runs["unpatched"][r]["losses"] == runs["patched"][r]["losses"] for r in (0, 1))
+    checks = [runs["patched"][r].get("check_saved") for r in (0, 1)]
+    if checks[0]:
+        same = same and all(c["findings"] == 0 for c in checks)
     lines = ["# FSDP2 on 2 ranks, AdamW foreach and fused: losses unpatched vs patched", "",
              f"- torch: `{first['torch']}`", f"- device: `{first['device']}` x 2, backend "
              f"`{'nccl' if device == 'cuda' else 'gloo'}`",
              f"- command: `python scripts/fsdp2_two_ranks.py --device {device} --report ...`",
              f"- identical: **{'yes' if same else 'NO'}** (every loss of every step, mode and rank, exact equality)",
+             *([f"- patched: the saved-tensor check on ({checks[0]['mode']}) in every rank: "
+                f"{sum(c['findings'] for c in checks)} findings, {sum(c['checked'] for c in checks)} saved tensors "
+                "checked"] if checks[0] else []),
              *[f"- {side}: the ranks wrote their losses, then a rank aborted in the process group's teardown "
                f"(SIGABRT, \"{ABORT_AT_EXIT}\")" for side in ("unpatched", "patched")
                if runs[side][0].get("aborted_at_exit")],
@@ -140,6 +154,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--report", help="write the markdown report here")
     p.add_argument("--timeout", type=int, default=540, help="seconds for each torchrun launch")
+    p.add_argument("--check-saved", choices=("warn", "raise"), default="",
+                   help="turn the saved-tensor check on in the patched ranks")
     a = p.parse_args(argv)
     import torch
 
@@ -150,7 +166,8 @@ def main(argv=None) -> int:
         print(f"error: --device cuda needs 2 GPUs, this machine has {torch.cuda.device_count()}", file=sys.stderr)
         return 3
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {"unpatched": launch(a.device, False, tmp, a.timeout), "patched": launch(a.device, True, tmp, a.timeout)}
+        runs = {"unpatched": launch(a.device, False, tmp, a.timeout),
+                "patched": launch(a.device, True, tmp, a.timeout, a.check_saved)}
     text, same = report(a.device, runs)
     if a.report:
         with open(a.report, "w") as f:
@@ -161,6 +178,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        worker(sys.argv[2], sys.argv[3] == "1", sys.argv[4])
+        worker(sys.argv[2], sys.argv[3] == "1", sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "")
     else:
         raise SystemExit(main())

@@ -303,17 +303,27 @@ def main():
         assert not rep.refused, rep.summary()
     out = {}
     only = os.environ.get("COMPAT_ONLY", "")
+    check = os.environ.get("COMPAT_CHECK_SAVED")  # the saved-tensor check on, in this mode, around each scenario
     for name, fn in SCENARIOS.items():
         if only and name not in only.split(","):
             continue
         torch.manual_seed(0)
         torch._dynamo.reset()  # each scenario compiles from scratch, whatever ran before it
+        saved = None
         try:
-            value, vers = fn(device)
+            if check:
+                import torchgen_patch
+
+                with torchgen_patch.check_saved(check) as saved:
+                    value, vers = fn(device)
+            else:
+                value, vers = fn(device)
             out[name] = {"value": val(value), "versions": vers}
         except Exception as e:
             first = next((line for line in str(e).splitlines() if line.strip()), "")
             out[name] = {"raises": f"{type(e).__name__}: {first.strip()}", "versions": {}}
+        if saved is not None:
+            out[name]["saved"] = {"findings": len(saved.findings), "checked": saved.checked}
     print(json.dumps(out, sort_keys=True))
 
 

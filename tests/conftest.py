@@ -6,7 +6,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One content-keyed cache for the whole test session (and the next one).
 os.environ.setdefault("TORCHGEN_PATCH_CACHE", os.path.join(ROOT, ".cache", "torchgen-patch"))
-# DeepSpeed's CPU optimizers (tests/test_optim.py) compile their C++ ops on first use: once, kept here.
+# C++ extensions built by tests and the libraries they drive (DeepSpeed's CPU ops), once per checkout.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
 # The project's own builds treat every warning as an error (users' builds never do).
 os.environ["TORCHGEN_PATCH_EXTRA_CFLAGS"] = "-Werror"

@@ -15,8 +15,8 @@ from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
 # Each stage may import only the stages before it.
-ORDER = ["errors", "files", "version", "vocabulary", "cache", "sources", "scan", "plan", "codegen", "pipeline", "runtime", "diagnostics",
-         "checks", "upstream", "cli", "(top)", "__main__"]
+ORDER = ["errors", "files", "version", "vocabulary", "cache", "sources", "scan", "plan", "codegen", "pipeline", "saved",
+         "runtime", "diagnostics", "checks", "upstream", "cli", "(top)", "__main__"]
 
 
 def _modules() -> dict[str, str]:
@@ -61,7 +61,7 @@ def _stage(module: str) -> str:
 def test_the_folders_are_the_stages():
     stages = {_stage(m) for m in _modules()}
     assert stages == set(ORDER)
-    for d in ("sources", "scan", "plan", "codegen", "runtime", "checks", "diagnostics", "upstream", "cli"):
+    for d in ("sources", "scan", "plan", "codegen", "saved", "runtime", "checks", "diagnostics", "upstream", "cli"):
         assert os.path.isfile(os.path.join(PKG, d, "__init__.py")), d
 
 
@@ -101,8 +101,10 @@ def test_one_module_talks_to_torchgen():
     assert _sources_matching(r"^\s*(from torchgen[\s.]|import torchgen)") == {"sources/torchgen.py"}
 
 
-def test_one_module_talks_to_the_dispatcher():
-    assert _sources_matching(r"torch\._C\b|\b_C\._") == {"runtime/dispatcher.py"}
+def test_one_module_talks_to_the_dispatcher_and_one_to_autograds_engine():
+    assert _sources_matching(r"torch\._C\b|\b_C\._") == {"runtime/dispatcher.py", "saved/engine.py"}
+    assert _sources_matching(r"_C\._autograd|_execution_engine|_current_autograd_node|saved_tensors_default_hooks") \
+        == {"saved/engine.py"}
 
 
 def test_argparse_only_in_the_cli():

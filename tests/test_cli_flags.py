@@ -426,6 +426,16 @@ def p_run_verbose(run_cli, monkeypatch, **_):
     assert seen == [(True, False), (False, False)]  # (verbose, quiet)
 
 
+def p_run_check_saved(**_):
+    code = ("import torch; m = torch.nn.Linear(2, 2); loss = m(torch.ones(1, 2, requires_grad=True)).sum(); "
+            "m.weight.data.mul_(2); loss.backward()")
+    err = _run("--backend", "python", "--op", "aten::_cummax_helper", "--check-saved", "--", sys.executable, "-c",
+               code).stderr
+    assert "saved tensor changed without a version bump: a view of `weight` of Linear" in err, err
+    assert "saved tensor changed" not in _run("--backend", "python", "--op", "aten::_cummax_helper", "--",
+                                              sys.executable, "-c", code).stderr
+
+
 def p_run_program(**_):
     assert _run("--backend", "python", "--", sys.executable, "-c", "raise SystemExit(7)").returncode == 7
 
@@ -533,6 +543,7 @@ PROBES = {
     ("verify", "--check"): p_verify_check,
     ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
     ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
+    ("run", "--check-saved"): p_run_check_saved,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
     ("diff", "--check"): p_diff_check, ("diff", "--pr-body"): p_diff_pr_body,
 }

@@ -8,7 +8,9 @@ DTensor, an out= op given an input that requires grad) runs in two fresh process
 empty inductor cache), and their outcomes — the value computed, or the
 exception's type and first line — must be identical, except in the INTENDED
 scenarios (an out= op given an input that requires grad: refused patched).
-Version counters may differ only where ALLOWED lists the difference.
+Version counters may differ only where ALLOWED lists the difference. A third process runs the
+battery patched with the saved-tensor check on (``raise``): its outcomes and counters must be the
+patched ones exactly, with no finding.
 
 COMPAT_REPORT=FILE also writes the side-by-side report (reports/compat-*.md).
 """
@@ -73,9 +75,9 @@ RAISE_IN_BOTH = {
 }
 
 
-def _launch(device, patched, tmp):
-    env = dict(os.environ, PYTHONPATH=ROOT, TORCHINDUCTOR_CACHE_DIR=str(tmp / f"inductor-{patched}"),
-               TRITON_CACHE_DIR=str(tmp / f"triton-{patched}"))
+def _launch(device, patched, tmp, check=""):
+    env = dict(os.environ, PYTHONPATH=ROOT, TORCHINDUCTOR_CACHE_DIR=str(tmp / f"inductor-{patched}{check}"),
+               TRITON_CACHE_DIR=str(tmp / f"triton-{patched}{check}"), COMPAT_CHECK_SAVED=check)
     return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "compat_scenarios.py"), device,
                              "1" if patched else "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
@@ -111,9 +113,14 @@ def _report(device, before, after, diffs) -> str:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device")])])
 def test_the_patch_changes_version_counters_and_nothing_else(library, device, tmp_path):
-    procs = [_launch(device, False, tmp_path), _launch(device, True, tmp_path)]
-    before, after = [_outcomes(p) for p in procs]
+    procs = [_launch(device, False, tmp_path), _launch(device, True, tmp_path), _launch(device, True, tmp_path, "raise")]
+    before, after, checked = [_outcomes(p) for p in procs]
     assert set(before) == set(after) and len(before) == 19
+    # the saved-tensor check on, patched: every outcome and counter exactly as patched without it, no finding
+    assert {k: (v.get("value"), v.get("raises"), v["versions"]) for k, v in checked.items()} == \
+        {k: (v.get("value"), v.get("raises"), v["versions"]) for k, v in after.items()}
+    assert all(v["saved"]["findings"] == 0 for v in checked.values())
+    assert sum(v["saved"]["checked"] for v in checked.values()) > 0
     diffs = {}
     for k, refused in INTENDED.items():  # silent unpatched, PyTorch's out= refusal patched
         assert "value" in before[k] and after[k].get("raises") == refused, (k, before[k], after[k])

@@ -2,6 +2,7 @@
 backward (unpatched silent, patched raises), and FSDP2 on 2 ranks trains to
 identical losses patched and unpatched."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -39,8 +40,9 @@ def mesh():
         yield m
 
 
-def _step_between_forward_and_backward(opt_cls, mode, mesh) -> str:
-    """'silent' when backward used the stepped parameters, 'raises' when autograd refused."""
+def _step_between_forward_and_backward(opt_cls, mode, mesh, catch: bool = True) -> str:
+    """'silent' when backward used the stepped parameters, 'raises' when autograd refused
+    (``catch=False``: what backward raised goes up as it is)."""
     from torchgen_patch.checks.subclass import dtensor_api
 
     Replicate, Shard, distribute_tensor = dtensor_api().Replicate, dtensor_api().Shard, dtensor_api().distribute_tensor
@@ -54,6 +56,9 @@ def _step_between_forward_and_backward(opt_cls, mode, mesh) -> str:
     (x @ w * b).pow(2).sum().backward()  # the optimizer has gradients to step with
     loss = (x @ w * b).pow(2).sum()  # saves w and b for backward
     opt.step()
+    if not catch:
+        loss.backward()
+        return "silent"
     try:
         loss.backward()
     except RuntimeError as e:
@@ -137,3 +142,57 @@ def test_fsdp2_script_reports_a_missing_gpu_as_an_environment_problem():
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 3 and r.stderr.startswith("error: --device cuda needs 2 GPUs"), r.stderr
 
+
+
+def _dtensor_training(opt_cls, mode, mesh, check=None) -> tuple[list, int]:
+    """Three steps of training DTensor parameters (the step after backward, as it should be): the
+    parameters after, and the check's findings."""
+    from torchgen_patch.checks.subclass import dtensor_api
+
+    api = dtensor_api()
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(api.distribute_tensor(torch.randn(4, 4), mesh, [api.Shard(0)]))
+    b = torch.nn.Parameter(api.distribute_tensor(torch.randn(4), mesh, [api.Replicate()]))
+    extra = {"momentum": 0.9} if opt_cls is torch.optim.SGD else {}
+    opt = opt_cls([w, b], lr=0.1, **{mode: True}, **extra)
+    x = api.distribute_tensor(torch.randn(2, 4), mesh, [api.Replicate()])
+    ctx = torchgen_patch.check_saved(check) if check else None
+    if ctx:
+        ctx.start()
+    try:
+        for _ in range(3):
+            opt.zero_grad()
+            (x @ w * b).pow(2).sum().backward()
+            opt.step()
+    finally:
+        if ctx:
+            ctx.stop()
+    return [w.full_tensor().tolist(), b.full_tensor().tolist()], len(ctx.findings) if ctx else 0
+
+
+@pytest.mark.parametrize("opt_cls,mode", CASES, ids=[f"{c.__name__}-{m}" for c, m in CASES])
+def test_dtensor_optimizers_under_the_saved_tensor_check(library, mesh, opt_cls, mode):
+    """With the saved-tensor check on: DTensor training gives the same parameters and no finding; the
+    step between forward and backward is a finding unpatched (the wrapper's counter stays, its local
+    tensor's bits change) and autograd's own error patched, word for word as without the check."""
+    from torchgen_patch.saved import SavedTensorChanged
+
+    rep = torchgen_patch.install(library=library.path)
+    assert not rep.refused
+    try:
+        plain, _ = _dtensor_training(opt_cls, mode, mesh)
+        assert _dtensor_training(opt_cls, mode, mesh, check="raise") == (plain, 0)
+
+        def message(check):
+            with pytest.raises(RuntimeError, match=MODIFIED) as e:
+                with (torchgen_patch.check_saved("raise") if check else contextlib.nullcontext()):
+                    _step_between_forward_and_backward(opt_cls, mode, mesh, catch=False)
+            return type(e.value), str(e.value)
+
+        assert message(True) == message(False)
+    finally:
+        torchgen_patch.uninstall()
+    with pytest.raises(SavedTensorChanged) as e:
+        with torchgen_patch.check_saved("raise"):
+            _step_between_forward_and_backward(opt_cls, mode, mesh, catch=False)
+    assert e.value.finding.node is not None

@@ -3,7 +3,7 @@ ops that mutate arguments and return nothing."""
 
 from .version import __version__
 
-__all__ = ["__version__", "evidence", "install", "installed_ops", "uninstall"]
+__all__ = ["__version__", "check_saved", "evidence", "install", "installed_ops", "uninstall"]
 
 
 def install(*args, **kwargs):
@@ -29,3 +29,13 @@ def evidence():
     from .runtime.install import evidence as _evidence
 
     return _evidence()
+
+
+def check_saved(mode="warn"):
+    """A check of every tensor autograd saves for backward: a write that changed its contents without
+    moving its version is a finding (``mode="warn"``: one line each on stderr; ``"raise"``: an
+    exception). A context manager (``with torchgen_patch.check_saved("raise"):``), or for the rest
+    of the process: ``torchgen_patch.check_saved("warn").start()``. Any other mode: ValueError."""
+    from .saved import check_saved as _check
+
+    return _check(mode)

@@ -110,3 +110,21 @@ class Format(Word):
 LINT_FORMATS = (Format.TEXT, Format.JSON, Format.LINTRUNNER, Format.SARIF, Format.GITHUB)
 VERIFY_FORMATS = (Format.TEXT, Format.JSON, Format.MARKDOWN)
 SCAN_FORMATS = (Format.TEXT, Format.JSON)
+
+
+class CheckMode(Word):
+    """What the saved-tensor check does with a finding."""
+
+    WARN = "warn"  # one line per distinct finding on stderr, a count at exit
+    RAISE = "raise"  # an exception at the first one
+
+
+class Writer(Word):
+    """Who may have written a saved tensor without moving its version, as a finding lists them."""
+
+    OPTIMIZER = "optimizer"  # an optimizer step ran between save and use and holds the tensor
+    STORAGE = "storage"  # the tensor was given other storage (`p.data = other`, set_data)
+    DATA = "data"  # an in-place op on `.data` (a view with a version counter of its own)
+    ALIAS = "alias"  # a numpy, DLPack or buffer alias of its memory
+    KERNEL = "kernel"  # a C++ or Triton kernel of a library writing through data_ptr
+    HOOKS = "hooks"  # the program's own saved-tensor hooks gave back other contents (a recomputation)

@@ -390,7 +390,7 @@ def run(args) -> int:
     else:  # the installed torch's own inputs: the plan is made (or found by its inputs' key) where torch is imported
         resolve(opts)
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
-                                       args.quiet))
+                                       args.quiet, check_saved=args.check_saved))
     try:
         return run_program(program, env)
     except FileNotFoundError:

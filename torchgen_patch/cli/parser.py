@@ -8,7 +8,7 @@ import textwrap
 
 from ..scan.model import VERDICTS
 from ..sources import Options
-from ..vocabulary import LINT_FORMATS, SCAN_FORMATS, VERIFY_FORMATS, Backend
+from ..vocabulary import LINT_FORMATS, SCAN_FORMATS, VERIFY_FORMATS, Backend, CheckMode
 
 DESCRIPTION = """Find and generate the ADInplaceOrView (version-counter) kernels PyTorch's codegen leaves out.
 
@@ -270,6 +270,11 @@ def parser() -> argparse.ArgumentParser:
                    help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; repeatable)")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
+    r.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), metavar="warn|raise",
+                   help="also check every tensor autograd saves for backward, in each process: a write that changed "
+                        "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
+                        "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "
+                        "at exit; raise: an exception at the first (docs/unseen-writes.md)")
     _output(r, compiles=True)
     r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the command to run, after --")

@@ -45,11 +45,14 @@ class InstallReport:
     prebuilt: str | None = None  # the installed prebuilt kernels used (their version), if any
     prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used
     optimizers: list[str] = field(default_factory=list)  # the overlay's optimizer entries active (runtime/optim.py)
+    check_saved: str | None = None  # the saved-tensor check's mode, when install() turned it on
 
     def summary(self) -> str:
         lines = [f"torchgen-patch install ({self.backend}): {len(self.registered)} registered, "
                  f"{len(self.already)} already active, {len(self.refused)} refused; "
                  f"{len(self.optimizers)} optimizer entries active"]
+        if self.check_saved:
+            lines.append(f"  saved-tensor check: {self.check_saved}")
         if self.prebuilt:
             lines.append(f"  prebuilt: {self.prebuilt} ({self.library})")
         if self.prebuilt_unused:
@@ -98,6 +101,7 @@ class InstallOptions:
     evidence: bool = False  # runtime ops, Python backend: record which written arguments each call changed
     boxed_library: str | None = None  # a built boxed library (run's children): checked, never rebuilt
     build: bool = True  # False: no usable prebuilt kernels is an error, nothing compiles
+    check_saved: str | None = None  # "warn" or "raise": also turn on the saved-tensor check (saved.enable)
 
 
 _SOURCE_KEYWORDS = ("native_functions", "tags", "overlay", "no_overlay", "no_cache", "requires_grad_check")
@@ -109,9 +113,10 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
 
     ``options`` (sources.Options): the inputs; ``plan`` (plan.Plan), when given, is used instead
     of making one; ``how`` (InstallOptions), or its fields as keywords (``library=``,
-    ``runtime_ops=``, ``verbose=``, ``evidence=``, ``boxed_library=``, ``build=``); and, when
-    ``options`` is not given, its input fields as keywords (``native_functions=``, ``tags=``,
-    ``overlay=``, ``no_overlay=``, ``no_cache=``, ``requires_grad_check=``).
+    ``runtime_ops=``, ``verbose=``, ``evidence=``, ``boxed_library=``, ``build=``,
+    ``check_saved=``); and, when ``options`` is not given, its input fields as keywords
+    (``native_functions=``, ``tags=``, ``overlay=``, ``no_overlay=``, ``no_cache=``,
+    ``requires_grad_check=``).
 
     ``runtime_ops``: operators of any namespace found in the live registry
     (``torchgen-patch lint --runtime``), served by one boxed kernel that reads
@@ -126,13 +131,25 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
     build is used, unless ``build=False``, which refuses instead (InputError).
     ``requires_grad_check=False``: the kernels of out= ops do not refuse arguments that require
     grad (by default they do, with PyTorch's own message, in grad mode).
+    ``check_saved`` ("warn" or "raise"): also turn on the saved-tensor check for the rest of the
+    process (``torchgen_patch.check_saved``); any other value is refused (ValueError) before
+    anything is built.
     """
     sources = {k: keywords.pop(k) for k in _SOURCE_KEYWORDS if k in keywords}
     unknown = sorted(set(keywords) - {f.name for f in dataclasses.fields(InstallOptions)})
     if unknown:
         raise TypeError(f"install() got unexpected keyword arguments: {', '.join(unknown)}")
     how = dataclasses.replace(how or InstallOptions(), **keywords)
-    opts = options or Options(**sources)
+    from .. import saved
+
+    mode = None if how.check_saved is None else saved.mode_of(how.check_saved)  # refused before anything is built
+    rep = _install(ops, backend, options or Options(**sources), plan, how)
+    if mode is not None:
+        rep.check_saved = saved.enable(mode).mode
+    return rep
+
+
+def _install(ops, backend: str, opts: Options, plan, how: InstallOptions) -> InstallReport:
     if backend not in ("cpp", "python"):
         raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
     if how.runtime_ops is not None and ops is None and how.library is None:
@@ -429,8 +446,15 @@ def installed_ops() -> list[str]:
 
 
 def uninstall() -> list[str]:
-    """Remove every kernel torchgen-patch registered in this process."""
+    """Remove every kernel torchgen-patch registered in this process (and turn off the saved-tensor
+    check install() turned on)."""
     global _EVIDENCE
+    import sys
+
+    if "torchgen_patch.saved.hooks" in sys.modules:
+        from ..saved import disable
+
+        disable()
     with _LOCK:
         gone = sorted(_INSTALLED)
         for dll in _CDLLS.values():

@@ -74,11 +74,12 @@ def check_program(program: list[str]) -> None:
 
 
 def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
-            verbose: bool = False, quiet: bool = False) -> dict[str, str]:
+            verbose: bool = False, quiet: bool = False, check_saved: str | None = None) -> dict[str, str]:
     """The environment the program runs with. ``opts`` (sources.Options) travel along with absolute
     paths, so each process installs from the same inputs and overlay as the parent's plan, whatever
     its working directory. ``quiet``: no build messages, and each process says only when the patch
-    is NOT active. Imports no torch here; with runtime ops, one separate process checks them."""
+    is NOT active. ``check_saved``: each process also turns the saved-tensor check on in that mode.
+    Imports no torch here; with runtime ops, one separate process checks them."""
     import dataclasses
 
     def absolute(p):
@@ -88,7 +89,7 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
                                overlay=absolute(opts.overlay))
     spec = {"backend": backend, "ops": ops, "runtime_ops": runtime_ops, "imports": imports,
             "library": None, "boxed": None, "options": dataclasses.asdict(opts), "package": PKG_PARENT,
-            "quiet": quiet, "verbose": verbose}
+            "quiet": quiet, "verbose": verbose, "check_saved": check_saved}
     if runtime_ops:
         spec = _checked_elsewhere(spec)
     user = os.environ.get("PYTHONPATH")
@@ -226,7 +227,8 @@ def _install(spec: dict, name: str) -> None:
     if "kernels" not in _DONE:
         _DONE.add("kernels")
         library, _ = resolve(spec, _log(spec))
-        rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts)
+        rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts,
+                           check_saved=spec.get("check_saved"))
         line = f"torchgen-patch: {len(rep.registered)} kernels active ({spec['backend']}), {len(rep.refused)} refused"
         optimizers = f"; {len(rep.optimizers)} optimizer entries active"
         refused = bool(rep.refused)

@@ -1,0 +1,1036 @@
+"""The saved-tensor check (``torchgen_patch.check_saved``, ``install(check_saved=)``,
+``run --check-saved``): every write autograd cannot see is silent without it and a finding with
+it; the same programs without the write give none; a moved version raises autograd's own error,
+word for word; the fingerprint never differs for unchanged bits; the program's own saved-tensor
+hooks keep working and keep being checked."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import torchgen_patch
+from tests.conftest import ROOT
+from torchgen_patch.saved import SavedTensorChanged, check_saved
+from torchgen_patch.saved import fingerprint as fp
+from torchgen_patch.saved import hooks
+from torchgen_patch.vocabulary import Writer
+
+MODIFIED = "modified by an inplace operation"
+
+
+class Holder(torch.nn.Module):
+    """One parameter ``w`` (4 x 3) that ``x @ w`` saves for backward (the gradient of ``x`` needs it)."""
+
+    def __init__(self, w=None):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 3, generator=torch.Generator().manual_seed(0)) if w is None else w)
+
+
+def _x():
+    return torch.randn(2, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()
+
+
+def run(make, write: bool, check=None):
+    """Forward, the write (or not), backward: x's gradient, and the check when one was on."""
+    holder, writer = make()
+    x = _x()
+
+    def body():
+        loss = (x @ holder.w).tanh().sum()
+        if write:
+            writer(holder.w)
+        loss.backward()
+        return x.grad.clone()
+
+    if check is None:
+        return body(), None
+    with check_saved(check) as c:
+        g = body()
+    return g, c
+
+
+# --- every write autograd cannot see, and how each one writes -------------------------------------
+
+
+def _numpy(w):
+    a = w.detach().numpy()
+    np.multiply(a, 2, out=a)
+
+
+def _memoryview(w):
+    memoryview(w.detach().numpy())[0, 0] = 5.0
+
+
+def _set_data(w):
+    w.data = w.detach() * 2
+
+
+def _storage_copy(w):
+    w.untyped_storage().copy_((w.detach() * 2).untyped_storage())
+
+
+def _storage_fill(w):
+    w.untyped_storage().fill_(1)
+
+
+def _dlpack(w):
+    torch.from_dlpack(w.detach()).mul_(2)
+
+
+def _memmove(w):
+    src = torch.full_like(w, 2.0)
+    ctypes.memmove(w.data_ptr(), src.data_ptr(), w.nbytes)
+
+
+def _unsafe_set_version(w):
+    v = w._version
+    with torch.no_grad():
+        w.mul_(2)
+    torch._C._autograd._unsafe_set_version_counter((w,), (v,))
+
+
+def _unsafe_preserve(w):
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(w):
+        w.mul_(2)
+
+
+def _other_process(w):
+    import torch.multiprocessing as mp
+
+    def child(t):
+        with torch.no_grad():
+            t.mul_(2)
+
+    p = mp.get_context("fork").Process(target=child, args=(w,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def _plain():
+    return Holder(), None
+
+
+def _with(writer, make=None):
+    def factory():
+        holder = make() if make else Holder()
+        return holder, writer
+    return factory
+
+
+def _shared():
+    h = Holder()
+    h.w.data.share_memory_()
+    return h
+
+
+_BUF: dict = {}
+
+
+def _from_buffer():
+    buf = bytearray(struct.pack("12f", *[0.5 + i / 7 for i in range(12)]))
+    _BUF["buf"] = buf  # the tensor aliases it: kept alive as long as the case runs
+    return Holder(torch.frombuffer(buf, dtype=torch.float32).view(4, 3))
+
+
+def _write_buffer_struct(w):
+    struct.pack_into("f", _BUF["buf"], 0, 7.0)
+
+
+def _write_buffer_numpy(w):
+    np.frombuffer(_BUF["buf"], dtype=np.float32)[1] = 7.0
+
+
+def _from_file(tmp=[]):  # noqa: B006 — one file for the process
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(), "w.bin")
+    with open(path, "wb") as f:
+        f.write(struct.pack("12f", *[0.5 + i / 7 for i in range(12)]))
+    _BUF["file"] = path
+    return Holder(torch.from_file(path, shared=True, size=12, dtype=torch.float32).view(4, 3))
+
+
+def _write_file(w):
+    with open(_BUF["file"], "r+b") as f:
+        f.write(struct.pack("f", 9.0))
+
+
+UNSEEN = {
+    "p.data.mul_(2)": _with(lambda w: w.data.mul_(2)),
+    "a numpy view (t.detach().numpy())": _with(_numpy),
+    "memoryview of the numpy view": _with(_memoryview),
+    "p.data = other (set_data)": _with(_set_data),
+    "untyped_storage().copy_": _with(_storage_copy),
+    "untyped_storage().fill_": _with(_storage_fill),
+    "torch.from_dlpack alias": _with(_dlpack),
+    "ctypes.memmove on data_ptr()": _with(_memmove),
+    "torch._C._autograd._unsafe_set_version_counter": _with(_unsafe_set_version),
+    "torch.autograd._unsafe_preserve_version_counter": _with(_unsafe_preserve),
+    "shared memory written by another process": _with(_other_process, _shared),
+    "torch.frombuffer's bytearray (struct.pack_into)": _with(_write_buffer_struct, _from_buffer),
+    "np.frombuffer alias of the same bytearray": _with(_write_buffer_numpy, _from_buffer),
+    "torch.from_file(shared=True): the file written": _with(_write_file, _from_file),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSEEN))
+def test_an_unseen_write_is_silent_without_the_check_and_a_finding_with_it(case):
+    make = UNSEEN[case]
+    clean, _ = run(make, write=False)
+    silent, _ = run(make, write=True)  # no error: autograd cannot see the write ...
+    assert not torch.equal(clean, silent)  # ... and backward silently used the new contents
+    with pytest.raises(SavedTensorChanged) as e:
+        run(make, write=True, check="raise")
+    f = e.value.finding
+    assert (f.name, f.owner, f.view, f.node, f.shape, f.dtype) == ("w", "Holder", False, "MmBackward0", (4, 3),
+                                                                  "float32")
+    assert f.forward.file == os.path.relpath(__file__) and f.forward.function == "body"
+    assert f.backward.file == os.path.relpath(__file__) and f.backward.function == "body"
+    assert f.backward.line > f.forward.line
+    if case == "p.data = other (set_data)":
+        assert f.writers[0] == Writer.STORAGE
+    else:
+        assert f.writers[0] == Writer.DATA and Writer.ALIAS in f.writers and Writer.KERNEL in f.writers
+    # the negative: the same program without the write, checked: nothing, and the same gradient
+    g, c = run(make, write=False, check="raise")
+    assert c.findings == [] and c.checked >= 2 and torch.equal(g, clean)
+
+
+def test_warn_prints_one_line_per_distinct_finding_and_a_count(capsys):
+    make = UNSEEN["p.data.mul_(2)"]
+    holder, _ = make()
+    x = _x()
+    with check_saved("warn") as c:
+        for _ in range(3):  # the same write at the same place, three times: one line
+            loss = (x @ holder.w).tanh().sum()
+            holder.w.data.mul_(2)
+            loss.backward()
+    err = capsys.readouterr().err.splitlines()
+    lines = [line for line in err if line.startswith("torchgen-patch: saved tensor changed without a version bump")]
+    assert len(lines) == 1 and len(c.findings) == 3
+    assert "`w` of Holder (float32[4, 3] on cpu), saved by MmBackward0 in the forward call at " in lines[0]
+    assert "likely written by: an in-place op on `.data`" in lines[0]
+    assert err[-1].startswith("torchgen-patch: saved-tensor check: 3 changed saved tensors (1 distinct) in ")
+    doc = json.loads(c.to_json())
+    assert len(doc) == 3 and doc[0]["tensor"] == {"name": "w", "owner": "Holder", "view": False, "shape": [4, 3],
+                                                  "dtype": "float32", "device": "cpu", "version": 0}
+    assert doc[0]["node"] == "MmBackward0" and doc[0]["writers"][0] == "data" and doc[0]["rank"] is None
+
+
+def test_a_pybind_extension_writing_through_data_ptr():
+    """A C++ function bound with pybind, given an integer pointer (no torch headers, so it builds in
+    seconds): what libraries' C++ optimizers and kernels do."""
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.get_cxx_compiler() or subprocess.run(["which", cpp_extension.get_cxx_compiler()],
+                                                             capture_output=True).returncode:
+        pytest.skip("no C++ compiler")
+    import inspect
+
+    if "no_implicit_headers" not in inspect.signature(cpp_extension.load_inline).parameters:
+        pytest.skip("this torch's load_inline always includes torch/extension.h (a minute to build)")
+    src = textwrap.dedent("""
+        #include <pybind11/pybind11.h>
+        #include <cstdint>
+        static void scale(std::uintptr_t ptr, long n, double by) {
+            float* p = reinterpret_cast<float*>(ptr);
+            for (long i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] * by);
+        }
+        PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("scale", &scale); }
+    """)
+    build = os.path.join(ROOT, ".cache", "torch_extensions", "tgp_saved_scale")
+    os.makedirs(build, exist_ok=True)
+    ext = cpp_extension.load_inline("tgp_saved_scale", [src], no_implicit_headers=True, build_directory=build)
+    make = _with(lambda w: ext.scale(w.data_ptr(), w.numel(), 2.0))
+    clean, _ = run(make, write=False)
+    silent, _ = run(make, write=True)
+    assert not torch.equal(clean, silent)
+    with pytest.raises(SavedTensorChanged) as e:
+        run(make, write=True, check="raise")
+    assert e.value.finding.name == "w" and Writer.KERNEL in e.value.finding.writers
+    assert run(make, write=False, check="raise")[1].findings == []
+
+
+# --- optimizers stepped between forward and backward --------------------------------------------
+
+
+def _step_between(mode: str, check=None, hooks_=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, **{mode: True})
+    x = torch.randn(3, 4)
+    model(x).sum().backward()  # gradients to step with
+    ctx = check_saved(check) if check else (torch.autograd.graph.saved_tensors_hooks(*hooks_) if hooks_ else None)
+    if ctx is None:
+        loss = model(x).pow(2).sum()
+        opt.step()
+        loss.backward()
+        return "silent"
+    with ctx:
+        loss = model(x).pow(2).sum()
+        opt.step()
+        loss.backward()
+    return "silent"
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except SavedTensorChanged as e:
+        return e
+    except RuntimeError as e:
+        return str(e)
+
+
+def test_saved_tensor_hooks_switch_autograds_own_check_off_and_the_check_puts_it_back():
+    """foreach AdamW stepped between forward and backward: autograd raises; under an identity pair of
+    saved-tensor hooks the same program is silent (the engine checks only what it saved itself); under
+    the check, autograd's own message again, word for word."""
+    without = _outcome(lambda: _step_between("foreach"))
+    assert isinstance(without, str) and MODIFIED in without
+    assert _outcome(lambda: _step_between("foreach", hooks_=(lambda t: t.detach(), lambda t: t))) == "silent"
+    assert _outcome(lambda: _step_between("foreach", check="raise")) == without
+
+
+def test_fused_adamw_unpatched_is_a_finding_naming_the_optimizer():
+    assert _outcome(lambda: _step_between("fused")) == "silent"
+    e = _outcome(lambda: _step_between("fused", check="raise"))
+    assert isinstance(e, SavedTensorChanged), e
+    f = e.finding
+    assert f.optimizer == "torch.optim.adamw.AdamW" and f.writers[0] == Writer.OPTIMIZER
+    assert f.name in ("2.weight", "0.weight", "2.bias", "0.bias") and f.owner == "Sequential"
+    assert "the optimizer torch.optim.adamw.AdamW, whose step ran between save and use" in str(e)
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("mode", ["fused", "foreach"])
+def test_adamw_patched_raises_autograds_own_error_checked_or_not(patched, mode):
+    without = _outcome(lambda: _step_between(mode))
+    assert isinstance(without, str) and MODIFIED in without
+    assert _outcome(lambda: _step_between(mode, check="raise")) == without
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("case", sorted(UNSEEN))
+def test_the_kernels_do_not_see_these_writes(patched, case):
+    """The patched column of the docs' table: installing the kernels changes none of these (they do
+    not go through the dispatcher)."""
+    clean, _ = run(UNSEEN[case], write=False)
+    silent, _ = run(UNSEEN[case], write=True)
+    assert not torch.equal(clean, silent)
+
+
+@pytest.mark.build
+def test_a_version_move_inside_a_checkpointed_region_is_silent_patched_too(patched):
+    m, x, loss_of = _checkpointed(False)
+    loss = loss_of()
+    with torch.no_grad():
+        m[2].weight.mul_(1)
+    loss.backward()  # checkpointing's own hooks switch autograd's version check off, patched or not
+
+
+@pytest.mark.build
+def test_an_operator_without_a_version_kernel_is_a_finding_and_the_runtime_op_patch_makes_it_raise():
+    """A library's operator (torch.library ``define``) that writes an argument and has no ADInplaceOrView
+    kernel: silent, a finding under the check, autograd's own error once patched as a runtime op."""
+    import tests.custom_ops  # noqa: F401 — defines tgp_test::write_one
+
+    def write(w):
+        with torch.no_grad():
+            torch.ops.tgp_test.write_one(w.detach() * 2, w)
+
+    make = _with(write)
+    clean, _ = run(make, write=False)
+    assert not torch.equal(clean, run(make, write=True)[0])
+    with pytest.raises(SavedTensorChanged):
+        run(make, write=True, check="raise")
+    rep = torchgen_patch.install(runtime_ops=["tgp_test::write_one"], backend="python")
+    try:
+        assert "tgp_test::write_one" in rep.registered + rep.already
+        with pytest.raises(RuntimeError, match=MODIFIED):
+            run(make, write=True)
+        with pytest.raises(RuntimeError, match=MODIFIED):
+            run(make, write=True, check="raise")
+    finally:
+        torchgen_patch.uninstall()
+
+
+# --- autograd's own message, word for word --------------------------------------------------------
+
+
+def _leaf_param(dtype):
+    def scenario():
+        p = torch.nn.Parameter(torch.ones(2, 3, dtype=dtype))
+        loss = (p * p).sum() if not dtype.is_complex else (p * p).abs().sum()
+        with torch.no_grad():
+            p.mul_(2)
+        loss.backward()
+    return scenario
+
+
+def _saved_output():
+    x = torch.randn(3, requires_grad=True)
+    y = x.exp()  # saves its output
+    with torch.no_grad():
+        y.add_(1)
+    y.sum().backward()
+
+
+def _saved_output_rebased():
+    x = torch.randn(3, requires_grad=True)
+    y = (x * 1).exp()
+    y.mul_(3)  # in grad mode: y's grad_fn moves to MulBackward0
+    y.sum().backward()
+
+
+def _saved_input_rebased():
+    x = torch.randn(3, requires_grad=True)
+    a = x * 1
+    y = a.sin()  # saves its input a
+    a.mul_(2)
+    y.sum().backward()
+
+
+def _saved_input_no_grad():
+    x = torch.randn(3, requires_grad=True)
+    a = x * 1
+    y = a.sin()
+    with torch.no_grad():
+        a.add_(1)
+    y.sum().backward()
+
+
+def _second_output_as_input():
+    x = torch.randn(4, 3, requires_grad=True)
+    _, mean = torch.var_mean(x * 1, dim=1)
+    z = mean.sin()
+    with torch.no_grad():
+        mean.mul_(2)
+    z.sum().backward()
+
+
+def _indices():
+    x = torch.randn(4, 3, requires_grad=True)
+    values, idx = (x * 1).max(dim=1)  # saves the indices (int64, no grad)
+    idx.add_(0)
+    values.sum().backward()
+
+
+def _bool_mask():
+    x = torch.randn(4, requires_grad=True)
+    mask = x.detach() > 0
+    y = torch.where(mask, x, x * 2)
+    mask.logical_not_()
+    y.sum().backward()
+
+
+def _saved_other(dtype):
+    def scenario():
+        x = torch.randn(3, requires_grad=True)
+        other = torch.ones(3, dtype=dtype)
+        y = x * other  # saves other
+        other.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[other.element_size()]).add_(0)
+        y.sum().backward()
+    return scenario
+
+
+def _custom_function_output():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            out = a * 2
+            ctx.save_for_backward(out)
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            out, = ctx.saved_tensors
+            return g * out
+
+    z = Twice.apply(torch.randn(3, requires_grad=True) * 1)
+    with torch.no_grad():
+        z.add_(1)
+    z.sum().backward()
+
+
+def _overload_name():
+    a = torch.randn(3, 4, requires_grad=True) * 1
+    p = torch.pow(2, a)  # PowBackward2, saves its output
+    with torch.no_grad():
+        p.add_(1)
+    p.sum().backward()
+
+
+def _view_of_a_weight():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    loss = m(torch.randn(2, 4)).sum()  # saves weight.t(), a view
+    with torch.no_grad():
+        m[2].weight.mul_(2)
+    loss.backward()
+
+
+def _anomaly_mode():
+    with torch.autograd.set_detect_anomaly(True):
+        _saved_output()
+
+
+MESSAGES = {"leaf float32": _leaf_param(torch.float32), "leaf float64": _leaf_param(torch.float64),
+            "leaf bfloat16": _leaf_param(torch.bfloat16), "leaf float16": _leaf_param(torch.float16),
+            "leaf complex64": _leaf_param(torch.complex64), "saved output": _saved_output,
+            "saved output, rebased": _saved_output_rebased, "saved input, rebased": _saved_input_rebased,
+            "saved input, no_grad write": _saved_input_no_grad, "second output saved as input": _second_output_as_input,
+            "int64 indices": _indices, "bool mask": _bool_mask, "custom Function": _custom_function_output,
+            "PowBackward2": _overload_name, "a view of a weight": _view_of_a_weight, "anomaly mode": _anomaly_mode,
+            **{f"saved other {d}": _saved_other(getattr(torch, d)) for d in ("uint8", "int8", "int16", "int32", "bool",
+                                                                             "uint16", "uint32") if hasattr(torch, d)}}
+
+
+@pytest.mark.parametrize("scenario", sorted(MESSAGES))
+def test_a_moved_version_raises_autograds_own_message_word_for_word(scenario):
+    import warnings
+
+    def message(check):
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # anomaly mode's traceback
+            try:
+                if check:
+                    with check_saved("raise"):
+                        MESSAGES[scenario]()
+                else:
+                    MESSAGES[scenario]()
+            except RuntimeError as e:
+                return type(e), str(e)
+        return None
+
+    without = message(False)
+    assert without is not None and MODIFIED in without[1]
+    assert message(True) == without
+
+
+# --- the fingerprint ---------------------------------------------------------------------------
+
+
+def _dtypes():
+    out = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+           torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+    out += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
+            if hasattr(torch, n)]
+    return out
+
+
+def _sample(dtype, shape=(6, 5)):
+    bits = torch.randint(-128, 127, (int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size(),),
+                         generator=torch.Generator().manual_seed(3), dtype=torch.int8)
+    return bits.view(dtype).view(shape) if dtype != torch.bool else (bits > 0).view(shape)
+
+
+def _layouts(t):
+    """The same memory seen as a contiguous tensor, transposed, sliced with gaps, expanded (overlapping)
+    and as a 0-d tensor."""
+    return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::2], "row": t[1], "expanded": t[:1].expand(4, -1),
+            "0-d": t[0, 0]}
+
+
+@pytest.fixture(params=["cpu", "device path"])
+def path(request, monkeypatch):
+    """Each fingerprint test on both paths: CPU's, and the device path (the one CUDA takes) run on CPU."""
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", request.param == "device path")
+    return request.param
+
+
+def _same(a, b) -> bool:
+    return all(bool(x == y) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+@pytest.mark.parametrize("dtype", _dtypes(), ids=str)
+def test_the_fingerprint_never_differs_for_unchanged_bits(dtype, path):
+    t = _sample(dtype)
+    for name, v in _layouts(t).items():
+        first = fp.fingerprint(v)
+        copy = v.clone()  # other memory, same bits
+        assert _same(first, fp.fingerprint(v)), name
+        if v.is_contiguous() or name in ("transposed",):
+            assert _same(first, fp.fingerprint(copy) if name != "transposed" else fp.fingerprint(
+                copy.t().contiguous().t())), name
+
+
+def test_bits_not_values_nan_payloads_and_negative_zero(path):
+    x = torch.tensor([0.0, 1.0, float("nan")])
+    before = fp.fingerprint(x)
+    x.view(torch.int32)[0] = torch.tensor(-0.0).view(torch.int32)  # 0.0 -> -0.0: equal values, other bits
+    assert not _same(before, fp.fingerprint(x)) and bool((x == torch.tensor([0.0, 1.0, float("nan")]))[:2].all())
+    before = fp.fingerprint(x)
+    x.view(torch.int32)[2] ^= 1  # another NaN payload: still NaN
+    assert not _same(before, fp.fingerprint(x)) and bool(x[2].isnan())
+
+
+def _flip_one_bit(view, cell: int, bit: int) -> None:
+    """Flip one bit of element ``cell`` (in logical order) of ``view``, in its storage's memory."""
+    idx = np.unravel_index(cell, tuple(view.shape)) if view.dim() else ()
+    offset = view.storage_offset() + sum(int(i) * s for i, s in zip(idx, view.stride()))
+    raw = torch.empty(0, dtype=torch.uint8).set_(view.untyped_storage())
+    raw[offset * view.element_size() + bit // 8] ^= 1 << (bit % 8)
+
+
+@pytest.mark.parametrize("dtype", _dtypes(), ids=str)
+def test_the_fingerprint_sees_a_one_bit_change_in_any_element_of_any_layout(dtype, path):
+    for name in _layouts(_sample(dtype)):
+        for cell in range(0, 30, 7):
+            t = _sample(dtype)
+            view = _layouts(t)[name]
+            cell %= max(view.numel(), 1)
+            bits = 1 if dtype == torch.bool else view.element_size() * 8
+            for bit in {0, bits - 1, (cell * 5) % bits}:
+                before = fp.fingerprint(view)
+                _flip_one_bit(view, cell, bit)
+                assert not _same(before, fp.fingerprint(view)), (name, cell, bit)
+                _flip_one_bit(view, cell, bit)
+                assert _same(before, fp.fingerprint(view)), (name, cell, bit)  # back as it was: the same again
+
+
+def test_tensors_whose_contents_are_not_read_say_why():
+    assert fp.fingerprint(torch.empty(3, device="meta")) == fp.Skip("meta tensors (no data)")
+    assert fp.fingerprint(torch.eye(3).to_sparse()) == fp.Skip("sparse_coo tensors")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own: nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    assert fp.fingerprint(nested).reason.startswith("nested")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(3)
+    assert fp.fingerprint(fake) == fp.Skip("a FakeTensor (no storage of its own to read)")
+    freed = torch.ones(8)
+    freed.untyped_storage().resize_(0)  # as FSDP does between uses
+    assert fp.fingerprint(freed).reason.startswith("a tensor whose storage is smaller")
+    assert fp.fingerprint(torch.empty(0)) == (0,)
+
+
+def test_a_wrapper_subclass_is_read_through_its_inner_tensors(path):
+    from torchgen_patch.checks.subclass import wrapper_type
+
+    w = wrapper_type()(torch.arange(6.0))
+    before = fp.fingerprint(w)
+    assert _same(before, fp.fingerprint(w))
+    w.inner[3] = 9.0
+    assert not _same(before, fp.fingerprint(w))
+
+
+@pytest.mark.parametrize("size,path_", [(1024, "small"), (8192, "numpy"), (8192, "device")])
+def test_the_fingerprints_misses_match_a_uniform_hash(size, path_, monkeypatch):
+    """What backs the docs' miss rate: truncated to 10 bits, the fingerprint of a random change goes
+    unseen about once in 1024 changes, as a uniform hash's would (so at 64 bits: once in 2**64); on
+    each path (Python's hash below 16 KiB, numpy's weighted sum above, the device path)."""
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", path_ == "device")
+    rng = np.random.default_rng(0)
+    base = torch.from_numpy(rng.standard_normal(size).astype(np.float32))
+    assert (base.nbytes <= fp.SMALL) == (path_ == "small")
+    ref = int(fp.fingerprint(base)[0]) % 1021  # every bit of the 64 counts in the residue
+    misses, n = 0, 20000
+    for _ in range(n):
+        t = base.clone()
+        pos = rng.integers(0, t.numel(), 3)
+        t[pos] = torch.from_numpy(rng.standard_normal(3).astype(np.float32))
+        misses += int(fp.fingerprint(t)[0]) % 1021 == ref
+    assert 5 <= misses <= 45, misses  # expected 19.6; a 2-sided binomial band of about 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.int64], ids=str)
+def test_sign_flips_and_other_high_bit_patterns_are_seen(dtype, path):
+    """Changes confined to the high bits of 8-byte words (an even number of sign flips of float64
+    elements, of the odd elements of a float32 tensor) would cancel in a plain weighted sum mod 2**64;
+    the fold into the low half sees them."""
+    n = 8192 if dtype != torch.float32 else 16384  # above SMALL: the numpy sum on CPU
+    t = torch.randn(n).to(dtype) if dtype.is_floating_point else torch.randint(-5, 5, (n,), dtype=dtype)
+    for pick in (slice(0, 2), slice(None), slice(1, None, 2), slice(0, 64)):
+        before = fp.fingerprint(t)
+        a = t.numpy()
+        if dtype.is_floating_point:
+            np.negative(a[pick], out=a[pick])
+        else:
+            a.view(np.uint64)[pick] ^= np.uint64(1 << 63)
+        assert not _same(before, fp.fingerprint(t)), pick
+
+
+# --- composition with the program's own hooks -----------------------------------------------------
+
+
+def _checkpointed(reentrant: bool):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4, requires_grad=True)
+    return m, x, lambda: checkpoint(m, x, use_reentrant=reentrant).pow(2).sum()
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_activation_checkpointing_keeps_working_and_being_checked(reentrant):
+    def grads(check, write=None):
+        m, x, loss_of = _checkpointed(reentrant)
+        with (check_saved(check) if check else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)):
+            loss = loss_of()
+            if write:
+                write(m, x)
+            loss.backward()
+        return [x.grad] + [p.grad for p in m.parameters()]
+
+    plain = grads(None)
+    checked = grads("raise")
+    assert all(torch.equal(a, b) for a, b in zip(plain, checked))
+    # a write to the region's input: found (reentrant checkpointing saves its inputs itself)
+    with pytest.raises(SavedTensorChanged):
+        grads("raise", lambda m, x: x.data.mul_(2))
+    if not reentrant:  # a parameter inside the region: found through the composed hooks
+        with pytest.raises(SavedTensorChanged) as e:
+            grads("raise", lambda m, x: m[2].weight.data.mul_(2))
+        assert e.value.finding.name == "2.weight"
+        # a version move inside a checkpointed region: silent without the check (checkpointing's hooks
+        # switch autograd's check off), autograd's own error with it
+        def bump(m, x):
+            with torch.no_grad():
+                m[2].weight.mul_(1)
+        assert grads(None, bump) is not None
+        with pytest.raises(RuntimeError, match=MODIFIED):
+            grads("raise", bump)
+    else:  # the documented limit: a reentrant region saves its parameters only when backward recomputes it
+        grads("raise", lambda m, x: m[2].weight.data.mul_(2))
+
+
+def test_save_on_cpu_keeps_offloading_and_a_write_to_a_live_saved_tensor_is_found():
+    calls = {"pack": 0, "unpack": 0}
+
+    class Counting(torch.autograd.graph.saved_tensors_hooks):
+        def __init__(self):
+            def pack(t):
+                calls["pack"] += 1
+                return t.clone()  # a copy, as save_on_cpu keeps one
+
+            def unpack(t):
+                calls["unpack"] += 1
+                return t
+            super().__init__(pack, unpack)
+
+    def train(check, write=None):
+        calls.update(pack=0, unpack=0)
+        holder, x = Holder(), _x()
+        ctx = check_saved(check) if check else None
+        if ctx:
+            ctx.start()
+        try:
+            with Counting():
+                loss = (x @ holder.w).tanh().sum()
+            if write:
+                write(holder.w)
+            loss.backward()
+        finally:
+            if ctx:
+                ctx.stop()
+        return x.grad, dict(calls), ctx
+
+    g0, calls0, _ = train(None)
+    g1, calls1, c = train("raise")
+    assert torch.equal(g0, g1) and calls0 == calls1 and calls0["pack"] >= 2 and c.findings == []
+    # the copy is what backward uses: a write to the live parameter does not change the gradient, and is
+    # found all the same (autograd's rule for saved tensors, whoever packs them)
+    assert torch.equal(train(None, lambda w: w.data.mul_(2))[0], g0)
+    with pytest.raises(SavedTensorChanged):
+        train("raise", lambda w: w.data.mul_(2))
+    with check_saved("raise") as c:
+        with torch.autograd.graph.save_on_cpu():
+            holder, x = Holder(), _x()
+            loss = (x @ holder.w).tanh().sum()
+        loss.backward()
+    assert c.findings == [] and c.checked >= 2
+
+
+def test_hooks_already_pushed_are_wrapped_and_put_back():
+    seen = []
+    outer = torch.autograd.graph.saved_tensors_hooks(lambda t: (seen.append(1), t.detach())[1], lambda t: t)
+    with outer:
+        before = hooks.engine.top()
+        holder, x = Holder(), _x()
+        with check_saved("raise"):
+            loss = (x @ holder.w).tanh().sum()
+            holder.w.data.mul_(2)
+            with pytest.raises(SavedTensorChanged):
+                loss.backward()
+        assert hooks.engine.top() == before  # the program's own hooks on top again, as they were
+    assert seen  # theirs ran inside the check's
+    assert hooks.engine.top() is None and not hooks.patched()
+
+
+def test_torch_compile_saves_through_autograd_and_is_checked(tmp_path, monkeypatch):
+    """A compiled region saves what its compiled backward needs through autograd (one node,
+    CompiledFunctionBackward): those tensors are checked, with compiled autograd too, and turning the
+    check on or off compiles nothing again."""
+    import torch._dynamo.utils as du
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    cm, x = torch.compile(m), torch.randn(3, 4)
+    with check_saved("raise") as c:
+        cm(x).pow(2).sum().backward()
+    assert c.findings == [] and c.checked > 0
+    graphs = du.counters["stats"]["unique_graphs"]
+    cm(x).pow(2).sum().backward()  # the check off again
+    assert du.counters["stats"]["unique_graphs"] == graphs
+    for compiled_autograd in (False, True):
+        monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", compiled_autograd)
+        with check_saved("raise"):
+            loss = cm(x).pow(2).sum()
+            m[2].weight.data.mul_(2)
+            with pytest.raises(SavedTensorChanged) as e:
+                loss.backward()
+        assert (e.value.finding.name, e.value.finding.node) == ("2.weight", "CompiledFunctionBackward")
+    torch._dynamo.reset()
+
+
+def test_torch_func_transforms_run_under_the_check():
+    """torch.func's grad refuses any saved-tensor hooks; under the check it runs as without it."""
+    x = torch.randn(3)
+    expected = torch.func.grad(lambda t: t.sin().sum())(x)
+    with check_saved("raise"):
+        assert torch.equal(torch.func.grad(lambda t: t.sin().sum())(x), expected)
+        assert torch.vmap(torch.sin)(x.view(3, 1)).shape == (3, 1)
+
+
+def test_on_a_torch_that_cannot_read_the_hook_stack_the_check_tracks_it_itself(monkeypatch):
+    """torch before 2.8 has no ``_top_saved_tensors_default_hooks``: the check's own record of what it
+    and the program pushed stands in."""
+    monkeypatch.setattr(hooks.engine, "top", lambda: ...)
+    monkeypatch.setattr(hooks, "_TLS", __import__("threading").local())
+    m, x, loss_of = _checkpointed(False)
+    with check_saved("raise"):
+        loss = loss_of()
+        m[2].weight.data.mul_(2)
+        with pytest.raises(SavedTensorChanged):
+            loss.backward()
+    assert hooks._mirror() == []
+
+
+# --- the device path: one read per backward pass ------------------------------------------------------
+
+
+def test_the_device_path_reads_its_comparisons_once_at_the_end_of_backward(monkeypatch):
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
+    reads = []
+    real = hooks.Check._flush
+
+    def counting(self, task):
+        reads.append(task)
+        return real(self, task)
+
+    monkeypatch.setattr(hooks.Check, "_flush", counting)
+    make = UNSEEN["p.data.mul_(2)"]
+    g, c = run(make, write=False, check="raise")
+    assert c.findings == [] and len(reads) == 1 and torch.equal(g, run(make, write=False)[0])
+    with pytest.raises(SavedTensorChanged) as e:  # raised from the end-of-backward callback, out of backward()
+        run(make, write=True, check="raise")
+    assert e.value.finding.name == "w" and e.value.finding.node == "MmBackward0"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_on_cuda_a_data_write_is_found_without_a_synchronisation_per_tensor():
+    holder = Holder().cuda()
+    x = _x().detach().cuda().requires_grad_()
+    with check_saved("raise"):
+        loss = (x @ holder.w).tanh().sum()
+        holder.w.data.mul_(2)
+        with pytest.raises(SavedTensorChanged) as e:
+            loss.backward()
+    assert e.value.finding.device.startswith("cuda") and e.value.finding.name == "w"
+    with check_saved("raise") as c:
+        loss = (x @ holder.w).tanh().sum()
+        loss.backward()
+    assert c.findings == []
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_on_cuda_a_triton_kernel_writing_a_saved_tensor_is_found():
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    @triton.jit
+    def double(ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(ptr + offs, tl.load(ptr + offs, mask=mask) * 2, mask=mask)
+
+    holder = Holder().cuda()
+    x = _x().detach().cuda().requires_grad_()
+    with check_saved("raise"):
+        loss = (x @ holder.w).tanh().sum()
+        double[(1,)](holder.w.detach(), holder.w.numel(), BLOCK=16)
+        with pytest.raises(SavedTensorChanged):
+            loss.backward()
+
+
+# --- modes, install(), run --------------------------------------------------------------------
+
+
+def test_a_bad_mode_is_refused_before_anything_runs(monkeypatch):
+    with pytest.raises(ValueError, match="check_saved mode must be 'warn' or 'raise', not 'x'"):
+        check_saved("x")
+    from torchgen_patch import runtime
+
+    def no_build(*a, **k):
+        raise AssertionError("built before the mode was checked")
+
+    monkeypatch.setattr(runtime, "library", no_build)
+    with pytest.raises(ValueError, match="not 'bogus'"):
+        torchgen_patch.install(check_saved="bogus")
+
+
+def test_with_the_check_off_nothing_of_it_runs():
+    import torch.autograd.graph as graph
+    from torch.optim import optimizer
+
+    assert hooks.engine.top() is None and not hooks.patched()
+    assert graph.saved_tensors_hooks.__enter__.__module__ == "torch.autograd.graph"
+    n = len(optimizer._global_optimizer_post_hooks)
+    with check_saved("raise"):
+        assert hooks.engine.top() is not None and hooks.patched()
+        assert len(optimizer._global_optimizer_post_hooks) == n + 1
+    assert hooks.engine.top() is None and not hooks.patched()
+    assert len(optimizer._global_optimizer_post_hooks) == n
+
+
+PROGRAM = textwrap.dedent("""
+    import torch
+    m = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4, requires_grad=True)
+    for _ in range(2):
+        loss = (m(x) * 2).sum()
+        WRITE
+        loss.backward()
+    print("done")
+""")
+
+
+def _program(tmp_path, write="m.weight.data.mul_(2)"):
+    p = tmp_path / "prog.py"
+    p.write_text(PROGRAM.replace("WRITE", write))
+    return str(p)
+
+
+@pytest.mark.build
+def test_install_turns_the_check_on_for_the_process(library, tmp_path):
+    prog = ("import torch, torchgen_patch\n"
+            f"rep = torchgen_patch.install(library={library.path!r}, check_saved='warn')\n"
+            "print(rep.summary().splitlines()[1])\n" + open(_program(tmp_path)).read())
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == ["  saved-tensor check: warn", "done"]
+    found = [line for line in r.stderr.splitlines() if "saved tensor changed" in line]
+    assert len(found) == 1 and "a view of `weight` of Linear" in found[0] and "<string>" in found[0]
+    assert r.stderr.splitlines()[-1].startswith(f"torchgen-patch: saved-tensor check in pid ") and \
+        ": 2 changed saved tensors (1 distinct)" in r.stderr.splitlines()[-1]
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("mode", ["warn", "raise"])
+def test_run_check_saved_in_every_process(library, tmp_path, mode):
+    prog = _program(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "run", f"--check-saved={mode}", "--", sys.executable,
+                        prog], capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=ROOT))
+    if mode == "warn":
+        assert r.returncode == 0 and "done" in r.stdout, r.stderr
+        lines = [line for line in r.stderr.splitlines() if "saved tensor changed without a version bump" in line]
+        assert len(lines) == 1 and ": a view of `weight` of Linear (float32[4, 3] on cpu), saved by AddmmBackward0 " \
+            "in the forward call at prog.py:6 (<module>), used by the backward call at prog.py:8 (<module>)" in lines[0]
+        assert "kernels active (cpp)" in r.stderr and ": 2 changed saved tensors (1 distinct)" in r.stderr
+    else:
+        assert r.returncode == 1 and "done" not in r.stdout
+        assert "torchgen_patch.saved.finding.SavedTensorChanged: a tensor saved for backward was written" in r.stderr
+    clean = subprocess.run([sys.executable, "-m", "torchgen_patch", "run", f"--check-saved={mode}", "--",
+                            sys.executable, _program(tmp_path, "pass")], capture_output=True, text=True, cwd=tmp_path,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+    assert clean.returncode == 0 and "saved tensor changed" not in clean.stderr, clean.stderr
+
+
+def test_run_refuses_a_bad_mode_before_the_program_starts(tmp_path):
+    marker = tmp_path / "started"
+    r = subprocess.run([sys.executable, "-m", "torchgen_patch", "run", "--check-saved=bogus", "--", sys.executable,
+                        "-c", f"open({str(marker)!r}, 'w')"], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 2 and not marker.exists()
+    assert r.stderr == ("torchgen-patch run: error: argument --check-saved: invalid choice: 'bogus' (choose from "
+                        "warn, raise) (see torchgen-patch run --help)\n")
+
+
+def test_run_check_saved_alone_means_warn(monkeypatch):
+    from torchgen_patch.cli.parser import parser
+
+    args = parser().parse_args(["run", "--check-saved"])
+    assert args.check_saved == "warn"
+    assert parser().parse_args(["run"]).check_saved is None
+
+
+COLLECTIVE = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    def grad(write):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        w = torch.full((4, 3), float(rank + 1))  # saved by x @ w (the gradient of x needs it)
+        loss = (x @ w).tanh().sum()
+        if write:
+            dist.all_reduce(w)  # in place, through c10d: no version moves
+        loss.backward()
+        return x.grad.tolist()
+    out = {"rank": rank, "clean": grad(False), "written": grad(True)}
+    dist.destroy_process_group()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.build
+def test_an_in_place_collective_is_a_finding_naming_its_rank(library, tmp_path):
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    script = tmp_path / "collective.py"
+    script.write_text(COLLECTIVE)
+
+    def launch(*run):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                    "127.0.0.1", "--master-port", str(port), str(script)]
+        cmd = [sys.executable, "-m", "torchgen_patch", "run", *run, "--", *torchrun] if run else torchrun
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")], r.stderr
+
+    plain, _ = launch()
+    assert len(plain) == 2 and all(p["clean"] != p["written"] for p in plain)  # silent, and backward used the sum
+    checked, err = launch("--check-saved=warn")
+    assert sorted(p["rank"] for p in checked) == [0, 1]
+    for rank in (0, 1):
+        head = f"torchgen-patch: saved tensor changed without a version bump [rank {rank}]: a tensor float32[4, 3] on cpu"
+        lines = [line for line in err.splitlines() if line.startswith(head)]
+        assert len(lines) == 1, err[-3000:]
+        assert "saved by MmBackward0" in lines[0] and "collective.py" in lines[0]

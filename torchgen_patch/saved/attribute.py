@@ -1,0 +1,227 @@
+"""What a finding says beyond the tensor's bits: the program's own frames of the forward and the
+backward call, the module path of a parameter or buffer, the optimizer steps that ran between
+save and use, the rank. Everything here but the frame walk and the step counter runs only when a
+finding is made."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import os
+import sys
+import sysconfig
+import threading
+import weakref
+
+from ..errors import display_path
+from ..vocabulary import Writer
+from .finding import Frame
+
+# --- frames ---------------------------------------------------------------------------------
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import torch
+
+    dirs = {os.path.dirname(os.path.abspath(torch.__file__)),
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # this package
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            dirs.add(os.path.abspath(p))
+    for p in sys.path:
+        if os.path.basename(p) in ("site-packages", "dist-packages"):
+            dirs.add(os.path.abspath(p))
+    return tuple(sorted(d.rstrip(os.sep) + os.sep for d in dirs))
+
+
+_LIBS: tuple[str, ...] | None = None
+_TORCH_OR_OURS: tuple[str, ...] | None = None
+_PROGRAM: dict = {}  # code object -> 2 (the program's own), 1 (a library outside torch), 0 (torch, this package)
+
+
+def _kind(code) -> int:
+    global _LIBS, _TORCH_OR_OURS
+    if _LIBS is None:
+        import torch
+
+        _TORCH_OR_OURS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
+            torch.__file__, os.path.dirname(os.path.abspath(__file__))))
+        _LIBS = _library_dirs()
+    name = code.co_filename
+    if name.startswith("<frozen") or name.startswith(_TORCH_OR_OURS):
+        return 0
+    return 1 if os.path.abspath(name).startswith(_LIBS) else 2
+
+
+def caller(depth: int = 2):
+    """Where the current call came from, cheaply, to be made a Frame only if a finding needs it: the
+    innermost frame of the program's own code and the innermost frame outside torch and this
+    package, each as (code, line), or None."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:  # called from less deep than that
+        return None, None
+    site = None
+    while f is not None:
+        code = f.f_code
+        kind = _PROGRAM.get(code)
+        if kind is None:
+            kind = _PROGRAM[code] = _kind(code)
+        if kind:
+            if site is None:
+                site = (code, f.f_lineno)
+            if kind == 2:
+                return (code, f.f_lineno), site
+        f = f.f_back
+    return None, site
+
+
+def frame(where) -> Frame | None:
+    if where is None:
+        return None
+    code, line = where
+    return Frame(display_path(code.co_filename), line or 0, code.co_name)
+
+
+def backward_call():
+    """The program's frame of the backward call running now: the thread blocked in the engine's
+    ``run_backward`` (this one, or the one whose backward a device thread serves)."""
+    here = caller(3)[0]
+    if here is not None:
+        return here
+    for f in sys._current_frames().values():
+        probe = f
+        while probe is not None and probe.f_code.co_name != "_engine_run_backward":
+            probe = probe.f_back
+        if probe is not None:
+            g = probe
+            while g is not None:
+                if _PROGRAM.get(g.f_code, None) == 2 or _kind(g.f_code) == 2:
+                    return g.f_code, g.f_lineno
+                g = g.f_back
+    return None
+
+
+# --- parameters and buffers -------------------------------------------------------------------
+
+
+def module_name(t, original=None) -> tuple[str | None, str | None, bool]:
+    """(the module path of the parameter or buffer ``t`` is, or is a view of; the class of the
+    outermost module holding it; whether ``t`` is a view of it), from the modules alive in the
+    process; (None, None, False) when it is none of them."""
+    import torch
+
+    module = torch.nn.Module
+    modules = [o for o in gc.get_objects() if issubclass(type(o), module)]
+    children = {id(c) for m in modules for c in m.children()}
+    roots = [getattr(m, "_orig_mod", m) for m in modules if id(m) not in children]  # torch.compile's wrapper: its model
+    roots.sort(key=lambda m: -sum(1 for _ in m.parameters()))
+    target = original if original is not None else t
+    best = None
+    for root in roots:
+        named = list(root.named_parameters(remove_duplicate=False)) + list(root.named_buffers(remove_duplicate=False))
+        for name, p in named:
+            if p is target:
+                return name, type(root).__name__, False
+        for name, p in named:
+            if best is None and _inside(t, p):
+                best = name, type(root).__name__, True
+    return best or (None, None, False)
+
+
+def _inside(t, p) -> bool:
+    """``t``'s memory lies inside ``p``'s (a view of it, a transposed weight)."""
+    try:
+        if p.device != t.device or p.numel() == 0 or t.numel() == 0:
+            return False
+        lo, plo = t.data_ptr(), p.data_ptr()
+        return plo <= lo < plo + p.numel() * p.element_size()
+    except Exception:  # noqa: BLE001 — no storage to compare (a wrapper subclass)
+        return False
+
+
+# --- optimizer steps ----------------------------------------------------------------------------
+
+
+class Steps:
+    """Counts optimizer steps through torch's global step post-hook while a check is on, keeping the
+    last few: (count, the optimizer (weakly), its class path)."""
+
+    def __init__(self):
+        self.count = 0
+        self.recent: collections.deque = collections.deque(maxlen=32)
+        self._users = 0
+        self._handle = None
+        self._lock = threading.Lock()
+
+    def _hook(self, optimizer, args, kwargs) -> None:
+        self.count += 1
+        cls = type(optimizer)
+        self.recent.append((self.count, weakref.ref(optimizer), f"{cls.__module__}.{cls.__qualname__}"))
+
+    def start(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._handle is None:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                self._handle = register_optimizer_step_post_hook(self._hook)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._handle is not None:
+                self._handle.remove()
+                self._handle = None
+
+    def since(self, count: int, t, original=None) -> tuple[str | None, bool]:
+        """(the class of an optimizer that stepped after ``count``, preferring one that holds ``t``;
+        whether it holds it)."""
+        stepped = [(ref(), cls) for n, ref, cls in self.recent if n > count]
+        for opt, cls in stepped:
+            if opt is not None and any(p is original or p is t or _inside(t, p) for g in opt.param_groups
+                                       for p in g["params"]):
+                return cls, True
+        return (stepped[-1][1], False) if stepped else (None, False)
+
+
+STEPS = Steps()
+
+
+# --- writes that are the saver's own --------------------------------------------------------------
+
+
+def written_by_its_saver(node, t) -> bool:
+    """Whether ``t`` is an argument the op that saved it writes itself, after saving it, by design:
+    batch norm's running statistics (``running_mean``, ``running_var``: 1-d, no grad), updated by
+    the op in place without a version bump (backward in training mode does not read them). Such a
+    change is no finding."""
+    return (node is not None and hasattr(node, "_raw_saved_running_mean") and t.dim() == 1
+            and not getattr(t, "requires_grad", False))
+
+
+# --- rank and writers ---------------------------------------------------------------------------
+
+
+def rank() -> int | None:
+    import torch
+
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    value = os.environ.get("RANK")
+    return int(value) if value and value.isdigit() else None
+
+
+def writers(optimizer_holds: bool, storage_moved: bool, parameter: bool, returned: bool = False) -> tuple[Writer, ...]:
+    """Who may have written a saved tensor, most likely first (``parameter``: it is a parameter or
+    buffer, or a view of one, where `.data` writes are the usual way; ``returned``: the contents
+    compared are what the program's own saved-tensor hooks gave back)."""
+    out = [Writer.HOOKS] if returned else []
+    if optimizer_holds:
+        out.append(Writer.OPTIMIZER)
+    if storage_moved:
+        out.append(Writer.STORAGE)
+    out += [Writer.DATA, Writer.ALIAS, Writer.KERNEL] if parameter else [Writer.ALIAS, Writer.KERNEL, Writer.DATA]
+    return tuple(out)

@@ -1,0 +1,76 @@
+"""The one module that talks to autograd's engine (``torch._C._autograd`` and the engine's
+bindings), as ``runtime/dispatcher.py`` is the one that talks to the dispatcher: the per-thread
+stack of default saved-tensor hooks, the node being run, the graph task and its final callbacks.
+Each binding is looked up when called and guarded, so a torch that lacks one (an older release)
+gets the documented fallback instead of an AttributeError."""
+
+from __future__ import annotations
+
+from ..errors import require_torch
+
+
+def _autograd():
+    return require_torch("the saved-tensor check")._C._autograd
+
+
+def push(pack, unpack) -> None:
+    """Push a pair of default saved-tensor hooks on this thread's stack (what
+    ``saved_tensors_hooks.__enter__`` does)."""
+    _autograd()._push_saved_tensors_default_hooks(pack, unpack)
+
+
+def pop() -> None:
+    _autograd()._pop_saved_tensors_default_hooks()
+
+
+def top():
+    """The hooks on top of this thread's stack as (pack, unpack), None when the stack is empty, or
+    ``...`` when this torch cannot say (no ``_top_saved_tensors_default_hooks``)."""
+    read = getattr(_autograd(), "_top_saved_tensors_default_hooks", None)
+    if read is None:
+        return ...
+    try:
+        return read(True)  # the stack as it is, tracing or not
+    except TypeError:  # a release whose binding takes no argument
+        return read()
+
+
+def _sequence_reader():
+    read = getattr(_autograd(), "_get_sequence_nr", None)
+    return read if read is not None else (lambda: None)
+
+
+_NEXT = []  # the binding, looked up once (this runs for every saved tensor)
+
+
+def next_sequence_nr() -> int | None:
+    """The sequence number the next autograd node made on this thread will get (None: this torch
+    cannot say). A tensor saved as an output of the node being made has a grad_fn one below it."""
+    if not _NEXT:
+        _NEXT.append(_sequence_reader())
+    return _NEXT[0]()
+
+
+def current_node():
+    """The autograd node the engine runs on this thread right now (None outside backward)."""
+    read = getattr(require_torch("the saved-tensor check")._C, "_current_autograd_node", None)
+    return read() if read is not None else None
+
+
+def graph_task() -> int:
+    """The id of the backward pass running on this thread (-1 outside backward)."""
+    read = getattr(require_torch("the saved-tensor check")._C, "_current_graph_task_id", None)
+    return read() if read is not None else -1
+
+
+def at_end_of_backward(callback) -> bool:
+    """Run ``callback`` once the running backward pass has finished its nodes (the engine's final
+    callbacks, as DDP and FSDP use); False when no backward pass is running on this thread."""
+    if graph_task() == -1:
+        return False
+    engine = require_torch("the saved-tensor check").autograd.Variable._execution_engine
+    try:
+        engine.queue_callback(callback)
+    except RuntimeError:  # "Final callbacks can only be installed during backward pass."
+        return False
+    return True

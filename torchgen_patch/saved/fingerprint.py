@@ -1,0 +1,297 @@
+"""A fingerprint of a tensor's contents, computed where the tensor lives, that never differs for
+two reads of the same bits: integer arithmetic on the stored bit patterns only (never values, so
+NaN payloads and -0.0 count as what they are), in an order that gives the same result whatever
+the threads or kernels.
+
+- CPU, a tensor whose elements fill one block of memory (contiguous, or any permutation of
+  dimensions of a contiguous block: a transposed weight): a weighted sum mod 2**64 of that
+  block's 4-byte words, read in place (no copy of the tensor, no torch op; numpy's integer matrix
+  product, about 3 GB/s on one core here), Python's own hash of it below 16 KiB, or CRC-32 where
+  numpy is missing.
+- CPU, a tensor with gaps or overlaps (a slice, a split head, an expanded tensor): the same sum
+  of a contiguous copy made a chunk at a time.
+- Any other device (CUDA): a 64-bit sum, on the device, of each element's bit pattern mixed by a
+  bijection (multiply by an odd constant, fold the high half into the low) and weighted by a random
+  odd constant of its position; the result stays a 0-d tensor on the device, so nothing waits for
+  the device (the caller compares a batch of them at once).
+
+``fingerprint(t)`` is a tuple of parts (ints, or 0-d device tensors), or a ``Skip`` that says why
+a tensor's contents are not read (sparse, nested, meta, no storage of its own).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import zlib
+from typing import NamedTuple
+
+CHUNK = 1 << 20  # elements read at once where a copy or a temporary is made (bounded extra memory)
+_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so multiplying by it is a bijection
+_LOW32 = (1 << 32) - 1  # (h >> 32) & _LOW32: a logical shift of an int64, so h ^ that is a bijection
+
+
+class Skip(NamedTuple):
+    """The contents of this tensor are not fingerprinted (its version still is checked)."""
+
+    reason: str
+
+
+def fingerprint(t):
+    """The parts of ``t``'s fingerprint (see the module's docstring), or a ``Skip``."""
+    if _PLAIN is None:
+        _init()
+    if type(t) not in _PLAIN:
+        inner = _inner_tensors(t)
+        if inner is None:
+            return Skip(f"a {type(t).__name__} (no storage of its own to read)")
+        parts: list = []
+        for x in inner:
+            p = fingerprint(x)
+            if isinstance(p, Skip):
+                return p
+            parts.extend(p)
+        return tuple(parts)
+    if t.layout is not _STRIDED:
+        return Skip(f"{str(t.layout).replace('torch.', '')} tensors")
+    if t.is_nested:
+        return Skip("nested tensors")
+    if t.is_meta:
+        return Skip("meta tensors (no data)")
+    if not t.numel():
+        return (0,)
+    if not _readable(t):
+        return Skip("a tensor whose storage is smaller than its elements (freed or resized)")
+    if t.is_cpu and not _FORCE_DEVICE_PATH:
+        return (_cpu(t),)
+    return (_on_device(t),)
+
+
+_FORCE_DEVICE_PATH = False  # tests run the device path on CPU
+_PLAIN = None  # the plain tensor types: read directly
+_STRIDED = None
+
+
+def _init() -> None:
+    global _PLAIN, _STRIDED
+    import torch
+
+    types = {torch.Tensor, torch.nn.Parameter}
+    buffer = getattr(torch.nn, "Buffer", None)  # torch >= 2.5
+    if isinstance(buffer, type):
+        types.add(buffer)
+    _STRIDED = torch.strided
+    _PLAIN = frozenset(types)
+
+
+def _inner_tensors(t):
+    """The tensors a traceable wrapper subclass (DTensor, a ``__torch_dispatch__`` wrapper) holds, in
+    their fixed order; for another subclass, the tensor itself as a plain tensor when it has storage
+    of its own (``as_subclass``, ``_make_subclass``); None when it has none (FakeTensor,
+    FunctionalTensor)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = [getattr(t, n) for n in names]
+        return [x for x in inner if isinstance(x, _tensor_type())]  # DTensor also flattens its mesh
+    try:
+        if t.untyped_storage().device.type == "meta":  # FakeTensor: no data (and a warning, if asked its pointer)
+            return None
+        t.data_ptr()
+    except Exception:  # noqa: BLE001 — "Cannot access data pointer/storage of ..." (functional tensors)
+        return None
+    return [t.as_subclass(_tensor_type())]
+
+
+def _tensor_type():
+    import torch
+
+    return torch.Tensor
+
+
+def _readable(t) -> bool:
+    """Every element of ``t`` lies inside its storage (a storage resized to 0, as FSDP does between
+    uses, would make a read fault)."""
+    if t.is_contiguous():
+        return (t.storage_offset() + t.numel()) * t.element_size() <= t.untyped_storage().nbytes()
+    last = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if stride < 0:
+            return False
+        last += (size - 1) * stride
+    return (last + 1) * t.element_size() <= t.untyped_storage().nbytes()
+
+
+def _dense(t) -> bool:
+    """The elements of ``t`` fill one block of memory exactly, in some order of its dimensions."""
+    if t.is_contiguous():
+        return True
+    expect = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _cpu(t) -> int:
+    """The CPU fingerprint of ``t``: its block of memory read in place when its elements fill one,
+    else a contiguous copy of it made a chunk at a time."""
+    if _dense(t):
+        return _block(t.data_ptr(), t.numel() * t.element_size())
+    total = 0
+    for k, piece in enumerate(_pieces(t.detach(), CHUNK)):
+        block = piece.contiguous()
+        total = (total + _block(block.data_ptr(), block.numel() * block.element_size()) * _odd(k)) & _MASK64
+    return total
+
+
+_MASK64 = (1 << 64) - 1
+_COLS = 2048  # 4-byte words per row of the weighted sum
+
+
+def _odd(k: int) -> int:
+    """A fixed odd 64-bit constant for piece ``k`` (splitmix64 of k)."""
+    z = (k * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) | 1
+
+
+_BLOCK = 4096  # weights made a block at a time, each from its own seed: a longer table starts as a shorter did
+
+
+class _Numpy:
+    """The weights of the CPU sum, made on first use: random odd uint64 per column, and per row as many
+    as the largest tensor read so far needs."""
+
+    np = None
+    cols = None
+    rows = None
+
+    @classmethod
+    def load(cls):
+        if cls.np is None:
+            try:
+                import numpy
+            except ImportError:  # no numpy: CRC-32 instead
+                cls.np = False
+                return False
+            cls.np = numpy
+            cls.cols = cls._table(0, _COLS)
+            cls.rows = cls._table(1, _BLOCK)
+        return cls.np
+
+    @classmethod
+    def _table(cls, seed: int, n: int):
+        np = cls.np
+        blocks = [np.random.default_rng([0x5A7ED, seed, k]).integers(0, 1 << 63, _BLOCK, dtype=np.uint64) * 2 + 1
+                  for k in range(-(-n // _BLOCK))]
+        return np.concatenate(blocks)[:n]
+
+    @classmethod
+    def row_weights(cls, n: int):
+        if len(cls.rows) < n:
+            cls.rows = cls._table(1, max(n, 2 * len(cls.rows)))
+        return cls.rows
+
+
+SMALL = 1 << 14  # bytes: below this, Python's own 64-bit hash of a copy is cheaper than numpy's call
+
+
+_ROWS = 16  # rows widened at a time: a temporary of 256 KiB, which stays in cache
+
+
+def _block(ptr: int, nbytes: int) -> int:
+    """The fingerprint of ``nbytes`` of memory at ``ptr``. Up to ``SMALL`` bytes: Python's hash of
+    the bytes (SipHash, 64 bits, fixed for the process). Larger, with numpy: the 4-byte words laid out
+    as rows of 2048, widened to 64 bits a few rows at a time, and summed mod 2**64 with the weight
+    row[r] * column[c] (random and odd). A change of one word always changes the sum (an odd weight
+    times a nonzero difference below 2**32 is never 0 mod 2**64); changes of several go unseen only
+    if their weighted differences cancel: about 1 in 2**64 for random bits and at most about 1 in
+    2**32 for any pattern of changes (a difference below 2**32 has at most 31 trailing zero bits).
+    Without numpy, CRC-32."""
+    if nbytes <= SMALL:
+        return hash(ctypes.string_at(ptr, nbytes)) & _MASK64
+    memory = (ctypes.c_char * nbytes).from_address(ptr)
+    np = _Numpy.load()
+    if not np:
+        return zlib.crc32(memory)
+    words = nbytes // 4
+    a = np.frombuffer(memory, dtype=np.uint32, count=words)
+    rows = words // _COLS
+    cols, weights = _Numpy.cols, _Numpy.row_weights(rows + 1)
+    total = 0
+    if rows:
+        matrix = a[:rows * _COLS].reshape(rows, _COLS)
+        sums = np.empty(rows, dtype=np.uint64)
+        wide = np.empty((min(rows, _ROWS), _COLS), dtype=np.uint64)
+        for i in range(0, rows, _ROWS):
+            part = matrix[i:i + _ROWS]
+            w = wide[:part.shape[0]]
+            w[...] = part
+            np.matmul(w, cols, out=sums[i:i + part.shape[0]])
+        total = int(sums @ weights[:rows])
+    rest = a[rows * _COLS:]
+    if rest.size:
+        total += int(rest.astype(np.uint64) @ cols[:rest.size]) * int(weights[rows])
+    if nbytes % 4:
+        total += int.from_bytes(bytes(memory[words * 4:]), "little") * _odd(-1)
+    return total & _MASK64
+
+
+def _pieces(t, limit: int):
+    """Views of ``t`` that together cover it in order, each of at most ``limit`` elements (split along
+    the first dimension, recursively)."""
+    if t.numel() <= limit or t.dim() == 0:
+        yield t
+        return
+    row = t[0].numel()
+    if row > limit:
+        for i in range(t.shape[0]):
+            yield from _pieces(t[i], limit)
+        return
+    step = max(1, limit // max(row, 1))
+    for i in range(0, t.shape[0], step):
+        yield t[i:i + step]
+
+
+_WEIGHTS: dict = {}  # device -> CHUNK random odd int64 weights (8 MiB, made once per device)
+
+
+def _weights(device):
+    import torch
+
+    w = _WEIGHTS.get(device)
+    if w is None:
+        g = torch.Generator().manual_seed(0x5A7ED)
+        w = (torch.randint(-(1 << 62), 1 << 62, (CHUNK,), generator=g, dtype=torch.int64) | 1).to(device)
+        _WEIGHTS[device] = w
+    return w
+
+
+def _bits(t):
+    """``t``'s bit patterns as a signed integer tensor of the same element size (a view, no copy)."""
+    import torch
+
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t if t.dtype == signed else t.view(signed)
+
+
+def _on_device(t):
+    """The device fingerprint: a 0-d int64 tensor on ``t``'s device (no synchronisation)."""
+    import torch
+
+    w = _weights(t.device)
+    total = None
+    for k, piece in enumerate(_pieces(_bits(t.detach()), CHUNK)):
+        # a new tensor of at most CHUNK elements (never the tensor itself: what follows is in place)
+        h = torch.empty(piece.shape, dtype=torch.int64, device=piece.device).copy_(piece).view(-1)
+        h.mul_(_MIX)
+        h.bitwise_xor_(h.bitwise_right_shift(32).bitwise_and_(_LOW32))
+        h.mul_(w[:h.numel()])
+        s = h.sum()
+        total = s if total is None else total + s * w[k % CHUNK]
+    return total

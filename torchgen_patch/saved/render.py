@@ -1,0 +1,87 @@
+"""The saved-tensor check's renderers, one per place a finding shows: the stderr line (``warn``),
+the exception's message (``raise``), JSON (``Check.to_json()``), and the count at exit."""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import printable
+from ..vocabulary import Writer
+from .finding import Finding, Frame
+
+PREFIX = "torchgen-patch: saved tensor changed without a version bump"
+
+_WRITER = {
+    Writer.OPTIMIZER: "the optimizer {optimizer}, whose step ran between save and use (a step that writes outside "
+                      "the dispatcher moves no version)",
+    Writer.STORAGE: "`.data = ...` or `set_data()`, which gave it other storage",
+    Writer.DATA: "an in-place op on `.data` (`p.data.mul_(2)`: `.data` has a version counter of its own)",
+    Writer.ALIAS: "a numpy, DLPack or buffer alias of its memory (`.numpy()`, `torch.from_dlpack`, `np.frombuffer`, "
+                  "shared memory)",
+    Writer.KERNEL: "a C++ or Triton kernel of a library writing through `data_ptr()`",
+    Writer.HOOKS: "the program's own saved-tensor hooks gave back other contents than were saved (a recomputation "
+                  "from inputs written since, or a kernel that does not compute the same bits twice)",
+}
+
+
+def tensor(f: Finding) -> str:
+    """The tensor, as a person names it: its module path when it is a parameter or buffer."""
+    shape = f"{f.dtype}[{', '.join(map(str, f.shape))}] on {f.device}"
+    if f.name is None:
+        return f"a tensor {shape}"
+    return f"{'a view of ' if f.view else ''}`{printable(f.name)}` of {printable(f.owner or 'a module')} ({shape})"
+
+
+def _frame(frame: Frame | None) -> str:
+    return printable(frame.render()) if frame else "an unknown frame"
+
+
+def writers(f: Finding) -> str:
+    return "; ".join(_WRITER[w].format(optimizer=f.optimizer) for w in f.writers)
+
+
+def line(f: Finding) -> str:
+    """``warn``: one line on stderr per distinct finding."""
+    saved = f"saved by {f.node or 'an unknown node'} in the forward call at {_frame(f.forward)}"
+    rank = f" [rank {f.rank}]" if f.rank is not None else ""
+    return (f"{PREFIX}{rank}: {tensor(f)}, {saved}, used by the backward call at {_frame(f.backward)}; "
+            f"likely written by: {writers(f)}")
+
+
+def message(f: Finding) -> str:
+    """``raise``: the exception's message (several lines)."""
+    lines = [f"a tensor saved for backward was written while its version stayed {f.version}: autograd cannot see "
+             "the write, so backward would compute with the new contents",
+             f"  tensor:   {tensor(f)}",
+             f"  saved by: {f.node or 'an unknown node'}, in the forward call at {_frame(f.forward)}"]
+    if f.site:
+        lines.append(f"            (inside {_frame(f.site)})")
+    lines.append(f"  used by:  the backward call at {_frame(f.backward)}")
+    lines.append("  likely written by: " + writers(f))
+    if f.rank is not None:
+        lines.append(f"  rank:     {f.rank}")
+    return "\n".join(lines)
+
+
+def as_dict(f: Finding) -> dict:
+    def frame(fr):
+        return None if fr is None else {"file": fr.file, "line": fr.line, "function": fr.function}
+
+    return {"tensor": {"name": f.name, "owner": f.owner, "view": f.view, "shape": list(f.shape), "dtype": f.dtype,
+                       "device": f.device, "version": f.version},
+            "node": f.node, "forward": frame(f.forward), "site": frame(f.site), "backward": frame(f.backward),
+            "writers": [str(w) for w in f.writers], "optimizer": f.optimizer, "rank": f.rank}
+
+
+def to_json(findings: list[Finding]) -> str:
+    """Every finding, in the order found, as a JSON array."""
+    return json.dumps([as_dict(f) for f in findings], indent=2, sort_keys=True) + "\n"
+
+
+def summary(found: int, distinct: int, checked: int, skipped: dict[str, int], where: str) -> str:
+    """``warn``: the count at exit."""
+    text = (f"torchgen-patch: saved-tensor check{where}: {found} changed saved tensor{'s' if found != 1 else ''}"
+            f" ({distinct} distinct) in {checked} checked")
+    if skipped:
+        text += "; contents not read for " + ", ".join(f"{n} ({why})" for why, n in sorted(skipped.items()))
+    return text
