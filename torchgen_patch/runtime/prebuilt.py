@@ -123,10 +123,11 @@ setup(distclass=PlatformDistribution)
 """
 
 
-def make_wheel(out_dir: str, library: str, manifest: dict, opts: Options, log=sys.stderr) -> str:
+def make_wheel(out_dir: str, library: str, manifest: dict, opts: Options, log=None) -> str:
     """Pack ``library`` (a finished build) and ``manifest`` (its plan) into a wheel in ``out_dir``;
     returns the wheel's path. Built by setuptools through ``pip wheel``, with no network (no build
     isolation) and a fixed SOURCE_DATE_EPOCH, so the same build gives the same wheel bytes."""
+    log = sys.stderr if log is None else log  # the stream of the call, not the one at import
     rec = record(library, manifest, opts)
     version = wheel_version(rec["torch"])
     with tempfile.TemporaryDirectory(prefix="tgp-wheel-") as tmp:
