@@ -293,10 +293,12 @@ def test_lint_finds_the_optimizers_whose_step_autograd_cannot_see(run_cli):
     assert {op: f["rule"] for op, f in found.items()} == {
         cls + "NumpyWriter": "optimizer-step-unseen", cls + "StatefulNumpyWriter": "optimizer-step-unseen",
         cls + "DataWriter": "optimizer-step-unseen", cls + "NeedsLr": "optimizer-step-unseen",
-        cls + "PrintsInC": "optimizer-step-unseen",
+        cls + "PrintsInC": "optimizer-step-unseen", cls + "NeedsMomentum": "optimizer-step-unseen",
+        cls + "NeedsHyperparameters": "optimizer-step-unseen",
         cls + "NeedsConfig": "optimizer-not-probed", cls + "StepFails": "optimizer-not-probed",
         cls + "DoesNothing": "optimizer-not-probed", cls + "_Base": "optimizer-not-probed",
-        cls + "StepPerInstance": "optimizer-not-probed"}  # AtenWriter bumps: no finding
+        cls + "StepPerInstance": "optimizer-not-probed", cls + "MomentumDoesNotHelp": "optimizer-not-probed",
+        cls + "NeedsName": "optimizer-not-probed"}  # AtenWriter and StepNeedsMomentum bump: no finding
     msg = {op.rsplit(".", 1)[1]: f["message"] for op, f in found.items()}
     assert "without moving its version counter, so autograd cannot see the write: it writes the parameter outside " \
         "the dispatcher (C++ bound with pybind, data_ptr, numpy); " in msg["NumpyWriter"]
@@ -307,23 +309,44 @@ def test_lint_finds_the_optimizers_whose_step_autograd_cannot_see(run_cli):
     assert msg["StepFails"].endswith("not probed: its step raised RuntimeError: this optimizer needs a distributed "
                                      "group")
     assert msg["DoesNothing"].endswith("not probed: 3 probe steps changed no parameter")
-    assert msg["_Base"].endswith("not probed: its step raised NotImplementedError")  # torch's own Optimizer.step
+    assert msg["_Base"].endswith("not probed: its step raised NotImplementedError (a base class of 14 classes "
+                                 "probed here)")  # torch's own Optimizer.step
     assert msg["StepPerInstance"].endswith("not probed: its instances replace step() with a method PyTorch's "
                                            "optimizer step hooks do not wrap, so no overlay entry can cover it")
     assert found[cls + "NumpyWriter"]["path"].endswith(os.path.join("tests", "optim_fixtures.py"))
     assert found[cls + "NumpyWriter"]["line"] == 23
     assert found[cls + "DoesNothing"]["severity"] == "warning"
-    assert doc["optimizers"] == {"probed": 11, "covered_by_overlay": []}
+    assert doc["optimizers"] == {"probed": 16, "covered_by_overlay": []}
+
+
+def test_the_probe_gives_common_hyperparameters_and_switches_momentum_on(run_cli):
+    """A class with no default for a common hyperparameter gets torch's usual value; one that
+    refuses its default momentum=0, to construct or to step, is tried again with momentum=0.9; one
+    that still fails keeps its defaults' reason, and the retry's beside it."""
+    _, found, _, _ = _lint_optimizers(run_cli)
+    msg = {op.rsplit(".", 1)[1]: f["message"] for op, f in found.items()}
+    assert msg["NeedsLr"].startswith("tests.optim_fixtures.NeedsLr: its step (probed with lr=0.001) changed the "
+                                     "parameter without moving its version counter")
+    assert "its step (probed with lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0) changed the " \
+        "parameter" in msg["NeedsHyperparameters"]
+    assert "NeedsMomentum: its step (probed with momentum=0.9) changed the parameter" in msg["NeedsMomentum"]
+    assert "outside the dispatcher" in msg["NeedsMomentum"]
+    assert "StepNeedsMomentum" not in msg  # with momentum on, its aten ops bump
+    assert msg["MomentumDoesNotHelp"].endswith(
+        "not probed: could not be constructed: ValueError: this optimizer needs a mesh (momentum=0); with "
+        "momentum=0.9: could not be constructed: ValueError: this optimizer needs a mesh (momentum=0.9)")
+    assert msg["NeedsName"].endswith("not probed: could not be constructed: TypeError: NeedsName.__init__() missing "
+                                     "1 required positional argument: 'optimizer_name'")
 
 
 def test_a_class_an_entry_covers_is_reported_as_covered(run_cli, tmp_path):
     path = _overlay(tmp_path, {"tests.optim_fixtures.NumpyWriter": "[params]"})
     _, found, doc, _ = _lint_optimizers(run_cli, "--overlay", path)
     assert "tests.optim_fixtures.NumpyWriter" not in found and "tests.optim_fixtures.DataWriter" in found
-    assert doc["optimizers"] == {"probed": 11, "covered_by_overlay": ["tests.optim_fixtures.NumpyWriter"]}
+    assert doc["optimizers"] == {"probed": 16, "covered_by_overlay": ["tests.optim_fixtures.NumpyWriter"]}
     rc, out, _ = run_cli("lint", "--runtime", "--import", "tests.optim_fixtures", "--namespace", "aten",
                          "--overlay", path)
-    assert out.splitlines()[-1].endswith("; optimizer classes probed: 11, covered by the overlay: 1 "
+    assert out.splitlines()[-1].endswith("; optimizer classes probed: 16, covered by the overlay: 1 "
                                          "(tests.optim_fixtures.NumpyWriter)")
 
 
