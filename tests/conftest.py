@@ -6,7 +6,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One content-keyed cache for the whole test session (and the next one).
 os.environ.setdefault("TORCHGEN_PATCH_CACHE", os.path.join(ROOT, ".cache", "torchgen-patch"))
-# DeepSpeed's CPU optimizers (tests/test_optim.py) compile their C++ ops on first use: once, kept here.
+# DeepSpeed's CPU optimizers compile their C++ ops on first use: once (the deepspeed_ops fixture), kept here.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
 # The project's own builds treat every warning as an error (users' builds never do).
 os.environ["TORCHGEN_PATCH_EXTRA_CFLAGS"] = "-Werror"
@@ -67,3 +67,18 @@ def patched(library):
     assert not rep.refused, rep.summary()
     yield rep
     torchgen_patch.uninstall()
+
+
+@pytest.fixture(scope="session")
+def deepspeed_ops():
+    """DeepSpeed's C++ ops that its CPU optimizers use (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad,
+    DeepSpeedCPULion, FusedAdam's CPU build: tests.support.DEEPSPEED_OPS), built once per session,
+    side by side, into TORCH_EXTENSIONS_DIR (.cache/torch_extensions, kept between sessions); op ->
+    its library. Skips where deepspeed is not installed, except in CI, which installs it."""
+    from tests.support import DEEPSPEED_OPS, build_deepspeed_ops
+
+    if os.environ.get("CI") == "true":  # requirements-dev.txt: never skip there
+        import deepspeed  # noqa: F401
+    else:
+        pytest.importorskip("deepspeed")
+    return build_deepspeed_ops(DEEPSPEED_OPS)

@@ -88,3 +88,33 @@ def script(name: str) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# DeepSpeed's C++ ops that its CPU optimizers use, by the op builder that makes each: DeepSpeedCPUAdam,
+# DeepSpeedCPUAdagrad, DeepSpeedCPULion and FusedAdam's CPU build
+DEEPSPEED_OPS = {"cpu_adam": "CPUAdamBuilder", "cpu_adagrad": "CPUAdagradBuilder", "cpu_lion": "CPULionBuilder",
+                 "fused_adam": "FusedAdamBuilder"}
+
+
+def build_deepspeed_ops(names) -> dict[str, str]:
+    """DeepSpeed's ops ``names`` (keys of DEEPSPEED_OPS), built as DeepSpeed builds them on first use
+    (its op builder's load(), into TORCH_EXTENSIONS_DIR), those not built yet side by side, each in a
+    process of its own, so that the cores compile them at once; returns op -> its library."""
+    import subprocess
+    import sys
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    built = {n: os.path.join(_get_build_directory(n, False), n + ".so") for n in names}
+    procs = {n: subprocess.Popen([sys.executable, "-c", "import warnings; warnings.simplefilter('ignore'); "
+                                  f"from deepspeed.ops.op_builder import {DEEPSPEED_OPS[n]} as B; B().load()"],
+                                 cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for n, so in built.items() if not os.path.exists(so)}
+    failed = {}
+    for n, p in procs.items():
+        _, err = p.communicate()
+        if p.returncode != 0:
+            failed[n] = err[-2000:]
+    assert not failed, failed
+    return built
