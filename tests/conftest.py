@@ -73,7 +73,8 @@ def patched(library):
 def deepspeed_ops():
     """DeepSpeed's C++ ops that its CPU optimizers use (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad,
     DeepSpeedCPULion, FusedAdam's CPU build: tests.support.DEEPSPEED_OPS), built once per session,
-    side by side, into TORCH_EXTENSIONS_DIR (.cache/torch_extensions, kept between sessions); op ->
+    side by side, into TORCH_EXTENSIONS_DIR (.cache/torch_extensions, kept between sessions), and
+    started as soon as the session's tests are collected (pytest_collection_finish below); op ->
     its library. Skips where deepspeed is not installed, except in CI, which installs it."""
     from tests.support import DEEPSPEED_OPS, build_deepspeed_ops
 
@@ -82,3 +83,24 @@ def deepspeed_ops():
     else:
         pytest.importorskip("deepspeed")
     return build_deepspeed_ops(DEEPSPEED_OPS)
+
+
+def pytest_collection_finish(session):
+    """DeepSpeed's ops start building as soon as the session knows that a test of it needs them
+    (deepspeed_ops), so that they compile beside the tests that run first (a serial test run leaves
+    one of two cores idle most of the time); the fixture then waits for what is left."""
+    import importlib.util
+
+    if session.config.option.collectonly or importlib.util.find_spec("deepspeed") is None:
+        return
+    if any("deepspeed_ops" in getattr(item, "fixturenames", ()) for item in session.items):
+        from tests.support import DEEPSPEED_OPS, start_deepspeed_builds
+
+        start_deepspeed_builds(DEEPSPEED_OPS)
+
+
+def pytest_sessionfinish(session):
+    """Builds a session started and no test waited for (a run stopped early) do not outlive it."""
+    from tests.support import cancel_deepspeed_builds
+
+    cancel_deepspeed_builds()

@@ -94,27 +94,76 @@ def script(name: str) -> types.ModuleType:
 # DeepSpeedCPUAdagrad, DeepSpeedCPULion and FusedAdam's CPU build
 DEEPSPEED_OPS = {"cpu_adam": "CPUAdamBuilder", "cpu_adagrad": "CPUAdagradBuilder", "cpu_lion": "CPULionBuilder",
                  "fused_adam": "FusedAdamBuilder"}
+_BUILDING: dict = {}  # op -> (the process building it, the file its stderr goes to)
+
+
+def _deepspeed_library(name: str) -> str:
+    from torch.utils.cpp_extension import _get_build_directory  # where torch's JIT loader (DeepSpeed's) builds
+
+    return os.path.join(_get_build_directory(name, False), name + ".so")
+
+
+def start_deepspeed_builds(names) -> None:
+    """Start building those of DeepSpeed's ops ``names`` (keys of DEEPSPEED_OPS) that are neither
+    built nor being built, as DeepSpeed builds them on first use (its op builder's load(), into
+    TORCH_EXTENSIONS_DIR), each in a process (and process group) of its own; returns at once."""
+    import subprocess
+    import sys
+    import tempfile
+
+    for n in names:
+        if n in _BUILDING or os.path.exists(_deepspeed_library(n)):
+            continue
+        err = tempfile.TemporaryFile()
+        code = f"import warnings; warnings.simplefilter('ignore'); from deepspeed.ops.op_builder import " \
+               f"{DEEPSPEED_OPS[n]} as B; B().load()"
+        _BUILDING[n] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
+                                        start_new_session=True), err
 
 
 def build_deepspeed_ops(names) -> dict[str, str]:
-    """DeepSpeed's ops ``names`` (keys of DEEPSPEED_OPS), built as DeepSpeed builds them on first use
-    (its op builder's load(), into TORCH_EXTENSIONS_DIR), those not built yet side by side, each in a
-    process of its own, so that the cores compile them at once; returns op -> its library."""
-    import subprocess
-    import sys
-
-    from torch.utils.cpp_extension import _get_build_directory
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    built = {n: os.path.join(_get_build_directory(n, False), n + ".so") for n in names}
-    procs = {n: subprocess.Popen([sys.executable, "-c", "import warnings; warnings.simplefilter('ignore'); "
-                                  f"from deepspeed.ops.op_builder import {DEEPSPEED_OPS[n]} as B; B().load()"],
-                                 cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for n, so in built.items() if not os.path.exists(so)}
+    """DeepSpeed's ops ``names`` built (start_deepspeed_builds, then waited for); op -> its library."""
+    start_deepspeed_builds(names)
     failed = {}
-    for n, p in procs.items():
-        _, err = p.communicate()
-        if p.returncode != 0:
-            failed[n] = err[-2000:]
+    for n in names:
+        proc, err = _BUILDING.get(n, (None, None))
+        if proc is not None and proc.wait() != 0:
+            err.seek(0)
+            failed[n] = err.read()[-2000:].decode(errors="replace")
     assert not failed, failed
-    return built
+    return {n: _deepspeed_library(n) for n in names}
+
+
+def cancel_deepspeed_builds() -> None:
+    """Stop the builds still running, as Ctrl-C would (SIGINT to each one's process group, so that
+    torch's loader releases its build directory's lock file), wait for them, and end what they
+    leave behind: ninja runs each compiler in a process group of its own, within the builder's
+    session."""
+    import signal
+
+    running = [proc.pid for proc, _ in _BUILDING.values() if proc.poll() is None]
+    for pid in running:
+        os.killpg(pid, signal.SIGINT)
+    for proc, err in _BUILDING.values():
+        proc.wait()
+        err.close()
+    _BUILDING.clear()
+    for pid in _in_sessions(set(running)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _in_sessions(sessions: set[int]) -> list[int]:
+    """The processes whose session is one of ``sessions`` (Linux's /proc)."""
+    found = []
+    for d in os.listdir("/proc") if sessions else ():
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()  # after the command: state ppid pgrp session
+        except (OSError, IndexError):
+            continue
+        if d.isdigit() and int(fields[3]) in sessions:
+            found.append(int(d))
+    return found

@@ -1,8 +1,8 @@
 """Optimizers that write outside the dispatcher: the overlay's optimizer entries (validated
 strictly), applied by install() and run through PyTorch's optimizer step hooks (exactly one bump
 per written tensor per step, none where the step moved the version, no other optimizer touched),
-the lint's probe step that finds such optimizers, and the shipped entries for DeepSpeed's CPU
-optimizers, with the real library."""
+the lint's probe step that finds such optimizers, and the shipped entries (DeepSpeed's CPU
+optimizers and FusedAdam's CPU build, bitsandbytes' optimizers), with the real libraries."""
 
 from __future__ import annotations
 
@@ -357,58 +357,50 @@ def test_what_a_probed_class_prints_stays_off_the_report():
 
 
 # --- the shipped entries, with the real libraries: DeepSpeed's CPU optimizers, bitsandbytes' ------
+# (the tests that need DeepSpeed's ops come last: the session builds them meanwhile, deepspeed_ops)
 
 SHIPPED = ov.load_runtime(shipped_overlay()).optimizers
 STEPS = 4  # training steps of the bit-identical comparison
 
 
-def _cases():
-    """(class, keywords) for every shipped entry: DeepSpeedCPUAdam in both adamw_mode settings;
-    bitsandbytes' SGD and LARS refuse to run without momentum."""
+def _cases(library: str):
+    """(class, keywords) for every shipped entry of ``library``: DeepSpeedCPUAdam in both adamw_mode
+    settings; bitsandbytes' SGD and LARS refuse to run without momentum."""
     for path in SHIPPED:
         name = path.rsplit(".", 1)[1]
+        if path.split(".")[0] != library:
+            continue
         if name == "DeepSpeedCPUAdam":
             yield from ((path, {"adamw_mode": True}), (path, {"adamw_mode": False}))
-        elif path.startswith("bitsandbytes."):
+        elif library == "bitsandbytes":
             yield path, {"lr": 0.01, **({"momentum": 0.9} if name.startswith(("SGD", "LARS")) else {})}
         else:
             yield path, {}
 
 
-CASES = list(_cases())
-IDS = [".".join(p.split(".")[-2:]) + "".join(f"-{k}={v}" for k, v in kw.items() if k == "adamw_mode")
-       for p, kw in CASES]
-BNB = [(p, kw) for p, kw in CASES if p.startswith("bitsandbytes.")]
+def _ids(cases):
+    return [".".join(p.split(".")[-2:]) + "".join(f"-{k}={v}" for k, v in kw.items() if k == "adamw_mode")
+            for p, kw in cases]
+
+
+BNB, DEEPSPEED = list(_cases("bitsandbytes")), list(_cases("deepspeed"))
 DEEPSPEED_ENTRIES = sorted(p for p in SHIPPED if p.startswith("deepspeed."))
 # the modules that define DeepSpeed's entries' classes: the lint probes these (deepspeed.ops.adam
 # would also step its ZenFlow optimizers)
 DEEPSPEED_MODULES = sorted({p.rpartition(".")[0] for p in DEEPSPEED_ENTRIES})
 
 
-def _need(library: str):
-    """``library`` imported; CI installs every library of a shipped entry (requirements-dev.txt),
-    so only elsewhere does a missing one skip."""
+def _class(path: str):
+    """The class ``path`` names. CI installs every library of a shipped entry (requirements-dev.txt),
+    so only elsewhere does a missing one skip; DeepSpeed's classes need its ops (deepspeed_ops)
+    before they are stepped."""
     import importlib
 
-    if os.environ.get("CI") == "true":
-        return importlib.import_module(library)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pytest.importorskip(library)
-
-
-def _class(request, path: str, ops: bool = True):
-    """The class ``path`` names, its library ready: DeepSpeed's ops built (the session's
-    deepspeed_ops; ``ops=False``: only imported), any other library imported."""
-    import importlib
-
-    if path.startswith("deepspeed.") and ops:
-        request.getfixturevalue("deepspeed_ops")
-    else:
-        _need(path.split(".")[0])
     module, _, name = path.rpartition(".")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if os.environ.get("CI") != "true":
+            pytest.importorskip(path.split(".")[0])
         return getattr(importlib.import_module(module), name)
 
 
@@ -423,21 +415,12 @@ def _train(cls, kw, steps=STEPS):
         [p._version for p in model.parameters()]
 
 
-def test_every_shipped_entry_names_an_optimizer_class_where_it_is_defined(request):
-    assert len(SHIPPED) >= 41 and {p.split(".")[0] for p in SHIPPED} == {"deepspeed", "bitsandbytes"}
-    for path, entry in SHIPPED.items():
-        cls = _class(request, path, ops=False)
-        assert issubclass(cls, torch.optim.Optimizer) and f"{cls.__module__}.{cls.__qualname__}" == path
-        assert entry.writes == ("params",) and entry.reason.strip()
-
-
-@pytest.mark.parametrize("path,kw", CASES, ids=IDS)
-def test_a_shipped_entry_makes_a_step_before_backward_raise_and_changes_no_result(request, tmp_path, path, kw):
+def _entry_checks(tmp_path, path, kw):
     """With every shipped entry but this one, the stepped parameter is used silently; with the
     shipped overlay (plain install(), as run has it) autograd raises; training gives the same losses
     and bits, each parameter one version further a step. 64x64: bitsandbytes' 8-bit optimizers use
     their 8-bit states."""
-    cls = _class(request, path)
+    cls = _class(path)
     without = _overlay(tmp_path, {c: "[params]" for c in SHIPPED if c != path})
     seen = {}
     for overlay in (without, None):  # None: the shipped overlay
@@ -455,10 +438,23 @@ def test_a_shipped_entry_makes_a_step_before_backward_raise_and_changes_no_resul
     assert versions == [v + STEPS for v in want_versions]
 
 
-def test_with_bitsandbytes_runtime_ops_as_well_each_parameter_moves_once_a_step(request):
+def test_every_shipped_entry_names_an_optimizer_class_where_it_is_defined():
+    assert len(SHIPPED) == len(BNB) + len(DEEPSPEED) - 1 == 41  # DeepSpeedCPUAdam twice in DEEPSPEED
+    for path, entry in SHIPPED.items():
+        cls = _class(path)
+        assert issubclass(cls, torch.optim.Optimizer) and f"{cls.__module__}.{cls.__qualname__}" == path
+        assert entry.writes == ("params",) and entry.reason.strip()
+
+
+@pytest.mark.parametrize("path,kw", BNB, ids=_ids(BNB))
+def test_a_shipped_bitsandbytes_entry_makes_a_step_before_backward_raise_and_changes_no_result(tmp_path, path, kw):
+    _entry_checks(tmp_path, path, kw)
+
+
+def test_with_bitsandbytes_runtime_ops_as_well_each_parameter_moves_once_a_step():
     """run --runtime-op 'bitsandbytes::*' bumps inside the step; the entries then see the version
     moved and add nothing."""
-    classes = [(_class(request, path), kw) for path, kw in BNB]
+    classes = [(_class(path), kw) for path, kw in BNB]
     rep = torchgen_patch.install(backend="python", runtime_ops=["bitsandbytes::*"])
     try:
         assert "bitsandbytes::optimizer_update_32bit" in rep.registered and rep.optimizers == sorted(SHIPPED)
@@ -471,8 +467,42 @@ def test_with_bitsandbytes_runtime_ops_as_well_each_parameter_moves_once_a_step(
         torchgen_patch.uninstall()
 
 
-def test_deepspeed_adagrads_sparse_step_moves_the_version_itself_and_is_not_bumped_again(request):
-    cls = _class(request, "deepspeed.ops.adagrad.cpu_adagrad.DeepSpeedCPUAdagrad")
+def _lint_unseen(run_cli, *args) -> tuple[dict, dict]:
+    """lint --runtime's optimizer rule, with the shipped overlay and with none: (the doc with it,
+    class -> message of each unseen finding without it)."""
+    rc, out, _ = run_cli("lint", "--runtime", *args, "--format", "json", "--no-overlay")
+    unseen = {f["op"]: f["message"] for f in json.loads(out)["findings"] if f["rule"] == "optimizer-step-unseen"}
+    rc, out, _ = run_cli("lint", "--runtime", *args, "--format", "json")
+    return json.loads(out), unseen
+
+
+def test_lint_finds_bitsandbytes_optimizers_and_the_shipped_entries_cover_exactly_them(run_cli):
+    """Every class the rule finds unseen has an entry, and nothing else; those it cannot probe are
+    bitsandbytes' bases (they need optimizer_name or defaults, which only their subclasses give) and
+    its 32-bit AdEMAMix, whose step fails in bitsandbytes' own CPU backend (tests/test_ecosystem.py)."""
+    _class("bitsandbytes.optim.Adam")
+    doc, unseen = _lint_unseen(run_cli, "--import", "bitsandbytes", "--namespace", "bitsandbytes")
+    assert sorted(unseen) == sorted(p for p, _ in BNB) and len(unseen) == 37
+    assert all("through bitsandbytes::optimizer_update_32bit" in m for m in unseen.values())
+    assert "(probed with lr=0.001, momentum=0.9)" in unseen["bitsandbytes.optim.sgd.SGD8bit"]
+    assert not any(f["rule"] == "optimizer-step-unseen" for f in doc["findings"])
+    assert sorted(doc["optimizers"]["covered_by_overlay"]) == sorted(unseen)
+    not_probed = {f["op"].rsplit(".", 1)[1]: f["message"] for f in doc["findings"]
+                  if f["rule"] == "optimizer-not-probed"}
+    assert sorted(not_probed) == ["AdEMAMix32bit", "Optimizer1State", "Optimizer2State", "Optimizer8bit",
+                                  "PagedAdEMAMix32bit"]
+    assert all("doesn't match the broadcast shape" in m for n, m in not_probed.items() if "AdEMAMix" in n)
+    assert all("(a base class of " in m for n, m in not_probed.items() if n.startswith("Optimizer"))
+
+
+@pytest.mark.parametrize("path,kw", DEEPSPEED, ids=_ids(DEEPSPEED))
+def test_a_shipped_deepspeed_entry_makes_a_step_before_backward_raise_and_changes_no_result(deepspeed_ops, tmp_path,
+                                                                                            path, kw):
+    _entry_checks(tmp_path, path, kw)
+
+
+def test_deepspeed_adagrads_sparse_step_moves_the_version_itself_and_is_not_bumped_again(deepspeed_ops):
+    cls = _class("deepspeed.ops.adagrad.cpu_adagrad.DeepSpeedCPUAdagrad")
 
     def step():
         p = torch.nn.Parameter(torch.randn(8, 4))
@@ -491,14 +521,14 @@ def test_deepspeed_adagrads_sparse_step_moves_the_version_itself_and_is_not_bump
         torchgen_patch.uninstall()
 
 
-@pytest.mark.parametrize("path", ["deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam", "bitsandbytes.optim.adam.Adam8bit"])
-def test_without_the_entries_install_changes_nothing(request, path):
-    cls = _class(request, path)
+def test_without_the_entries_install_changes_nothing(deepspeed_ops):
+    classes = [_class(p) for p in ("deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam", "bitsandbytes.optim.adam.Adam8bit")]
     rep = torchgen_patch.install(ONE_OP, backend="python", no_overlay=True)
     try:
         assert rep.optimizers == []
-        p, loss = _stale(cls, (64, 64))
-        assert p._version == 0 and not _raises(loss)
+        for cls in classes:
+            p, loss = _stale(cls, (64, 64))
+            assert p._version == 0 and not _raises(loss), cls
     finally:
         torchgen_patch.uninstall()
 
@@ -525,13 +555,13 @@ STALE_PROGRAM = textwrap.dedent("""
 
 
 @pytest.mark.build
-def test_under_run_a_step_before_backward_raises_with_the_entries_and_is_silent_without(request, library):
+def test_under_run_a_step_before_backward_raises_with_the_entries_and_is_silent_without(library, deepspeed_ops):
     """DeepSpeedCPUAdam in both modes and two of bitsandbytes' (each library a process imports costs
     seconds: the other classes are the in-process tests' above)."""
-    cases = [c for c in CASES if c[0].endswith(("DeepSpeedCPUAdam", ".Adam8bit", ".LARS"))]
+    cases = [c for c in DEEPSPEED + BNB if c[0].endswith(("DeepSpeedCPUAdam", ".Adam8bit", ".LARS"))]
     assert len(cases) == 4
     for path, _ in cases:
-        _class(request, path)
+        _class(path)
     code = STALE_PROGRAM.format(cases=cases)
     env = dict(os.environ, PYTHONPATH=ROOT)
 
@@ -549,15 +579,6 @@ def test_under_run_a_step_before_backward_raises_with_the_entries_and_is_silent_
     assert "; 0 optimizer entries active, in pid" in err
 
 
-def _lint_unseen(run_cli, *args) -> tuple[dict, dict]:
-    """lint --runtime's optimizer rule, with the shipped overlay and with none: (the doc with it,
-    class -> message of each unseen finding without it)."""
-    rc, out, _ = run_cli("lint", "--runtime", *args, "--format", "json", "--no-overlay")
-    unseen = {f["op"]: f["message"] for f in json.loads(out)["findings"] if f["rule"] == "optimizer-step-unseen"}
-    rc, out, _ = run_cli("lint", "--runtime", *args, "--format", "json")
-    return json.loads(out), unseen
-
-
 def test_lint_finds_deepspeeds_cpu_optimizers_and_the_shipped_entries_cover_exactly_them(run_cli, deepspeed_ops):
     doc, unseen = _lint_unseen(run_cli, *[a for m in DEEPSPEED_MODULES for a in ("--import", m)], "--namespace",
                                "aten")
@@ -565,22 +586,3 @@ def test_lint_finds_deepspeeds_cpu_optimizers_and_the_shipped_entries_cover_exac
     assert all("outside the dispatcher" in m for m in unseen.values())
     assert not any(f["rule"] == "optimizer-step-unseen" for f in doc["findings"])
     assert sorted(doc["optimizers"]["covered_by_overlay"]) == DEEPSPEED_ENTRIES
-
-
-def test_lint_finds_bitsandbytes_optimizers_and_the_shipped_entries_cover_exactly_them(run_cli):
-    """Every class the rule finds unseen has an entry, and nothing else; those it cannot probe are
-    bitsandbytes' bases (they need optimizer_name or defaults, which only their subclasses give) and
-    its 32-bit AdEMAMix, whose step fails in bitsandbytes' own CPU backend (tests/test_ecosystem.py)."""
-    _need("bitsandbytes")
-    doc, unseen = _lint_unseen(run_cli, "--import", "bitsandbytes", "--namespace", "bitsandbytes")
-    assert sorted(unseen) == sorted(p for p, _ in BNB) and len(unseen) == 37
-    assert all("through bitsandbytes::optimizer_update_32bit" in m for m in unseen.values())
-    assert "(probed with lr=0.001, momentum=0.9)" in unseen["bitsandbytes.optim.sgd.SGD8bit"]
-    assert not any(f["rule"] == "optimizer-step-unseen" for f in doc["findings"])
-    assert sorted(doc["optimizers"]["covered_by_overlay"]) == sorted(unseen)
-    not_probed = {f["op"].rsplit(".", 1)[1]: f["message"] for f in doc["findings"]
-                  if f["rule"] == "optimizer-not-probed"}
-    assert sorted(not_probed) == ["AdEMAMix32bit", "Optimizer1State", "Optimizer2State", "Optimizer8bit",
-                                  "PagedAdEMAMix32bit"]
-    assert all("doesn't match the broadcast shape" in m for n, m in not_probed.items() if "AdEMAMix" in n)
-    assert all("(a base class of " in m for n, m in not_probed.items() if n.startswith("Optimizer"))
