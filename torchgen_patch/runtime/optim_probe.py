@@ -62,12 +62,13 @@ def probe_modules(modules: list[str], entries: dict) -> list[StepProbe]:
 
 
 def _as_base(p: StepProbe, cls: type, classes: list[type]) -> StepProbe:
-    """A class not probed that others probed here derive from says so: a base class that needs what
-    only its subclasses give (bitsandbytes' Optimizer1State, its ``optimizer_name``)."""
+    """A class not probed that classes probed here derive from says so: often a base class that
+    needs what only its subclasses give (bitsandbytes' Optimizer1State, its ``optimizer_name``)."""
     n = sum(1 for c in classes if c is not cls and issubclass(c, cls))
     if p.outcome != StepOutcome.NOT_RUN or not n:
         return p
-    return replace(p, detail=f"{p.detail} (a base class of {n} {'class' if n == 1 else 'classes'} probed here)")
+    return replace(p, detail=f"{p.detail} ({n} {'class' if n == 1 else 'classes'} probed here derive"
+                             f"{'s' if n == 1 else ''} from it)")
 
 
 def optimizer_classes(modules: list[str]) -> list[type]:
