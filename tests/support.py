@@ -94,7 +94,7 @@ def script(name: str) -> types.ModuleType:
 # DeepSpeedCPUAdagrad, DeepSpeedCPULion and FusedAdam's CPU build
 DEEPSPEED_OPS = {"cpu_adam": "CPUAdamBuilder", "cpu_adagrad": "CPUAdagradBuilder", "cpu_lion": "CPULionBuilder",
                  "fused_adam": "FusedAdamBuilder"}
-_BUILDING: dict = {}  # op -> (the process building it, the file its stderr goes to)
+_BUILDING: dict = {}  # op -> (the process building it and maybe others, the file its stderr goes to)
 
 
 def _deepspeed_library(name: str) -> str:
@@ -106,19 +106,24 @@ def _deepspeed_library(name: str) -> str:
 def start_deepspeed_builds(names) -> None:
     """Start building those of DeepSpeed's ops ``names`` (keys of DEEPSPEED_OPS) that are neither
     built nor being built, as DeepSpeed builds them on first use (its op builder's load(), into
-    TORCH_EXTENSIONS_DIR), each in a process (and process group) of its own; returns at once."""
+    TORCH_EXTENSIONS_DIR, its flags); returns at once. One process (and process group) per core
+    builds its share of them one after another, one compiler each: a compiler of these takes about
+    2 GB, so no more run at once than there are cores (on many cores, each build gets several)."""
     import subprocess
     import sys
     import tempfile
 
-    for n in names:
-        if n in _BUILDING or os.path.exists(_deepspeed_library(n)):
-            continue
+    todo = sorted(n for n in names if n not in _BUILDING and not os.path.exists(_deepspeed_library(n)))
+    cores = len(os.sched_getaffinity(0))
+    slots = min(cores, len(todo))
+    jobs = os.environ.get("MAX_JOBS") or str(max(1, cores // max(1, len(todo))))  # torch's ninja reads it
+    for share in (todo[k::slots] for k in range(slots)):
         err = tempfile.TemporaryFile()
-        code = f"import warnings; warnings.simplefilter('ignore'); from deepspeed.ops.op_builder import " \
-               f"{DEEPSPEED_OPS[n]} as B; B().load()"
-        _BUILDING[n] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
-                                        start_new_session=True), err
+        code = "import warnings; warnings.simplefilter('ignore'); import deepspeed.ops.op_builder as b; " + \
+            "; ".join(f"b.{DEEPSPEED_OPS[n]}().load()" for n in share)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
+                                env=dict(os.environ, MAX_JOBS=jobs), start_new_session=True)
+        _BUILDING.update({n: (proc, err) for n in share})
 
 
 def build_deepspeed_ops(names) -> dict[str, str]:
@@ -141,10 +146,11 @@ def cancel_deepspeed_builds() -> None:
     session."""
     import signal
 
-    running = [proc.pid for proc, _ in _BUILDING.values() if proc.poll() is None]
+    procs = {proc.pid: (proc, err) for proc, err in _BUILDING.values()}  # a process builds several ops
+    running = [pid for pid, (proc, _) in procs.items() if proc.poll() is None]
     for pid in running:
         os.killpg(pid, signal.SIGINT)
-    for proc, err in _BUILDING.values():
+    for proc, err in procs.values():
         proc.wait()
         err.close()
     _BUILDING.clear()
