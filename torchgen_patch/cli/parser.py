@@ -265,6 +265,25 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the command to run, after --")
 
+    e = sub.add_parser("enable", help="patch every Python process of this environment that imports torch, whatever "
+                                      "starts it (a .pth file in its site-packages)",
+                       description="Writes torchgen_patch_enable.pth into this Python environment's site-packages: "
+                                   "each Python process of the environment (torchrun's and accelerate's workers, "
+                                   "Jupyter kernels, subprocesses with a clean environment, python -I and -E; not "
+                                   "-S) then gets the kernels right after its first `import torch`, and says so in "
+                                   "one line (-q: only when the patch is NOT active or an op was refused). The "
+                                   "library is built now; each process pays the install step only. Undone by "
+                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch`.")
+    _inputs(e, checkout=False)
+    e.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
+    e.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
+    _output(e, compiles=True)
+    dis = sub.add_parser("disable", help="undo enable: remove its file from this environment's site-packages")
+    _output(dis)
+    st = sub.add_parser("status", help="say whether this environment is enabled, and whether the file is what this "
+                                       "torchgen-patch writes (exit 0 enabled, 1 not)")
+    _output(st)
+
     d = sub.add_parser("diff", help="write a unified diff that fixes (or guards) PyTorch's own codegen")
     d.add_argument("--pytorch-root", required=True, metavar="DIR", help="a PyTorch source checkout")
     d.add_argument("--mode", choices=("fix", "error"), default="fix",
