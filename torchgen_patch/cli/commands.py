@@ -369,9 +369,9 @@ def enable(args) -> int:
     from .. import pipeline
     from ..runtime import enable as en
 
-    _needs_torch("enable")  # the library is built now, against this environment's torch
     site = en.site_dir()
     en.check_writable(site)  # before any work: a read-only environment costs nothing
+    _needs_torch("enable")  # the library is built now, against this environment's torch
     opts = options(args)
     args.op = qualified(args.op)
     if args.op or opts.native_functions or opts.tags or opts.overlay:

@@ -148,6 +148,13 @@ def options(args: argparse.Namespace) -> Options:
 BACKEND = "cpp: the compiled kernels (default); python: torch.library kernels, no compiler needed"
 
 
+def _patching(p: argparse.ArgumentParser) -> None:
+    """What `run` and `enable` install in each process: the inputs, the backend, the ops."""
+    _inputs(p, checkout=False)
+    p.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
+    p.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
+
+
 def parser() -> argparse.ArgumentParser:
     from ..version import __version__
 
@@ -251,14 +258,15 @@ def parser() -> argparse.ArgumentParser:
                                    "right after that process first imports torch (so settings made before "
                                    "`import torch` act as without run); the library is built once, by the first "
                                    "process that needs it. Passes the exit code through. python -I, -E and -S "
-                                   "would skip the patch and are refused. "
+                                   "would skip the patch and are refused (also through env and a script's #! "
+                                   "line); a process the program starts that way, or with an environment of its "
+                                   "own, is named in one line on stderr. "
                                    "Example: torchgen-patch run --runtime-op 'bitsandbytes::*' --import "
                                    "bitsandbytes -- python train.py")
-    _inputs(r, checkout=False)
-    r.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
-    r.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
+    _patching(r)
     r.add_argument("--runtime-op", dest="runtime_ops", action="append", default=[], metavar="PATTERN",
-                   help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; repeatable)")
+                   help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; "
+                        "repeatable), defined by the modules of --import; checked before the program starts")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
     _output(r, compiles=True)
@@ -274,9 +282,7 @@ def parser() -> argparse.ArgumentParser:
                                    "one line (-q: only when the patch is NOT active or an op was refused). The "
                                    "library is built now; each process pays the install step only. Undone by "
                                    "`torchgen-patch disable` and by `pip uninstall torchgen-patch`.")
-    _inputs(e, checkout=False)
-    e.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
-    e.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
+    _patching(e)
     _output(e, compiles=True)
     dis = sub.add_parser("disable", help="undo enable: remove its file from this environment's site-packages")
     _output(dis)

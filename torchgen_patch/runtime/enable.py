@@ -228,27 +228,40 @@ def _recorded(site: str) -> bool | None:
     record = _record_path(site)
     if record is None:
         return None
-    return any(row and row[0] == FILE for row in _rows(record))
+    return any(_names(line) == FILE for line in _lines(record))
 
 
-def _rows(record: str) -> list[list[str]]:
+def _lines(record: str) -> list[str]:
     try:
         with open(record, newline="", encoding="utf-8") as fh:
-            return list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error):
+            return fh.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
         return []
 
 
+def _names(line: str) -> str | None:
+    """The path a RECORD line names (its first CSV field)."""
+    try:
+        row = next(csv.reader([line]), None)
+    except csv.Error:
+        return None
+    return row[0] if row else None
+
+
 def _record_with(record: str, data: bytes | None) -> bytes:
-    """RECORD's text without this file's row, and with its row for ``data`` (None: without)."""
-    rows = [r for r in _rows(record) if r and r[0] != FILE]
+    """RECORD as it is, byte for byte, without this file's line, and with its line for ``data``
+    (None: without), ended as RECORD's own lines are."""
+    lines = _lines(record)
+    kept = [line for line in lines if _names(line) != FILE]
     if data is not None:
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        rows.append([FILE, f"sha256={digest}", str(len(data))])
-    out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows(rows)
-    return out.getvalue().encode()
-
+        end = next((line[len(line.rstrip("\r\n")):] for line in lines if line.rstrip("\r\n") != line), "\n")
+        if kept and kept[-1].rstrip("\r\n") == kept[-1]:
+            kept[-1] += end
+        out = io.StringIO()
+        csv.writer(out, lineterminator=end).writerow([FILE, f"sha256={digest}", str(len(data))])
+        kept.append(out.getvalue())
+    return "".join(kept).encode()
 
 def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, verbose: bool = False,
              log=None) -> tuple[dict, str]:
