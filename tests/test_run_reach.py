@@ -98,7 +98,7 @@ def test_a_program_that_resets_the_import_machinery_is_still_patched(tmp_path, p
     (tmp_path / "p.py").write_text(prog)
     r = tgp_run("--backend", "python", "--op", "aten::_cummax_helper", "--", PY, tmp_path / "p.py")
     assert (r.returncode, r.stdout) == (0, expected), r.stderr
-    assert "1 kernel active (python)" in r.stderr
+    assert "1 kernels active (python)" in r.stderr
 
 
 def test_torch_imported_past_the_hook_with_nothing_after_it_is_said_at_exit(tmp_path):
@@ -188,7 +188,7 @@ def test_stderr_redirected_to_a_write_only_sink_during_a_build(tmp_path, default
     assert r.returncode == 0 and r.stderr == "", r.stderr
     ops, last = r.stdout.strip().split("] ", 1)
     assert ops == "['aten::_cummin_helper'" and re.fullmatch(
-        r"'torchgen-patch: 1 kernel active \(cpp\), 0 refused, built now, in pid \d+ \(p\.py\)'", last), r.stdout
+        r"'torchgen-patch: 1 kernels active \(cpp\), 0 refused, built now, in pid \d+ \(p\.py\)'", last), r.stdout
 
 
 @pytest.mark.parametrize("value,why", [

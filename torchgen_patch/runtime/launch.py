@@ -21,7 +21,6 @@ the key of everything it read, so a second launch costs a cache read.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -106,7 +105,7 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
     checks them (or the cache has its verdict)."""
     spec = launch_spec(opts, backend, ops, runtime_ops, imports, verbose=verbose, quiet=quiet)
     if runtime_ops:
-        spec["boxed"] = _runtime_check(spec)
+        spec["runtime_ops"], spec["boxed"] = _runtime_check(spec)
     user = os.environ.get("PYTHONPATH")
     env = {ENV: json.dumps(spec), "PYTHONPATH": SITE + os.pathsep + user if user else SITE}
     if os.environ.get(cache.ENV):  # absolute: a process that starts in another directory finds the same cache
@@ -117,20 +116,22 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
 # ---- the --runtime-op check: in a separate process, its verdict cached by key ---------------------
 
 
-def _runtime_check(spec: dict) -> str | None:
-    """The boxed library for the spec's runtime ops (None for the Python backend), once the patterns
-    and --import modules passed the check; from the cache when nothing it read has changed."""
+def _runtime_check(spec: dict) -> tuple[list[str], str | None]:
+    """The spec's runtime ops with their patterns expanded, and the boxed library for them (None for
+    the Python backend), once the patterns and --import modules passed the check; from the cache
+    when nothing it read has changed."""
     key = _check_key(spec)
     name = f"runtime-check-{key[:32]}.json" if key else None
     hit = cache.read(name) if name else None
-    if isinstance(hit, dict) and set(hit) == {"boxed"} and (hit["boxed"] is None or (
+    if isinstance(hit, dict) and set(hit) == {"ops", "boxed"} and isinstance(hit["ops"], list) and \
+            all(isinstance(o, str) and "::" in o for o in hit["ops"]) and (hit["boxed"] is None or (
             isinstance(hit["boxed"], str) and os.path.isfile(hit["boxed"]))):
         cache.note(f"--runtime-op check: the cached verdict ({name})")
-        return hit["boxed"]
-    boxed = _checked_elsewhere(spec)
+        return hit["ops"], hit["boxed"]
+    ops, boxed = _checked_elsewhere(spec)
     if name:
-        cache.write(name, {"boxed": boxed})
-    return boxed
+        cache.write(name, {"ops": ops, "boxed": boxed})
+    return ops, boxed
 
 
 def _check_key(spec: dict) -> str | None:
@@ -192,7 +193,7 @@ def _stamp(spec) -> str:
     return "\n".join(out)
 
 
-def _checked_elsewhere(spec: dict) -> str | None:
+def _checked_elsewhere(spec: dict) -> tuple[list[str], str | None]:
     """Run ``_check_main`` in a separate Python (this one's), so the parent never imports torch; its
     error comes back as this process's error (same message, same exit code)."""
     import subprocess
@@ -212,7 +213,7 @@ def _checked_elsewhere(spec: dict) -> str | None:
         if e["code"] == 3:
             raise EnvironmentProblem(e["message"], e["hint"])
         raise InputError(e["path"], e["line"], e["message"], e["hint"])
-    return answer["boxed"]
+    return answer["ops"], answer["boxed"]
 
 
 def _check_main() -> None:
@@ -229,9 +230,9 @@ def _check_main() -> None:
         require_torch("--runtime-op")  # from the tool's own path, before the current directory is on it
         with _silenced(), _current_directory_first():
             import_modules(spec["imports"])
-        _check_runtime_ops(spec["runtime_ops"], Options(**spec["options"]))
+        ops = _check_runtime_ops(spec["runtime_ops"], Options(**spec["options"]))
         boxed = build_boxed(verbose=spec["verbose"], log=log_for(spec)).path if spec["backend"] == "cpp" else None
-        answer = {"boxed": boxed}
+        answer = {"ops": ops, "boxed": boxed}
     except InputError as e:
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,
                             "code": e.exit_code}}
@@ -241,8 +242,9 @@ def _check_main() -> None:
 IMPORT_HINT = "the module that defines {} goes in --import MOD"
 
 
-def _check_runtime_ops(names: list[str], opts) -> None:
-    """Each pattern matches an operator and each name given exactly is one this process can patch."""
+def _check_runtime_ops(names: list[str], opts) -> list[str]:
+    """Each pattern matches an operator and each name given exactly is one this process can patch:
+    the names, the patterns expanded."""
     from ..errors import unknown_names
     from ..plan import plan_runtime
     from .install import expand_patterns, live_op, runtime_overlay
@@ -264,6 +266,7 @@ def _check_runtime_ops(names: list[str], opts) -> None:
             raise InputError(None, None, f"--runtime-op {name}: no such operator",
                              (e.hint + "; " if e.hint else "") + IMPORT_HINT.format("it"))
         raise InputError(None, None, f"--runtime-op {name}: {why}")
+    return ops
 
 
 @contextlib.contextmanager

@@ -192,8 +192,8 @@ def _install(spec: dict, name: str, mode: str, program_import) -> str | None:
         library, origin = resolve(spec, log_for(spec))
         rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts)
         n = len(rep.registered) + len(rep.already)
-        line = (f"torchgen-patch: {n} kernel{'' if n == 1 else 's'} active ({spec['backend']}), {len(rep.refused)} "
-                f"refused" + (f", {origin}" if origin else ""))
+        line = (f"torchgen-patch: {n} kernels active ({spec['backend']}), {len(rep.refused)} refused"
+                + (f", {origin}" if origin else ""))
         refused = bool(rep.refused)
     waiting = [m for m in spec["imports"] if _importing(m, name)]
     if spec["runtime_ops"] and not waiting:
