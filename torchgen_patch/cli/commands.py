@@ -399,29 +399,42 @@ def disable(args) -> int:
     en.check_writable(site)
     en.disable(site)
     print(f"disabled: removed {before.path}" + (" and its line in pip's RECORD" if before.recorded else ""))
+    if args.verbose:
+        print(f"disable: it was {_enabled_line(before)}", file=sys.stderr)
     return 0
 
 
 def status(args) -> int:
+    """Exit 0 when enabled as this torchgen-patch writes it, 1 otherwise; -q: the exit code alone."""
     from ..runtime import enable as en
 
     st = en.state()
     if not st.present:
-        print(f"not enabled: {st.path} does not exist (`torchgen-patch enable` patches every Python process of this "
-              "environment that imports torch)")
-        return 1
-    if st.problem:
-        print(f"{st.path}: {st.problem} (`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)")
-        return 1
-    spec = st.spec
+        line = (f"not enabled: {st.path} does not exist (`torchgen-patch enable` patches every Python process of "
+                "this environment that imports torch)")
+    elif st.problem:
+        line = f"{st.path}: {st.problem} (`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)"
+    else:
+        line = f"enabled: {_enabled_line(st)}"
+    if not args.quiet:
+        print(line)
+        if args.verbose and st.spec is not None:
+            print(f"status: its launch spec: {json.dumps(st.spec, sort_keys=True)}", file=sys.stderr)
+    return 0 if st.present and not st.problem else 1
+
+
+def _enabled_line(st) -> str:
+    """What an enabled environment's file does, for people."""
+    spec = st.spec or {}
+    if st.problem or not spec:
+        return f"{st.path}: {st.problem or 'not enabled'}"
     ops = "every op of the plan" if spec["ops"] is None else ", ".join(spec["ops"])
     build = "" if not spec["library"] else "; the build it names is there" if os.path.isfile(spec["library"]) else \
         "; the build it names is gone (the first process that imports torch finds or builds one)"
     pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
            None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}[st.recorded]
-    print(f"enabled: {st.path} (torchgen-patch {st.version}; {spec['backend']}, {ops}{build}; "
-          f"{'quiet' if spec['quiet'] else 'one line per process'}; {pip})")
-    return 0
+    return (f"{st.path} (torchgen-patch {st.version}; {spec['backend']}, {ops}{build}; "
+            f"{'quiet' if spec['quiet'] else 'one line per process'}; {pip})")
 
 
 def _torch_present(what: str) -> None:
