@@ -336,7 +336,6 @@ def _on(subclass: str) -> str:
 
 
 def run(args) -> int:
-    from .. import pipeline
     from ..runtime.launch import check_program, prepare, run_program
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -350,6 +349,8 @@ def run(args) -> int:
     args.op = qualified(args.op)
     if args.op or opts.native_functions or opts.tags or opts.overlay:
         # inputs and ops the user named are checked, against the plan, before the program starts
+        from .. import pipeline
+
         i, plan = pipeline.plan(opts)
         plan.pick(args.op, i.scan)
     else:  # the installed torch's own inputs: the plan is made (or found by its inputs' key) where torch is imported
