@@ -205,6 +205,15 @@ def test_a_malformed_launch_spec_stops_the_program_at_import_torch_with_one_line
     assert why in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
+def test_a_process_with_the_hook_but_no_launch_spec_says_so_and_goes_on():
+    r = subprocess.run([PY, "-c", "import torch; print('went on')"], capture_output=True, text=True,
+                       env=dict(os.environ, TORCHGEN_PATCH_RUN="",
+                                PYTHONPATH=os.path.join(ROOT, "torchgen_patch", "runtime", "site")))
+    assert (r.returncode, r.stdout) == (0, "went on\n"), r.stderr
+    assert re.fullmatch(r"torchgen-patch: NOT active in pid \d+: \$TORCHGEN_PATCH_RUN is not set \(the process that "
+                        r"started this one left it out of its environment\) \(hint: .*\)\n", r.stderr), r.stderr
+
+
 @pytest.mark.parametrize("op,message", [
     ("noname", "torchgen-patch: error: runtime op 'noname' needs its namespace ('ns::op.overload')"),
     ("tgp_test::write_on", "torchgen-patch: error: --runtime-op tgp_test::write_on: no such operator (hint: did you "

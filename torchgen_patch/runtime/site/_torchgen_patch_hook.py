@@ -241,8 +241,14 @@ def _roots():
     that is not one stops the process (one line, exit 2), as every bad input does."""
     import json
 
+    global _finished
+    if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
+        _finished = True
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
+             f"this one left it out of its environment) (hint: {HINT})")
+        return None
     try:
-        spec = json.loads(_spec or "")
+        spec = json.loads(_spec)
         roots = spec["roots"]
         if not isinstance(roots, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                   for k, v in roots.items()) or "torchgen_patch" not in roots:
