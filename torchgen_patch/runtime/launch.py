@@ -27,7 +27,7 @@ import sys
 
 from .. import cache
 from ..errors import InputError
-from .process import log_for
+from .process import log_for, resolve
 from .site import _torchgen_patch_hook as hook
 
 ENV = hook.ENV
@@ -105,7 +105,7 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
     checks them (or the cache has its verdict)."""
     spec = launch_spec(opts, backend, ops, runtime_ops, imports, verbose=verbose, quiet=quiet)
     if runtime_ops:
-        spec["runtime_ops"], spec["boxed"] = _runtime_check(spec)
+        spec["runtime_ops"], spec["boxed"], spec["library"] = _runtime_check(spec)
     user = os.environ.get("PYTHONPATH")
     env = {ENV: json.dumps(spec), "PYTHONPATH": SITE + os.pathsep + user if user else SITE}
     if os.environ.get(cache.ENV):  # absolute: a process that starts in another directory finds the same cache
@@ -116,22 +116,24 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
 # ---- the --runtime-op check: in a separate process, its verdict cached by key ---------------------
 
 
-def _runtime_check(spec: dict) -> tuple[list[str], str | None]:
-    """The spec's runtime ops with their patterns expanded, and the boxed library for them (None for
-    the Python backend), once the patterns and --import modules passed the check; from the cache
-    when nothing it read has changed."""
+def _runtime_check(spec: dict) -> tuple[list[str], str | None, str | None]:
+    """The spec's runtime ops with their patterns expanded, the boxed library for them and the library
+    of the plan's kernels (each None where the Python backend or installed prebuilt kernels need
+    none), once the patterns and --import modules passed the check; from the cache when nothing it
+    read has changed. The libraries are where each process looks first (it finds its own where
+    one is gone)."""
     key = _check_key(spec)
     name = f"runtime-check-{key[:32]}.json" if key else None
     hit = cache.read(name) if name else None
-    if isinstance(hit, dict) and set(hit) == {"ops", "boxed"} and isinstance(hit["ops"], list) and \
-            all(isinstance(o, str) and "::" in o for o in hit["ops"]) and (hit["boxed"] is None or (
-            isinstance(hit["boxed"], str) and os.path.isfile(hit["boxed"]))):
+    if isinstance(hit, dict) and set(hit) == {"ops", "boxed", "library"} and isinstance(hit["ops"], list) and \
+            all(isinstance(o, str) and "::" in o for o in hit["ops"]) and \
+            all(v is None or (isinstance(v, str) and os.path.isfile(v)) for v in (hit["boxed"], hit["library"])):
         cache.note(f"--runtime-op check: the cached verdict ({name})")
-        return hit["ops"], hit["boxed"]
-    ops, boxed = _checked_elsewhere(spec)
+        return hit["ops"], hit["boxed"], hit["library"]
+    ops, boxed, library = _checked_elsewhere(spec)
     if name:
-        cache.write(name, {"ops": ops, "boxed": boxed})
-    return ops, boxed
+        cache.write(name, {"ops": ops, "boxed": boxed, "library": library})
+    return ops, boxed, library
 
 
 def _check_key(spec: dict) -> str | None:
@@ -193,7 +195,7 @@ def _stamp(spec) -> str:
     return "\n".join(out)
 
 
-def _checked_elsewhere(spec: dict) -> tuple[list[str], str | None]:
+def _checked_elsewhere(spec: dict) -> tuple[list[str], str | None, str | None]:
     """Run ``_check_main`` in a separate Python (this one's), so the parent never imports torch; its
     error comes back as this process's error (same message, same exit code)."""
     import subprocess
@@ -213,7 +215,7 @@ def _checked_elsewhere(spec: dict) -> tuple[list[str], str | None]:
         if e["code"] == 3:
             raise EnvironmentProblem(e["message"], e["hint"])
         raise InputError(e["path"], e["line"], e["message"], e["hint"])
-    return answer["ops"], answer["boxed"]
+    return answer["ops"], answer["boxed"], answer["library"]
 
 
 def _check_main() -> None:
@@ -232,7 +234,8 @@ def _check_main() -> None:
             import_modules(spec["imports"])
         ops = _check_runtime_ops(spec["runtime_ops"], Options(**spec["options"]))
         boxed = build_boxed(verbose=spec["verbose"], log=log_for(spec)).path if spec["backend"] == "cpp" else None
-        answer = {"ops": ops, "boxed": boxed}
+        library, _ = resolve(spec, log_for(spec))  # torch is imported here anyway: the processes skip the lookup
+        answer = {"ops": ops, "boxed": boxed, "library": library}
     except InputError as e:
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,
                             "code": e.exit_code}}

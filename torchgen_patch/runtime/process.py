@@ -117,8 +117,9 @@ def read_spec(text: str | None, source: str) -> dict:
 def resolve(spec: dict, log) -> tuple[str | None, str | None]:
     """The one call into the build machinery: (the compiled library of the plan's kernels, where it
     came from), the library None where install() needs none (the Python backend; installed prebuilt
-    kernels that fit). ``spec["library"]``: the build an enabled environment made, used while it is
-    this torch's; else found by the inputs' key, built under the cache's lock where the cache lacks it."""
+    kernels that fit). ``spec["library"]``: the build an enabled environment made (or run's
+    --runtime-op check found), used while it is this torch's; else found by the inputs' key, built
+    under the cache's lock where the cache lacks it."""
     if spec["backend"] != "cpp":
         return None, None
     from ..sources import Options
