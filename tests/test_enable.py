@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.build
 PROBE = "import torch, torchgen_patch; print('active', len(torchgen_patch.installed_ops()))"
-LINE = re.compile(r"^torchgen-patch: (\d+) kernels active \(cpp\), 0 refused, from the cached build, in pid \d+ "
+LINE = re.compile(r"^torchgen-patch: (\d+) kernels active \(cpp\), 0 refused, from the cached build; \d+ optimizer entries active, in pid \d+ "
                   r"\(python -c, enabled\)$", re.M)
 
 

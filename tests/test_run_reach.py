@@ -188,7 +188,7 @@ def test_stderr_redirected_to_a_write_only_sink_during_a_build(tmp_path, default
     assert r.returncode == 0 and r.stderr == "", r.stderr
     ops, last = r.stdout.strip().split("] ", 1)
     assert ops == "['aten::_cummin_helper'" and re.fullmatch(
-        r"'torchgen-patch: 1 kernels active \(cpp\), 0 refused, built now, in pid \d+ \(p\.py\)'", last), r.stdout
+        r"'torchgen-patch: 1 kernels active \(cpp\), 0 refused, built now; 0 optimizer entries active, in pid \d+ \(p\.py\)'", last), r.stdout
 
 
 @pytest.mark.parametrize("value,why", [
