@@ -98,6 +98,29 @@ def test_every_link_and_anchor_resolves(page):
     assert bad == [], page
 
 
+def _test_functions() -> dict[str, set[str]]:
+    """Each test file's name and the test functions it defines (any depth: methods too)."""
+    out = {}
+    for path in glob.glob(os.path.join(ROOT, "tests", "test_*.py")):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        out[os.path.basename(path)] = {n.name for n in ast.walk(tree)
+                                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                       and n.name.startswith("test_")}
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_test_a_page_cites_exists(page):
+    """``file.py::test_name`` names a test of that file; a bare ``test_name`` one of some file."""
+    tests = _test_functions()
+    everywhere = set().union(*tests.values())
+    text = _read(page)
+    bad = [f"{f}::{t}" for f, t in re.findall(r"\b(test_\w+\.py)::(test_\w+)", text) if t not in tests.get(f, ())]
+    bad += [t for t in re.findall(r"(?<![\w:./])(test_\w+)(?![\w.])", text) if t not in everywhere and t not in tests
+            and f"{t}.py" not in tests]
+    assert bad == [], page
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_table_row_has_the_headers_cells(page):
     lines = prose(page).splitlines()
