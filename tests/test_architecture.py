@@ -231,7 +231,7 @@ ALLOWED = {
     ("runtime/__init__.py", "_inputs_key"): "the package's templates and the overlay, hashed into the index key",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",
-    ("runtime/prebuilt.py", "_publish"): "the wheel's output directory (-o)",
+    ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by files.find)",
     ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
     ("runtime/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
     ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from torchgen_patch.errors import EnvironmentProblem
+from torchgen_patch.errors import EnvironmentProblem, InputError
 from torchgen_patch.runtime import build
 from torchgen_patch.runtime import install as installer
 
@@ -116,6 +116,32 @@ def test_a_wheel_gets_the_modes_of_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert os.stat(tmp_path / "x.whl").st_mode & 0o777 == 0o644
+
+
+@needs_root
+def test_a_wheel_is_not_written_through_another_accounts_link_in_a_sticky_directory(tmp_path):
+    """-o through a symlink another account owns in a sticky directory others can write (/tmp): the
+    kernel's protected_symlinks rule, which the wheel's writer keeps; the link's target is untouched."""
+    from tests.test_cache_input import _second_account
+    from torchgen_patch.runtime import prebuilt
+
+    made = tmp_path / "made.whl"
+    made.write_bytes(b"PK")
+    sticky, theirs = tmp_path / "sticky", tmp_path / "theirs"
+    sticky.mkdir()
+    theirs.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(sticky, 0o1777)
+    uid = _second_account()
+    link = sticky / "dist"
+    os.symlink(theirs, link)
+    os.lchown(link, uid, uid)
+    with pytest.raises(InputError, match="not following the symlink"):
+        prebuilt._publish(str(made), str(link / "x.whl"), str(link))
+    assert os.listdir(theirs) == []
+    os.lchown(link, os.geteuid(), os.getegid())  # one's own link is followed
+    prebuilt._publish(str(made), str(link / "x.whl"), str(link))
+    assert (theirs / "x.whl").read_bytes() == b"PK"
 
 
 def test_install_in_a_child_forked_while_another_thread_installs(tmp_path):

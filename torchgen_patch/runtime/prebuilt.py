@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -178,34 +178,27 @@ def make_wheel(out_dir: str, artifact, opts: Options, log=None) -> str:
 
 
 def _publish(made: str, target: str, out_dir: str) -> None:
-    """Copy the wheel to ``target`` whole or not at all (a partial copy on a full disk is removed),
-    with the modes the umask gives a new file (another account, a CI user, may pip install it)."""
+    """Write the wheel to ``target`` whole or not at all (a partial copy on a full disk is removed),
+    through the directory ``files.find`` reached (the output rules: a symlink of another account in a
+    sticky directory is not followed), with the modes the umask gives a new file (another account, a
+    CI user, may pip install it)."""
     import errno
 
-    part = None
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        fd, part = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".whl")
-        with os.fdopen(fd, "wb") as out, open(made, "rb") as src:
-            shutil.copyfileobj(src, out)
-            out.flush()
-            os.fsync(out.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(part, 0o666 & ~umask)
-        os.replace(part, target)
-        part = None
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise EnvironmentProblem(f"no space left on the device of {out_dir}: the wheel was not written",
-                                     "free some space, or give another -o directory") from None
-        raise InputError(out_dir, None, f"cannot write the wheel: {e.strerror}") from None
-    finally:
-        if part is not None:
-            try:
-                os.unlink(part)
-            except OSError:
-                pass
+    from .. import files
+
+    with open(made, "rb") as src:  # made in this call's private temporary directory
+        data = src.read()
+    with files.find(target, "wheel") as f:
+        try:
+            if f.st is not None and not stat.S_ISREG(f.st.st_mode):
+                raise InputError(target, None, "cannot write the wheel: not a regular file")
+            f.make_dirs()
+            files.replace_at(f.dir_fd, f.name, data)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise EnvironmentProblem(f"no space left on the device of {out_dir}: the wheel was not written",
+                                         "free some space, or give another -o directory") from None
+            raise InputError(out_dir, None, f"cannot write the wheel: {e.strerror}") from None
 
 
 def _installed() -> list:
