@@ -122,8 +122,20 @@ def start_deepspeed_builds(names) -> None:
         code = "import warnings; warnings.simplefilter('ignore'); import deepspeed.ops.op_builder as b; " + \
             "; ".join(f"b.{DEEPSPEED_OPS[n]}().load()" for n in share)
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(os.environ, MAX_JOBS=jobs), start_new_session=True)
+                                env=dict(os.environ, MAX_JOBS=jobs, **_deepspeed_arch_list()), start_new_session=True)
         _BUILDING.update({n: (proc, err) for n in share})
+
+
+def _deepspeed_arch_list() -> dict[str, str]:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's JIT builder can read it: it parses each entry as numbers
+    (and +PTX), so an architecture-specific one such as ``9.0a`` (torch's own builds accept it)
+    becomes ``9.0``; unset, DeepSpeed asks the device, and it stays unset."""
+    import re
+
+    given = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not given:
+        return {}
+    return {"TORCH_CUDA_ARCH_LIST": re.sub(r"\b(\d+\.\d+)[a-z]+\b", r"\1", given)}
 
 
 def build_deepspeed_ops(names) -> dict[str, str]:
@@ -173,3 +185,12 @@ def _in_sessions(sessions: set[int]) -> list[int]:
         if d.isdigit() and int(fields[3]) in sessions:
             found.append(int(d))
     return found
+
+
+def root_env(**extra) -> dict[str, str]:
+    """The environment for a child that imports this tree: ROOT first on PYTHONPATH, what was there
+    kept (a machine without an index may carry packages, DeepSpeed among them, on PYTHONPATH)."""
+    from tests.conftest import ROOT
+
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)

@@ -40,14 +40,20 @@ class Env:
 
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
         self.python = str(path / "bin" / "python")
-        self.site = str(path / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages")
+        self.site = subprocess.run([self.python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
         with open(os.path.join(self.site, "same-torch.pth"), "w") as fh:
             fh.write(os.path.dirname(os.path.dirname(torch.__file__)) + "\n")
-        r = subprocess.run([sys.executable, "-m", "pip", "--python", self.python, "install", "-q", "--no-deps",
-                            "--no-index", "--disable-pip-version-check", wheel], capture_output=True, text=True)
+        # pip of this machine's configuration left out (a target, --user, a prefix would put it elsewhere)
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+        r = subprocess.run([sys.executable, "-m", "pip", "--isolated", "--python", self.python, "install", "-q",
+                            "--no-deps", "--no-index", "--disable-pip-version-check", wheel], capture_output=True,
+                           text=True, env=dict(clean, PIP_CONFIG_FILE=os.devnull))
         assert r.returncode == 0, r.stderr
         self.pth = os.path.join(self.site, "torchgen_patch_enable.pth")
-        self.record = glob.glob(os.path.join(self.site, "torchgen_patch-*.dist-info", "RECORD"))[0]
+        records = glob.glob(os.path.join(self.site, "torchgen_patch-*.dist-info", "RECORD"))
+        assert len(records) == 1, (r.stdout, r.stderr, sorted(os.listdir(self.site)))
+        self.record = records[0]
 
     def run(self, *args, env=None, **kw):
         return subprocess.run([self.python, *args], capture_output=True, text=True,

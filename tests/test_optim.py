@@ -19,6 +19,7 @@ import torch
 import torchgen_patch
 from tests import optim_fixtures as fx
 from tests.conftest import ROOT
+from tests.support import root_env
 from torchgen_patch.plan import overlay as ov
 from torchgen_patch.sources import shipped_overlay
 
@@ -563,7 +564,7 @@ def test_under_run_a_step_before_backward_raises_with_the_entries_and_is_silent_
     for path, _ in cases:
         _class(path)
     code = STALE_PROGRAM.format(cases=cases)
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = root_env()
 
     def run(*flags):
         r = subprocess.run([sys.executable, "-m", "torchgen_patch", "run", *flags, "--", sys.executable, "-c", code],

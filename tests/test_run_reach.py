@@ -19,6 +19,7 @@ from tests.test_run import tgp_run
 
 pytestmark = pytest.mark.build
 PY = sys.executable
+NAME = os.path.basename(PY)  # the interpreter as its command names it: python, python3
 NOT_ACTIVE = re.compile(r"^torchgen-patch: NOT active (in a child of pid|in pid) (\d+)( after its exec)? \((.*)\): "
                         r"(.*) \(hint: torchgen-patch enable patches every Python process of an environment\)$", re.M)
 PROBE = "import torch, torchgen_patch; print('active', len(torchgen_patch.installed_ops()))"
@@ -58,12 +59,12 @@ os.execv(py, [py, "-I", "-c", "print('exec -I')"])
     assert whys == [
         ("print('clean')", "its environment has neither torchgen-patch's PYTHONPATH entry nor $TORCHGEN_PATCH_RUN"),
         ("print('own path')", "its own PYTHONPATH leaves out torchgen-patch's hook"),
-        ("print('env -I')", "python -I: isolated mode ignores PYTHONPATH"),
-        (str(tmp_path / "isolated.py"), "python -I: isolated mode ignores PYTHONPATH"),
-        (str(tmp_path / "ignores.py"), "python -E: it ignores PYTHONPATH"),
-        ("pass", "python -S: it skips the site module, which loads the hook"),
+        ("print('env -I')", f"{NAME} -I: isolated mode ignores PYTHONPATH"),
+        (str(tmp_path / "isolated.py"), f"{NAME} -I: isolated mode ignores PYTHONPATH"),
+        (str(tmp_path / "ignores.py"), f"{NAME} -E: it ignores PYTHONPATH"),
+        ("pass", f"{NAME} -S: it skips the site module, which loads the hook"),
         ("print('spawned')", "its environment has neither torchgen-patch's PYTHONPATH entry nor $TORCHGEN_PATCH_RUN"),
-        ("print('exec -I')", "python -I: isolated mode ignores PYTHONPATH"),
+        ("print('exec -I')", f"{NAME} -I: isolated mode ignores PYTHONPATH"),
     ]
     assert lines[-1][2] == " after its exec"
 

@@ -496,6 +496,24 @@ MESSAGES = {"leaf float32": _leaf_param(torch.float32), "leaf float64": _leaf_pa
                                                                              "uint16", "uint32") if hasattr(torch, d)}}
 
 
+@pytest.mark.parametrize("named", ["Exp", "ExpBackward0"])
+def test_the_node_is_named_as_this_torch_names_it(named, monkeypatch):
+    """Newer releases shorten the node's name in the message (``Exp``), older ones print it whole
+    (``ExpBackward0``, torch 2.11): the check names it as the probe of this torch did."""
+    from torchgen_patch.saved import moved
+
+    text = (f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[torch.FloatTensor [1]], which is output 0 of {named}, is at version 1; expected version 0 instead. "
+            "Hint: the end.")
+    monkeypatch.setattr(moved, "_TEXT", {})
+    monkeypatch.setattr(moved, "_probe", lambda out: out.update(text=text))
+    a = torch.ones(3, requires_grad=True)
+    b = a.pow(2)
+    got = moved.version_error(a, 0, 1, leaf=False, output=False, output_nr=0, node=b.grad_fn, grad_fn=b.grad_fn)
+    assert got.endswith(f"[torch.FloatTensor [3]], which is output 0 of {'Pow' if named == 'Exp' else 'PowBackward0'}, "
+                        "is at version 1; expected version 0 instead. Hint: the end."), got
+
+
 @pytest.mark.parametrize("scenario", sorted(MESSAGES))
 def test_a_moved_version_raises_autograds_own_message_word_for_word(scenario):
     import warnings

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.build
 
 
 def _env(**extra):
-    return dict(os.environ, PYTHONPATH=ROOT, **extra)
+    from tests.support import root_env
+
+    return root_env(**extra)
 
 
 def _json_of(proc) -> dict:

@@ -7,8 +7,9 @@ operation: [TYPE SIZES], which is output N of NODE, is at version V; expected ve
 instead. Hint: ...``. The node and output number follow autograd's rules: a tensor saved as an
 output of the node that saved it names that node and its output number; any other names the
 tensor's grad_fn at the time of use, output 0 (autograd keeps no output number for those).
-The prefix and the hint are read once from this torch itself, by a real version error in a
-thread of its own (saved-tensor hooks are per thread, so that thread has none)."""
+The prefix, the hint and how the node is named (``Exp`` in newer releases, ``ExpBackward0`` in older
+ones) are read once from this torch itself, by a real version error in a thread of its own
+(saved-tensor hooks are per thread, so that thread has none)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import warnings
 _LEGACY = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long", "int32": "Int",
            "int16": "Short", "int8": "Char", "uint8": "Byte"}
 _KEYS = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta", "xpu": "XPU", "mps": "MPS", "hpu": "HPU"}
-_TEXT: dict[bool, tuple[str, str]] = {}  # anomaly mode on? -> (prefix, hint)
+_TEXT: dict[bool, tuple[str, str, bool]] = {}  # anomaly mode on? -> (prefix, hint, names shortened?)
 
 
 def type_string(t) -> str:
@@ -37,11 +38,12 @@ def type_string(t) -> str:
     return f"{key}{scalar}Type"
 
 
-def short_name(node) -> str:
-    """A node's name as the message prints it: ``ExpBackward0`` -> ``Exp``, ``PowBackward2`` -> ``Pow2``,
-    ``FBackward`` (a custom Function ``F``) -> ``F``."""
+def short_name(node, short: bool = True) -> str:
+    """A node's name as the message prints it: shortened (``short``: the releases that do),
+    ``ExpBackward0`` -> ``Exp``, ``PowBackward2`` -> ``Pow2``, ``FBackward`` (a custom Function
+    ``F``) -> ``F``; else the name itself."""
     name = node.name()
-    i = name.rfind("Backward")
+    i = name.rfind("Backward") if short else -1
     if i < 0:
         return name
     rest = name[i + len("Backward"):]
@@ -61,8 +63,9 @@ def _probe(out: dict) -> None:
         out["text"] = str(e)
 
 
-def _text(anomaly: bool) -> tuple[str, str]:
-    """(the message's words before the tensor, its hint), as this torch writes them."""
+def _text(anomaly: bool) -> tuple[str, str, bool]:
+    """(the message's words before the tensor, its hint, whether it shortens node names), as this torch
+    writes them."""
     got = _TEXT.get(anomaly)
     if got is None:
         out: dict = {}
@@ -75,7 +78,8 @@ def _text(anomaly: bool) -> tuple[str, str]:
         if "[" not in text or " instead." not in text:  # a torch that words it otherwise: its usual form
             text = ("one of the variables needed for gradient computation has been modified by an inplace operation: "
                     "[ instead.")
-        got = _TEXT[anomaly] = (text[:text.index("[")], text[text.index(" instead.") + len(" instead."):])
+        short = " of ExpBackward0," not in text  # the probe's node: exp saved its output
+        got = _TEXT[anomaly] = (text[:text.index("[")], text[text.index(" instead.") + len(" instead."):], short)
     return got
 
 
@@ -84,7 +88,7 @@ def version_error(t, expected: int, now: int, *, leaf: bool, output: bool, outpu
     node that saved it (``node``, the one running now); ``grad_fn``: the tensor's grad_fn now."""
     import torch
 
-    prefix, hint = _text(torch.is_anomaly_enabled())
+    prefix, hint, short = _text(torch.is_anomaly_enabled())
     try:
         sizes = "[" + ", ".join(str(s) for s in t.shape) + "]"
     except RuntimeError:  # nested tensors have no one shape
@@ -95,5 +99,5 @@ def version_error(t, expected: int, now: int, *, leaf: bool, output: bool, outpu
         shown, nr = node, output_nr
     else:
         shown, nr = grad_fn if grad_fn is not None else node, 0
-    clause = f", which is output {nr} of {short_name(shown)}," if shown is not None else ""
+    clause = f", which is output {nr} of {short_name(shown, short)}," if shown is not None else ""
     return f"{prefix}[{type_string(t)} {sizes}]{clause} is at version {now}; expected version {expected} instead.{hint}"
