@@ -342,6 +342,36 @@ def test_a_class_an_entry_covers_is_reported_as_covered(run_cli, tmp_path):
                                          "(tests.optim_fixtures.NumpyWriter)")
 
 
+def test_a_module_of_optimizers_alone_needs_no_operator_in_its_namespace(run_cli):
+    """``--namespace`` filters the operators: a module that defines optimizers and no operator
+    (DeepSpeed's ops.lion, say) is linted under its own namespace; with no optimizer there, a
+    namespace of no operator is still refused."""
+    rc, out, err = run_cli("lint", "--runtime", "--import", "tests.optim_fixtures", "--namespace",
+                           "optim_fixtures", "--format", "json")
+    assert rc == 1, err
+    doc = json.loads(out)
+    rules_ = {f["rule"] for f in doc["findings"]}
+    assert rules_ and all(r.startswith("optimizer-") for r in rules_) and doc["optimizers"]["probed"] == 16
+    rc, out, err = run_cli("lint", "--runtime", "--import", "json", "--namespace", "optim_fixtures")
+    assert rc == 2 and "--namespace 'optim_fixtures': no operator of the live registry is in it" in err
+
+
+def test_an_entry_that_names_no_optimizer_class_is_a_finding_at_its_line(run_cli, tmp_path):
+    """A misspelt class of an imported module, a name that is no optimizer class: findings at the
+    entry's line; a module not imported (the library may be absent) is not looked at."""
+    path = _overlay(tmp_path, {"torch.optim.adamw.AdamW": "[params]", "torch.optim.adamw.AdamWW": "[params]",
+                               "torch.optim.adamw.adamw": "[params]", "notamodule.Foo": "[params]"})
+    rc, out, err = run_cli("lint", "--runtime", "--namespace", "aten", "--overlay", path, "--format", "json")
+    assert rc == 1, err
+    found = {f["op"]: f for f in json.loads(out)["findings"] if f["rule"] == "optimizer-entry-unknown"}
+    assert sorted(found) == ["torch.optim.adamw.AdamWW", "torch.optim.adamw.adamw"]
+    assert found["torch.optim.adamw.AdamWW"]["line"] == 5 and found["torch.optim.adamw.adamw"]["line"] == 8
+    assert found["torch.optim.adamw.AdamWW"]["message"] == (
+        "torch.optim.adamw.AdamWW: the optimizer entry names nothing: torch.optim.adamw has no AdamWW, so it never "
+        "applies; name the class as its module defines it")
+    assert "a function of torch.optim.adamw, not an optimizer class" in found["torch.optim.adamw.adamw"]["message"]
+
+
 def test_without_import_no_optimizer_is_probed(run_cli):
     rc, out, _ = run_cli("lint", "--runtime", "--namespace", "aten", "--format", "json")
     doc = json.loads(out)

@@ -228,6 +228,38 @@ def test_warn_prints_one_line_per_distinct_finding_and_a_count(capsys):
     assert doc[0]["node"] == "MmBackward0" and doc[0]["writers"][0] == "data" and doc[0]["rank"] is None
 
 
+class _WriteOnly:
+    """A stderr a program redirected to an object that can write but not flush."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text += text
+
+
+@pytest.mark.parametrize("stderr", ["closed", "write-only"])
+def test_warn_with_stderr_closed_or_write_only_never_breaks_the_program(stderr, capsys, monkeypatch):
+    """``sys.stderr`` None (the program started with ``2>&-``): the lines go nowhere, never to stdout;
+    a write-only sink gets them, and backward is not broken by its missing flush."""
+    make = UNSEEN["p.data.mul_(2)"]
+    holder, _ = make()
+    x = _x()
+    sink = _WriteOnly()
+    monkeypatch.setattr(sys, "stderr", None if stderr == "closed" else sink)
+    with check_saved("warn") as c:
+        loss = (x @ holder.w).tanh().sum()
+        holder.w.data.mul_(2)
+        loss.backward()
+    monkeypatch.undo()
+    assert len(c.findings) == 1 and holder.w.grad is not None  # backward ran to the end
+    assert "torchgen-patch" not in capsys.readouterr().out
+    if stderr == "write-only":
+        lines = sink.text.splitlines()
+        assert lines[0].startswith("torchgen-patch: saved tensor changed without a version bump")
+        assert lines[-1].startswith("torchgen-patch: saved-tensor check: 1 changed saved tensor")
+
+
 def test_a_pybind_extension_writing_through_data_ptr():
     """A C++ function bound with pybind, given an integer pointer (no torch headers, so it builds in
     seconds): what libraries' C++ optimizers and kernels do."""

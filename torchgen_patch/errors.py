@@ -98,6 +98,25 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
+def say(text: str) -> None:
+    """One line on the program's stderr as it is now, from code running inside the program (the
+    saved-tensor check's lines): nothing when it is None (closed at start; never its stdout, where
+    ``print(file=None)`` would go), and a sink that cannot flush, or fails, costs the program
+    nothing."""
+    import sys
+
+    err = sys.stderr
+    if err is None:
+        return
+    try:
+        err.write(text + "\n")
+        flush = getattr(err, "flush", None)
+        if callable(flush):
+            flush()
+    except Exception:  # noqa: BLE001 — a broken sink is the program's; its training goes on
+        pass
+
+
 def one_line(text: str) -> str:
     """Collapse a multi-line message (torchgen's, say) to its first line."""
     for part in str(text).splitlines():

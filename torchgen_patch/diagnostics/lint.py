@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..errors import Location
 from ..plan.overlay import Overlay
 from ..scan.model import INPLACE_UNCHECKED, MISSING, OUT_UNCHECKED, UNSUPPORTED, VERDICTS, Scan
 from ..sources import Options
@@ -102,16 +103,20 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
     from ..runtime import registry
     from ..runtime.install import runtime_overlay
 
+    from ..runtime.optim_probe import optimizer_classes, probe_modules, unknown_entries
+
     overlay = runtime_overlay(req.options)  # its skip entries for runtime operators are accepted findings
     registry.import_modules(list(req.imports))
-    registry.check_namespaces(req.namespaces)
+    optimizers = optimizer_classes(list(req.imports)) if req.imports else []
+    if not optimizers:  # --namespace filters the operators; modules of optimizers alone need none in it
+        registry.check_namespaces(req.namespaces)
     ops = registry.uncovered(req.namespaces)
     fs = [rules.missing_at_runtime(o) for o in ops if not overlay.skipped(o.name)]
     left_out = len(ops) - len(fs)
+    fs += [rules.optimizer_entry_unknown(Location(overlay.path, e.line), e.path, what)
+           for e, what in unknown_entries(overlay.optimizers)]
     probes = []
-    if req.imports:  # the optimizer classes the modules define, each given a probe step
-        from ..runtime.optim_probe import probe_modules
-
+    if optimizers:  # the optimizer classes the modules define, each given a probe step
         probes = probe_modules(list(req.imports), overlay.optimizers)
         fs += [rules.optimizer_probe(p) for p in probes if p.outcome in (StepOutcome.UNSEEN, StepOutcome.NOT_RUN,
                                                                          StepOutcome.UNCHANGED)]

@@ -84,11 +84,17 @@ OPTIMIZER_NOT_PROBED = Rule(
     "as lr=0.001, for the hyperparameters it has no default for) nor with momentum or betas switched on where their "
     "default is off, or its probe steps changed nothing: whether autograd sees what its step writes is unknown.",
     "warning")
+OPTIMIZER_ENTRY_UNKNOWN = Rule(
+    "optimizer-entry-unknown", "OptimizerEntryUnknown", "Optimizer entry that names no optimizer class",
+    "The overlay's optimizer entry names a class its module (imported by the lint) does not define as a subclass of "
+    "torch.optim.Optimizer: a misspelt or moved class. An entry applies to the class it names exactly, so this one "
+    "never applies, and the optimizer it meant steps unbumped. An entry of a module not imported is not checked "
+    "(the library may be absent here).")
 
 # One rule, one entry: a new rule is a Rule above, its entry here and the function that makes its findings.
 RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE,
                            FILE_MISSING, FILE_MODIFIED, REGISTRATION, OUT_REQUIRES_GRAD, INPLACE_UNCHECKED,
-                           OPTIMIZER_UNSEEN, OPTIMIZER_NOT_PROBED)}
+                           OPTIMIZER_UNSEEN, OPTIMIZER_NOT_PROBED, OPTIMIZER_ENTRY_UNKNOWN)}
 
 
 def _make(rule: Rule, loc: Location, op: str, message: str) -> Finding:
@@ -133,6 +139,12 @@ def optimizer_probe(probe) -> Finding:
     return _make(OPTIMIZER_UNSEEN, probe.loc, probe.cls,
                  f"{probe.cls}: its step{given} changed the parameter without moving its version counter, so autograd "
                  f"cannot see the write: {probe.detail}; {fix}")
+
+
+def optimizer_entry_unknown(loc: Location, path: str, what: str) -> Finding:
+    """An overlay optimizer entry ``path`` whose imported module defines ``what`` under its name."""
+    return _make(OPTIMIZER_ENTRY_UNKNOWN, loc, path,
+                 f"{path}: the optimizer entry names {what}, so it never applies; name the class as its module defines it")
 
 
 def stale_baseline(path: str, line: int, op: str, rule: str) -> Finding:

@@ -71,6 +71,25 @@ def _as_base(p: StepProbe, cls: type, classes: list[type]) -> StepProbe:
                              f"{'s' if n == 1 else ''} from it)")
 
 
+def unknown_entries(entries: dict) -> list[tuple]:
+    """The optimizer entries (class path -> OptimizerEntry) whose module is imported and names no
+    subclass of torch.optim.Optimizer under the entry's name: (entry, what the name is there). An
+    entry of a module not imported is not looked at (importing it is the program's choice)."""
+    import torch
+
+    out = []
+    for path, e in sorted(entries.items()):
+        module, _, name = path.rpartition(".")
+        if module not in sys.modules:
+            continue
+        obj = getattr(sys.modules[module], name, None)
+        if obj is None:
+            out.append((e, f"nothing: {module} has no {name}"))
+        elif not (isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer)):
+            out.append((e, f"a {type(obj).__name__} of {module}, not an optimizer class"))
+    return out
+
+
 def optimizer_classes(modules: list[str]) -> list[type]:
     """The subclasses of torch.optim.Optimizer defined in ``modules`` or their imported submodules,
     sorted by path."""

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import weakref
 
+from ..errors import say
 from ..vocabulary import CheckMode
 from . import attribute, engine, moved
 from .fingerprint import Skip, _Numpy, fingerprint
@@ -104,8 +104,7 @@ class Check:
     # --- what it found ------------------------------------------------------------------------
 
     def print_summary(self, where: str = "") -> None:
-        print(summary(len(self.findings), len(self._distinct), self.checked, self.skipped, where), file=sys.stderr,
-              flush=True)
+        say(summary(len(self.findings), len(self._distinct), self.checked, self.skipped, where))
 
     def to_json(self) -> str:
         from .render import to_json
@@ -224,7 +223,7 @@ class Check:
         if self.mode == CheckMode.RAISE:
             raise SavedTensorChanged(f, message(f))
         if first:
-            print(line(f), file=sys.stderr, flush=True)
+            say(line(f))
 
 
 class _Facts:
