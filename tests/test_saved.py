@@ -653,7 +653,7 @@ def test_the_fingerprints_misses_match_a_uniform_hash(size, path_, monkeypatch):
 def test_sign_flips_and_other_high_bit_patterns_are_seen(dtype, path):
     """Changes confined to the high bits of 8-byte words (an even number of sign flips of float64
     elements, of the odd elements of a float32 tensor) would cancel in a plain weighted sum mod 2**64;
-    the fold into the low half sees them."""
+    sums of words of at most 4 bytes see them."""
     n = 8192 if dtype != torch.float32 else 16384  # above SMALL: the numpy sum on CPU
     t = torch.randn(n).to(dtype) if dtype.is_floating_point else torch.randint(-5, 5, (n,), dtype=dtype)
     for pick in (slice(0, 2), slice(None), slice(1, None, 2), slice(0, 64)):

@@ -110,9 +110,9 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
     left_out = len(ops) - len(fs)
     probes = []
     if req.imports:  # the optimizer classes the modules define, each given a probe step
-        from ..runtime.optim_probe import probe_modules
+        from ..runtime.optim_probe import on_the_accelerator, probe_modules
 
-        probes = probe_modules(list(req.imports), overlay.optimizers)
+        probes = on_the_accelerator(probe_modules(list(req.imports), overlay.optimizers), list(req.imports))
         fs += [rules.optimizer_probe(p) for p in probes if p.outcome in (StepOutcome.UNSEEN, StepOutcome.NOT_RUN,
                                                                          StepOutcome.UNCHANGED)]
     covered = tuple(p.cls for p in probes if p.outcome == StepOutcome.COVERED)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Writes autograd cannot see, on the GPU machine, in one command (no network; the source tree as
+# it is, the wheels of .whl/ beside it): installs the wheels into a scratch folder, builds what
+# the runs load (the kernels, DeepSpeed's ops) side by side, then runs scripts/unseen_writes.py and
+# the CUDA tests together, then the saved-tensor check's benchmark alone. Every step runs under a
+# timeout taken from one budget (BUDGET seconds, default 520), so the whole stays under 9 minutes;
+# a step that runs out of time leaves what it wrote. Writes at most 8 files into $OUT:
+#   unseen-writes-cuda-torchV.md/.json, saved-check-cuda-torchV.md/.json, pytest-cuda-unseen-torchV.txt,
+#   device-unseen-log.txt
+# FULL_SUITE=1 runs the whole test suite instead of the CUDA tests (about 2.5 minutes more).
+set -u
+OUT=${OUT:-reports/device}
+mkdir -p "$OUT"
+BUDGET=${BUDGET:-520}
+START=$SECONDS
+PY=${PYTHON:-python3}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/torchgen-patch-unseen.XXXXXXXX") || exit 3
+trap 'rm -rf "$WORK"' EXIT
+LOG="$OUT/device-unseen-log.txt"
+log() { echo "== [$((SECONDS - START)) s] $*" | tee -a "$LOG"; }
+# seconds a step may take: at most $1, and never past the budget less $2 (what later steps need)
+limit() { local left=$((BUDGET - (SECONDS - START) - ${2:-0})); [ "$left" -lt "$1" ] && echo $((left > 10 ? left : 10)) || echo "$1"; }
+
+log "torch $($PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")' 2>&1)"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  timeout 60 $PY -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" .whl/*.whl >>"$LOG" 2>&1
+  log "wheels installed (rc=$?): $(cd .whl && ls *.whl | tr '\n' ' ')"
+else
+  log "no .whl/ here: DeepSpeed and liger-kernel rows will say not run unless installed"
+fi
+export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCHGEN_PATCH_NO_VENV=1
+# one cache of kernels and one of torch extensions (DeepSpeed's ops) for the script, the tests and the bench
+export TORCHGEN_PATCH_CACHE="$WORK/tgp-cache" TORCH_EXTENSIONS_DIR="$WORK/torch_extensions"
+# DeepSpeed's JIT builds read the architecture list: the same in every process, so none rebuilds
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 9.0)}
+TV=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
+log "nvcc: $( (${CUDA_HOME:-/usr/local/cuda}/bin/nvcc --version || nvcc --version) 2>/dev/null | tail -1); TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+
+log "build: the kernels and DeepSpeed's ops, side by side"
+BUILD_LIMIT=$(limit 240 280)
+timeout $((BUILD_LIMIT + 15)) $PY scripts/unseen_writes.py --device cuda --part prepare --deadline "$BUILD_LIMIT" \
+  --report "$WORK/prepare.md" --json "$WORK/prepare.json" >>"$LOG" 2>&1
+log "build rc=$?"
+
+log "unseen-writes script and the CUDA tests, side by side"
+SCRIPT_LIMIT=$(limit 300 100)
+timeout $((SCRIPT_LIMIT + 20)) $PY scripts/unseen_writes.py --device cuda --deadline "$SCRIPT_LIMIT" --jobs 10 \
+  --report "$OUT/unseen-writes-cuda-torch$TV.md" --json "$OUT/unseen-writes-cuda-torch$TV.json" >>"$LOG" 2>&1 &
+SCRIPT=$!
+if [ "${FULL_SUITE:-0}" = 1 ]; then TESTS=(tests); else
+  TESTS=(-m cuda tests/test_saved.py tests/test_saved_cuda.py tests/test_optim.py tests/test_optim_cuda.py tests/test_compat.py); fi
+timeout "$SCRIPT_LIMIT" $PY -m pytest -n 6 -q -ra -p no:cacheprovider "${TESTS[@]}" \
+  > "$OUT/pytest-cuda-unseen-torch$TV.txt" 2>&1
+log "pytest rc=$?: $(tail -1 "$OUT/pytest-cuda-unseen-torch$TV.txt")"
+wait $SCRIPT
+log "unseen-writes rc=$?: $(grep '^wrote ' "$LOG" | tail -1)"
+
+log "bench: the saved-tensor check on CUDA"
+timeout "$(limit 110 5)" $PY bench/bench_saved.py --device cuda --rounds ${ROUNDS:-11} \
+  --report "$OUT/saved-check-cuda-torch$TV.md" --json "$OUT/saved-check-cuda-torch$TV.json" >>"$LOG" 2>&1
+log "bench rc=$?"
+log "done in $((SECONDS - START)) s; files: $(ls "$OUT" | tr '\n' ' ')"
