@@ -43,7 +43,8 @@ def _stale_optimizer(make):
     try:
         loss.backward()
     except RuntimeError as e:
-        return "raises" if "modified by an inplace operation" in str(e) else f"error: {str(e)[:80]}"
+        return f"raises (version {p._version})" if "modified by an inplace operation" in str(e) else \
+            f"error: {str(e)[:80]}"
     return f"silent (version {p._version})"
 
 
@@ -91,7 +92,7 @@ def _checks(kind: str) -> dict[str, str]:
             ("DeepSpeedCPUAdam (adamw_mode=True)", lambda ps: DeepSpeedCPUAdam(ps)),
             ("DeepSpeedCPUAdam (adamw_mode=False)", lambda ps: DeepSpeedCPUAdam(ps, adamw_mode=False)),
             ("DeepSpeedCPUAdagrad", DeepSpeedCPUAdagrad), ("DeepSpeedCPULion", DeepSpeedCPULion),
-            ("FusedAdam (its CPU build; no shipped entry)", FusedAdam))}
+            ("FusedAdam (its CPU build)", FusedAdam))}
     return {}
 
 
@@ -137,8 +138,13 @@ def worker(dist: str) -> dict:
     out["optimizers"] = _probes(out["imported"])
     if check:
         out["checks"]["unpatched"] = _checks(check)
-        if ops or any(p["outcome"] == "covered" for p in out["optimizers"]):
-            # the runtime ops and the shipped overlay's optimizer entries
+        if any(p["entry"] for p in out["optimizers"]):  # the shipped overlay's optimizer entries alone
+            torchgen_patch.install(runtime_ops=[])
+            try:
+                out["checks"]["entries"] = _checks(check)
+            finally:
+                torchgen_patch.uninstall()
+        if ops:  # the runtime ops, and the entries
             rep = torchgen_patch.install(runtime_ops=[o.name for o in ops])
             out["refused"] = rep.refused
             try:
@@ -149,14 +155,21 @@ def worker(dist: str) -> dict:
 
 
 def _probes(modules: list[str]) -> list[dict]:
-    """lint --runtime --import's optimizer rule on the library's modules: each optimizer class they
-    define, probed (or covered by the shipped overlay's optimizer entries)."""
+    """lint --runtime --import's optimizer rule on the library's modules, with no overlay (what the
+    rule finds): each optimizer class they define, probed, and the shipped overlay's entry that
+    covers it, if any."""
     from torchgen_patch.plan.overlay import load_runtime
-    from torchgen_patch.runtime.optim_probe import probe_modules
+    from torchgen_patch.runtime.optim import covering
+    from torchgen_patch.runtime.optim_probe import optimizer_classes, probe_modules
     from torchgen_patch.sources import shipped_overlay
 
-    return [{"class": p.cls, "outcome": str(p.outcome), "detail": p.detail, "through": list(p.through)}
-            for p in probe_modules(modules, load_runtime(shipped_overlay()).optimizers)]
+    entries = load_runtime(shipped_overlay()).optimizers
+    covered = {}
+    for cls in optimizer_classes(modules):
+        e = covering(entries, cls)
+        covered[f"{cls.__module__}.{cls.__qualname__}"] = e.line if e is not None else None
+    return [{"class": p.cls, "outcome": str(p.outcome), "detail": p.detail, "through": list(p.through),
+             "given": list(p.given), "entry": covered.get(p.cls)} for p in probe_modules(modules, {})]
 
 
 def _rel(path: str | None) -> str:
@@ -182,19 +195,21 @@ def markdown(results: list[dict]) -> str:
              "a tensor that the step had overwritten without an error; \"raises\" is PyTorch's "
              "\"modified by an inplace operation\" error, the correct behaviour. The last column is "
              "`lint --runtime --import`'s optimizer rule on the library's modules: every optimizer class they define, "
-             "given a probe step on a tiny parameter; \"unseen\" changes its parameter without a version bump.", "",
-             "| library | version | namespaces | mutating ops without a kernel | consequence unpatched | patched | "
-             "optimizer classes (`lint --runtime --import`'s probe step) |",
-             "|---|---|---|---|---|---|---|"]
+             "given a probe step on a tiny parameter with no overlay; \"unseen\" changes its parameter without a "
+             "version bump, and each unseen class has an entry in the shipped overlay or is named without one. "
+             "\"entries\": plain `install()`, the shipped overlay's optimizer entries and no runtime ops; "
+             "\"runtime ops\": `install(runtime_ops=[those ops])`, the entries too.", "",
+             "| library | version | namespaces | mutating ops without a kernel | consequence unpatched | entries | "
+             "runtime ops | optimizer classes (`lint --runtime --import`'s probe step) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        unp = r["checks"].get("unpatched", {})
-        pat = r["checks"].get("patched", {})
-        summary = ", ".join(f"{v} {k}" for k, v in _tally(unp).items()) or "(no check)"
-        psummary = ", ".join(f"{v} {k}" for k, v in _tally(pat).items()) or "—"
+        summary = ", ".join(f"{v} {k}" for k, v in _tally(r["checks"].get("unpatched", {})).items()) or "(no check)"
+        esummary, psummary = (", ".join(f"{v} {k}" for k, v in _tally(r["checks"].get(phase, {})).items()) or "—"
+                              for phase in ("entries", "patched"))
         err = "; ".join(f"`{m}`: {e}" for m, e in r["import_errors"].items())
         lines.append(f"| {r['dist']} | {r['version'] or '—'} | {', '.join(r.get('namespaces', [])) or '—'} | "
-                     f"{len(r['ops'])} | {summary}{' (import: ' + err + ')' if err else ''} | {psummary} | "
-                     f"{_probe_tally(r.get('optimizers', []))} |")
+                     f"{len(r['ops'])} | {summary}{' (import: ' + err + ')' if err else ''} | {esummary} | "
+                     f"{psummary} | {_probe_tally(r.get('optimizers', []))} |")
     for r in results:
         lines += ["", f"## {r['dist']} {r['version'] or ''}".rstrip(), ""]
         if r["import_errors"]:
@@ -209,20 +224,22 @@ def markdown(results: list[dict]) -> str:
             lines += [f"{len(r['ops'])} mutating operators without an ADInplaceOrView kernel:", "",
                       "| operator | writes | defined at |", "|---|---|---|"]
             lines += [f"| `{o['name']}` | {', '.join(o['written'])} | {_rel(o['location'])} |" for o in r["ops"]]
-        for phase in ("unpatched", "patched"):
+        for phase, title in PHASES.items():
             if r["checks"].get(phase):
-                lines += ["", f"Check, {phase}" + (" (`install(runtime_ops=[those ops])`, shipped overlay)"
-                                                   if phase == "patched" else "") + ":", ""]
+                lines += ["", f"Check, {title}:", ""]
                 lines += [f"- {k}: **{v}**" for k, v in r["checks"][phase].items()]
         if r.get("optimizers"):
             lines += ["", f"Optimizer classes its modules define, each given `lint --runtime --import`'s probe step "
-                          f"({_probe_tally(r['optimizers'])}):", "", "| class | probe step | how |", "|---|---|---|"]
-            lines += [f"| `{p['class']}` | {PROBE_WORDS[p['outcome']]} | {p['detail'] or '—'} |"
+                          f"with no overlay ({_probe_tally(r['optimizers'])}):", "",
+                      "| class | probe step | how | shipped entry |", "|---|---|---|---|"]
+            lines += [f"| `{p['class']}` | {PROBE_WORDS[p['outcome']]}"
+                      f"{' (probed with ' + ', '.join(p['given']) + ')' if p.get('given') else ''} | "
+                      f"{p['detail'] or '—'} | "
+                      f"{'native_functions_overlay.yaml:' + str(p['entry']) if p.get('entry') else '—'} |"
                       for p in r["optimizers"]]
         if r.get("refused"):
             lines += ["", "Not patched: " + "; ".join(f"`{k}` ({v})" for k, v in sorted(r["refused"].items()))]
-        outside = [p["class"] for p in r.get("optimizers", []) if p["outcome"] in ("unseen", "covered")
-                   and not p["through"]]
+        outside = [p["class"] for p in r.get("optimizers", []) if p["outcome"] == "unseen" and not p["through"]]
         if outside:
             lines += ["", "Fix on the library's side, for the optimizers whose step writes outside the dispatcher ("
                       + ", ".join(f"`{c}`" for c in outside) + "): after the C++ update, call "
@@ -244,11 +261,18 @@ def markdown(results: list[dict]) -> str:
                       "Affected operators: " + ", ".join(f"`{o['name']}`" for o in r["ops"][:8])
                       + (f" and {len(r['ops']) - 8} more (table above)" if len(r["ops"]) > 8 else ""), "",
                       "Fix on the library's side: " + FIX.format(patterns=patterns)]
+            if any(p["through"] and p.get("entry") for p in r.get("optimizers", [])):
+                lines += ["", "Its optimizers are also covered by a plain `torchgen-patch run` or `install()`, "
+                              "through the shipped overlay's optimizer entries (with the runtime ops as well, "
+                              "each parameter still moves once a step)."]
     return "\n".join(lines) + "\n"
 
 
+PHASES = {"unpatched": "unpatched",
+          "entries": "with the shipped overlay's optimizer entries alone (plain `install()`, no runtime ops)",
+          "patched": "patched (`install(runtime_ops=[those ops])`, the shipped overlay's entries too)"}
 PROBE_WORDS = {"unseen": "**changes the parameter, no version bump**", "bumps": "bumps (seen by autograd)",
-               "covered": "covered by the shipped overlay's entry", "not_run": "not probed", "unchanged": "not probed"}
+               "not_run": "not probed", "unchanged": "not probed"}
 
 
 def _probe_tally(probes: list[dict]) -> str:
@@ -257,9 +281,12 @@ def _probe_tally(probes: list[dict]) -> str:
     t: dict[str, int] = {}
     for p in probes:
         t[p["outcome"]] = t.get(p["outcome"], 0) + 1
-    words = {"unseen": "unseen", "bumps": "bump", "covered": "covered by an entry", "not_run": "not probed",
-             "unchanged": "changed nothing"}
-    return ", ".join(f"{t[k]} {words[k]}" for k in words if k in t)
+    words = {"unseen": "unseen", "bumps": "bump", "not_run": "not probed", "unchanged": "changed nothing"}
+    out = [f"{t[k]} {words[k]}" for k in words if k in t]
+    if "unseen" in t:
+        covered = sum(1 for p in probes if p["outcome"] == "unseen" and p.get("entry"))
+        out[0] += f" ({covered} with a shipped entry)"
+    return ", ".join(out)
 
 
 def _tally(d: dict) -> dict:

@@ -6,7 +6,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One content-keyed cache for the whole test session (and the next one).
 os.environ.setdefault("TORCHGEN_PATCH_CACHE", os.path.join(ROOT, ".cache", "torchgen-patch"))
-# C++ extensions built by tests and the libraries they drive (DeepSpeed's CPU ops), once per checkout.
+# C++ extensions built by tests and the libraries they drive (DeepSpeed's ops: the deepspeed_ops fixture),
+# once per checkout.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
 # The project's own builds treat every warning as an error (users' builds never do).
 os.environ["TORCHGEN_PATCH_EXTRA_CFLAGS"] = "-Werror"
@@ -67,3 +68,40 @@ def patched(library):
     assert not rep.refused, rep.summary()
     yield rep
     torchgen_patch.uninstall()
+
+
+@pytest.fixture(scope="session")
+def deepspeed_ops():
+    """DeepSpeed's C++ ops that its CPU optimizers use (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad,
+    DeepSpeedCPULion, FusedAdam's CPU build: tests.support.DEEPSPEED_OPS), built once per session,
+    side by side, into TORCH_EXTENSIONS_DIR (.cache/torch_extensions, kept between sessions), and
+    started as soon as the session's tests are collected (pytest_collection_finish below); op ->
+    its library. Skips where deepspeed is not installed, except in CI, which installs it."""
+    from tests.support import DEEPSPEED_OPS, build_deepspeed_ops
+
+    if os.environ.get("CI") == "true":  # requirements-dev.txt: never skip there
+        import deepspeed  # noqa: F401
+    else:
+        pytest.importorskip("deepspeed")
+    return build_deepspeed_ops(DEEPSPEED_OPS)
+
+
+def pytest_collection_finish(session):
+    """DeepSpeed's ops start building as soon as the session knows that a test of it needs them
+    (deepspeed_ops), so that they compile beside the tests that run first (a serial test run leaves
+    one of two cores idle most of the time); the fixture then waits for what is left."""
+    import importlib.util
+
+    if session.config.option.collectonly or importlib.util.find_spec("deepspeed") is None:
+        return
+    if any("deepspeed_ops" in getattr(item, "fixturenames", ()) for item in session.items):
+        from tests.support import DEEPSPEED_OPS, start_deepspeed_builds
+
+        start_deepspeed_builds(DEEPSPEED_OPS)
+
+
+def pytest_sessionfinish(session):
+    """Builds a session started and no test waited for (a run stopped early) do not outlive it."""
+    from tests.support import cancel_deepspeed_builds
+
+    cancel_deepspeed_builds()

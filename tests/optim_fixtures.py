@@ -113,3 +113,50 @@ class StepPerInstance(NumpyWriter):
     def _own_step(self, closure=None):
         for group, p in self._each():
             p.detach().numpy()[...] -= group["lr"] * p.grad.numpy()
+
+
+class NeedsMomentum(NumpyWriter):
+    """Refuses its own default ``momentum=0`` (as bitsandbytes' SGD and LARS do): the probe switches
+    momentum on."""
+
+    def __init__(self, params, lr=0.1, momentum=0):
+        if momentum == 0:
+            raise NotImplementedError("NeedsMomentum without momentum is not supported!")
+        super().__init__(params, lr)
+
+
+class StepNeedsMomentum(AtenWriter):
+    """Constructs with ``momentum=0`` but its step fails without momentum (as bitsandbytes'
+    PytorchLARS does); with momentum it writes with aten ops: it bumps."""
+
+    def __init__(self, params, lr=0.1, momentum=0):
+        super().__init__(params, lr)
+        self.momentum = momentum
+
+    def step(self, closure=None):
+        if not self.momentum:
+            raise UnboundLocalError("cannot access local variable 'update' where it is not associated with a value")
+        return super().step(closure)
+
+
+class MomentumDoesNotHelp(NumpyWriter):
+    """Fails with its defaults and with momentum on: both reasons are reported."""
+
+    def __init__(self, params, lr=0.1, momentum=0):
+        raise ValueError(f"this optimizer needs a mesh (momentum={momentum})")
+
+
+class NeedsName(NumpyWriter):
+    """Takes another argument before its parameters (as bitsandbytes' Optimizer1State does): the
+    probe passes the parameters by name, so the error names what is missing."""
+
+    def __init__(self, optimizer_name, params, lr=0.1):
+        super().__init__(params, lr)
+
+
+class NeedsHyperparameters(NumpyWriter):
+    """No default for its hyperparameters: the probe gives the common ones."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        assert betas == (0.9, 0.999) and eps == 1e-8 and weight_decay == 0.0
+        super().__init__(params, lr)

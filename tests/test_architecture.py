@@ -219,6 +219,8 @@ USER_PATHS = {
     "cli/parser.py": "the paths of the command line",
     "runtime/launch.py": "the program, its interpreter and PYTHONPATH",
     "runtime/site/sitecustomize.py": "the program's sys.path",
+    "runtime/site/_torchgen_patch_hook.py": "the programs a patched process starts (their #! lines)",
+    "runtime/enable.py": "the environment's site-packages and pip's RECORD of this tool (enable's output)",
     "diagnostics/render.py": "the files findings name",
     "runtime/registry.py": "the modules the user imports",
     "plan/overlay.py": "the overlay the user names",
@@ -231,6 +233,7 @@ ALLOWED = {
                                            "library's checked descriptor",
     ("runtime/prebuilt.py", "_publish"): "the wheel's output directory (-o)",
     ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
+    ("runtime/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
     ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",
 }
 

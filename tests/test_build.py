@@ -273,3 +273,12 @@ def test_build_progress_is_for_terminals_only(tmp_path, monkeypatch):
         assert on.getvalue() == "torchgen-patch: [1/1] compiled a.cpp in 1 s\n"
         monkeypatch.setenv("CI", "1")
         assert not Progress(d, ["src/a.cpp"], _Terminal()).on
+
+
+def test_a_build_says_what_it_does_on_the_stderr_of_its_call(tmp_path, capsys):
+    """The log is ``sys.stderr`` as it is when the build runs: one bound when the module was first
+    imported (under a test's capture, a ``redirect_stderr``) may be closed by then."""
+    with pytest.raises(InputError, match="the generated kernels do not compile"):
+        build.build({"stop.cpp": b"#error stop here\n"}, [], 0, root=str(tmp_path), sources=["stop.cpp"])
+    # the source given and the unit that makes a library state its own build
+    assert "torchgen-patch: compiling 2 translation units with ninja" in capsys.readouterr().err

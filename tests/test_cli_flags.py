@@ -78,6 +78,7 @@ BASE = {  # the smallest run of each subcommand (and how to stub what would need
     "scan": [], "lint": [], "gen": ["--out", "OUT"], "build": [], "install": ["--backend", "python"],
     "verify": ["--backend", "python", "--op", "aten::_cummax_helper"],
     "run": ["--backend", "python", "--op", "aten::_cummax_helper"],
+    "enable": ["--backend", "python", "--op", "aten::_cummax_helper"],
 }
 PROGRAM = {"run": ["--", sys.executable, "-c", "pass"]}  # what goes last
 
@@ -87,6 +88,7 @@ def test_input_flag_reaches_the_pipeline(cmd, flag, run_cli, seen, subset, tree,
     import torchgen_patch
 
     _stub_build(monkeypatch)
+    _site(monkeypatch, tmp_path)
     ov = tmp_path / "o.yaml"
     ov.write_text("aten::_cummin_helper:\n  action: skip\n  reason: probe\n")
     native, tags = subset
@@ -509,6 +511,58 @@ def p_run_quiet(**_):
     assert _run("-q", *args).stderr == ""
 
 
+def _site(monkeypatch, tmp_path) -> str:
+    """enable, disable and status act on a site-packages of the test's own, never this environment's."""
+    from torchgen_patch.runtime import enable as en
+
+    site = tmp_path / "site-packages"
+    site.mkdir(exist_ok=True)
+    monkeypatch.setattr(en, "site_dir", lambda: str(site))
+    return str(site)
+
+
+def _enabled_spec(site: str) -> dict:
+    from torchgen_patch.runtime import enable as en
+
+    return en.state(site).spec
+
+
+def p_enable(field, args, value, default):
+    def probe(run_cli, monkeypatch, tmp_path, **_):
+        site = _site(monkeypatch, tmp_path)
+        _stub_build(monkeypatch)
+        assert run_cli("enable", "--backend", "python")[0] == 0 and _enabled_spec(site)[field] == default
+        assert run_cli("enable", "--backend", "python", *args)[0] == 0 and _enabled_spec(site)[field] == value
+    return probe
+
+
+def p_enable_verbose(run_cli, monkeypatch, tmp_path, **_):
+    _site(monkeypatch, tmp_path)
+    calls = _stub_build(monkeypatch)
+    run_cli("enable", "-v")
+    run_cli("enable")
+    assert [c["verbose"] for c in calls] == [True, False]  # the build enable makes says its compiler's commands
+
+
+def p_disable_quiet_verbose(run_cli, monkeypatch, tmp_path, **_):
+    _site(monkeypatch, tmp_path)
+    _stub_build(monkeypatch)
+    assert run_cli("disable")[2].startswith("disable: not enabled (") and run_cli("disable", "-q")[1:] == ("", "")
+    run_cli("enable", "--backend", "python")
+    rc, out, err = run_cli("disable", "-v")
+    assert rc == 0 and out.startswith("disabled: removed ") and err.startswith("disable: it was ") and \
+        "(torchgen-patch 0.1.0; python, every op of the plan" in err
+
+
+def p_status_quiet_verbose(run_cli, monkeypatch, tmp_path, **_):
+    _site(monkeypatch, tmp_path)
+    _stub_build(monkeypatch)
+    assert run_cli("status", "-q") == (1, "", "") and run_cli("status")[1].startswith("not enabled: ")
+    run_cli("enable", "--backend", "python")
+    assert run_cli("status", "-q") == (0, "", "")
+    assert "its launch spec: {" in run_cli("status", "-v")[2] and run_cli("status")[2] == ""
+
+
 def p_diff_verbose(run_cli, tree, **_):
     assert "not patched; writing mode fix" in run_cli("diff", "--pytorch-root", tree, "-v")[2]
     assert run_cli("diff", "--pytorch-root", tree)[2] == ""
@@ -544,6 +598,11 @@ PROBES = {
     ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
     ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
     ("run", "--check-saved"): p_run_check_saved,
+    ("enable", "--backend"): p_enable("backend", ["--backend", "cpp"], "cpp", "python"),
+    ("enable", "--op"): p_enable("ops", ["--op", "_cummax_helper"], ["aten::_cummax_helper"], None),
+    ("enable", "--quiet"): p_enable("quiet", ["-q"], True, False), ("enable", "--verbose"): p_enable_verbose,
+    ("disable", "--quiet"): p_disable_quiet_verbose, ("disable", "--verbose"): p_disable_quiet_verbose,
+    ("status", "--quiet"): p_status_quiet_verbose, ("status", "--verbose"): p_status_quiet_verbose,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
     ("diff", "--check"): p_diff_check, ("diff", "--pr-body"): p_diff_pr_body,
 }
@@ -555,7 +614,7 @@ def test_every_option_has_help_and_one_grammar():
     for cmd, p in sub.choices.items():
         opts = {o for a in p._actions for o in a.option_strings}
         assert {"-q", "--quiet", "-v", "--verbose"} <= opts, cmd
-        if cmd not in ("build", "install", "run"):  # the commands that write a result somewhere
+        if cmd not in ("build", "install", "run", "enable", "disable", "status"):  # those that write a result somewhere
             assert {"-o", "--output"} <= opts, cmd
         for a in p._actions:
             assert a.help and a.help != argparse.SUPPRESS, (cmd, a.option_strings or a.dest)

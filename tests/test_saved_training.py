@@ -174,7 +174,7 @@ DEEPSPEED = textwrap.dedent("""
     for name, make in OPTIMIZERS.items():
         out[name] = {"unchecked": between(make, False, True), "checked": between(make, True, True),
                      "checked, no step": between(make, True, False), "no step": between(make, False, False)}
-    rep = torchgen_patch.install(library=sys.argv[2])  # the kernels change nothing here: not through the dispatcher
+    rep = torchgen_patch.install(library=sys.argv[2])  # with the optimizer entries: a step bumps each parameter
     assert not rep.refused, rep.summary()
     for name, make in OPTIMIZERS.items():
         out[name]["patched"] = between(make, False, True)
@@ -186,7 +186,8 @@ DEEPSPEED = textwrap.dedent("""
 def test_deepspeed_cpu_optimizers_stepped_between_forward_and_backward(library):
     """DeepSpeed's CPU optimizers (the optimizers of ZeRO-Offload) write the parameters through pybind-bound
     C++: a step moves no version, so a step between forward and backward is silent; under the check it is
-    a finding naming the optimizer. Their C++ ops are built by DeepSpeed on first use, into
+    a finding naming the optimizer; installed, the overlay's optimizer entries bump each parameter once per
+    step and autograd refuses with its own error. Their C++ ops are built by DeepSpeed on first use, into
     $TORCH_EXTENSIONS_DIR (.cache/torch_extensions for the test session)."""
     pytest.importorskip("deepspeed")
     r = subprocess.run([sys.executable, "-c", DEEPSPEED, ROOT, library.path], capture_output=True, text=True,
@@ -206,6 +207,8 @@ def test_deepspeed_cpu_optimizers_stepped_between_forward_and_backward(library):
         assert found["optimizer"] == classes[name.split("(")[0]] and found["writers"][0] == "optimizer", found
         assert f"the optimizer {found['optimizer']}, whose step ran between save and use" in found["message"]
         assert runs["checked, no step"] == {"outcome": "silent", "findings": 0, "grads": runs["no step"]["grads"]}
-        assert runs["patched"]["outcome"] == "silent" and runs["patched"]["grads"] == runs["unchecked"]["grads"]
-        assert runs["patched, checked"]["outcome"] == "finding" and runs["patched, checked"]["optimizer"] == \
-            found["optimizer"]
+        # installed, the overlay's optimizer entries bump the parameters once per step: autograd's own error,
+        # checked or not (the check leaves to autograd what autograd sees)
+        for run in ("patched", "patched, checked"):
+            assert runs[run]["outcome"] == "raises", (name, run, runs[run])
+            assert "modified by an inplace operation" in runs[run]["message"], runs[run]

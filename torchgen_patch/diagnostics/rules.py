@@ -80,8 +80,10 @@ OPTIMIZER_UNSEEN = Rule(
     "the overlay (for an operator: install(runtime_ops=...)) makes install() and run bump what it writes.")
 OPTIMIZER_NOT_PROBED = Rule(
     "optimizer-not-probed", "OptimizerNotProbed", "Optimizer class whose probe step could not tell",
-    "The class could not be constructed with its defaults (lr= where it has none) or stepped on a tiny parameter, "
-    "or its probe steps changed nothing: whether autograd sees what its step writes is unknown.", "warning")
+    "The class could not be constructed or stepped on a tiny parameter, with its defaults (and common values, such "
+    "as lr=0.001, for the hyperparameters it has no default for) nor with momentum or betas switched on where their "
+    "default is off, or its probe steps changed nothing: whether autograd sees what its step writes is unknown.",
+    "warning")
 
 # One rule, one entry: a new rule is a Rule above, its entry here and the function that makes its findings.
 RULES = {r.id: r for r in (MISSING, UNSUPPORTED, STALE_BASELINE, KERNEL_MISSING, KERNEL_STALE, STALE_FILE,
@@ -122,13 +124,14 @@ def missing_at_runtime(op) -> Finding:
 
 def optimizer_probe(probe) -> Finding:
     """An optimizer class whose probe step (runtime.optim_probe.StepProbe) wrote unseen, or could not tell."""
+    given = f" (probed with {', '.join(probe.given)})" if probe.given else ""
     if probe.outcome != "unseen":
-        return _make(OPTIMIZER_NOT_PROBED, probe.loc, probe.cls, f"{probe.cls}: not probed: {probe.detail}")
+        return _make(OPTIMIZER_NOT_PROBED, probe.loc, probe.cls, f"{probe.cls}: not probed{given}: {probe.detail}")
     fix = (f"install(runtime_ops=[{', '.join(repr(o) for o in probe.through)}]) or run --runtime-op serves "
            + ("it" if len(probe.through) == 1 else "them")) if probe.through else \
         f"an optimizer entry in the overlay (optimizers: {probe.cls}: writes: [params]) makes install() and run bump it"
     return _make(OPTIMIZER_UNSEEN, probe.loc, probe.cls,
-                 f"{probe.cls}: its step changed the parameter without moving its version counter, so autograd "
+                 f"{probe.cls}: its step{given} changed the parameter without moving its version counter, so autograd "
                  f"cannot see the write: {probe.detail}; {fix}")
 
 

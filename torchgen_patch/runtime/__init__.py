@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 from ..errors import EnvironmentProblem, InputError
@@ -48,7 +47,7 @@ class Artifact:
 
 
 def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, prebuilt: bool = True,
-            verbose: bool = False, log=sys.stderr) -> Artifact:
+            verbose: bool = False, log=None) -> Artifact:
     """The library of ``opts``'s kernels for the running torch: the installed prebuilt kernels when
     they fit exactly (``prebuilt``), else the cached build of ``plan`` (made from ``opts`` when not
     given), compiled now when the cache lacks it (unless ``build=False``: InputError). A launcher

@@ -137,10 +137,12 @@ def _not_writable(root: str, why: str) -> InputError:
 
 
 def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
-          root: str | None = None, verbose: bool = False, log=sys.stderr, sources: list[str] | None = None,
+          root: str | None = None, verbose: bool = False, log=None, sources: list[str] | None = None,
           prefix: str = LIB_PREFIX) -> Library:
     """Compile ``files`` (as rendered by render.render) unless the cache has them.
-    ``sources``: the files to compile (default: the plan's shards and registration)."""
+    ``sources``: the files to compile (default: the plan's shards and registration); ``log``: where
+    the build says what it does (default: ``sys.stderr`` as it is at the call, never at import)."""
+    log = sys.stderr if log is None else log
     torch = require_torch("building the kernels")
 
     compiler = _compiler()
@@ -604,7 +606,7 @@ def _kernel_at(source: bytes, line: int) -> str | None:
     return None
 
 
-def build_boxed(root: str | None = None, verbose: bool = False, log=sys.stderr) -> Library:
+def build_boxed(root: str | None = None, verbose: bool = False, log=None) -> Library:
     """The boxed kernel library (for operators outside native_functions.yaml)."""
     from ..codegen import render_boxed
 

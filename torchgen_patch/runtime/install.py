@@ -16,6 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from .. import saved
 from ..errors import EnvironmentProblem, InputError, one_line, require_torch, unknown_names
 from ..sources import Options
 
@@ -140,8 +141,6 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
     if unknown:
         raise TypeError(f"install() got unexpected keyword arguments: {', '.join(unknown)}")
     how = dataclasses.replace(how or InstallOptions(), **keywords)
-    from .. import saved
-
     mode = None if how.check_saved is None else saved.mode_of(how.check_saved)  # refused before anything is built
     rep = _install(ops, backend, options or Options(**sources), plan, how)
     if mode is not None:

@@ -1,85 +1,93 @@
-"""`torchgen-patch run`: run any program with the kernels installed in every Python process
-it starts, and nothing else changed.
+"""`torchgen-patch run`: run any program with the kernels installed in every Python process it
+starts, and nothing else changed; and the install step that `run` and `enable` share in each process.
 
-The parent never imports torch. It checks what it can without it (the program, the interpreter's
-flags, the plan and ``--op``), then runs the program with ``runtime/site/`` first on PYTHONPATH
-(the user's own entries kept after it, verbatim; an empty PYTHONPATH adds nothing) and
-``$TORCHGEN_PATCH_RUN`` saying what to install. That folder's ``sitecustomize`` only adds an
-import hook: when a process of the program first imports torch, the kernels are installed right
-after torch has finished importing (``after_import``), so settings the program makes before
-its own ``import torch`` (OMP_NUM_THREADS, TORCH_* variables) reach torch as without ``run``.
-The library is resolved there, in the first process that needs it: the installed prebuilt
-kernels, the cached build, or a build under the cache's lock (torchrun's workers wait for it and
-reuse it). A ``sitecustomize`` of the user's own, further on the path, still runs.
+The parent never imports torch. It checks what it can without it (the program: its interpreter's
+flags, seen through ``env`` and a script's first line too; the plan and ``--op``), then runs the
+program with ``runtime/site/`` first on PYTHONPATH (the user's own entries kept after it, verbatim;
+an empty PYTHONPATH adds nothing) and ``$TORCHGEN_PATCH_RUN`` saying what to install and where this
+tool and its dependencies are installed. That folder's hook (``site/_torchgen_patch_hook.py``) waits
+for the program's own first ``import torch`` and calls ``after_import`` here right after torch has
+finished importing, so settings the program makes before its own ``import torch``
+(OMP_NUM_THREADS, TORCH_* variables) reach torch as without ``run``; it also names, in one line,
+each Python process the program starts in a way that drops the hook. The library is resolved in
+the first process that needs it: the installed prebuilt kernels, the cached build, or a build under
+the cache's lock (torchrun's workers wait for it and reuse it).
 
 With ``--runtime-op`` the patterns and ``--import`` modules need torch: they are checked, and the
-libraries built, in one separate process before the program starts.
-
-``python -I``, ``-E`` and ``-S`` skip PYTHONPATH or site, so a process started so could not be
-patched: ``run`` refuses them (exit 2) rather than run the program unpatched.
+boxed library built, in one separate process before the program starts; its verdict is cached by
+the key of everything it read, so a second launch costs a cache read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import sys
 
 from .. import cache
+from ..errors import InputError
+from .process import log_for, resolve
+from .site import _torchgen_patch_hook as hook
 
-ENV = "TORCHGEN_PATCH_RUN"
-SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+ENV = hook.ENV
+SITE = hook.HERE
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?t?$")
-# interpreter flags that keep the kernels out, and why
-_BLOCKING = {"I": "isolated mode ignores PYTHONPATH", "E": "it ignores PYTHONPATH",
-             "S": "it skips the site module, which loads the hook"}
+# what this tool imports besides itself: taken from where the tool is installed, by name
+DEPENDENCIES = ("yaml", "_yaml", "jinja2", "markupsafe", "ninja")
 
 
-def interpreter_flags(program: list[str]) -> set[str]:
-    """The single-letter options of a ``python`` command line, up to its script, -c or -m."""
-    if not program or not _PYTHON.match(os.path.basename(program[0])):
-        return set()
-    flags: set[str] = set()
-    args = iter(program[1:])
-    for a in args:
-        if a in ("-", "--") or not a.startswith("-"):
-            break
-        if a.startswith("--"):
-            if a == "--check-hash-based-pycs":
-                next(args, None)
-            continue
-        for i, c in enumerate(a[1:]):
-            if c in "cm":  # the program follows
-                return flags
-            if c in "WX":  # takes a value: the rest of this word, or the next one
-                if i == len(a) - 2:
-                    next(args, None)
-                break
-            flags.add(c)
-    return flags
+def check_program(program: list[str], env: dict[str, str] | None = None) -> None:
+    """Refuse a command line that would run the program unpatched: a Python interpreter with -I, -E
+    or -S (named directly, through ``env``, or on a script's first line) or, with ``env`` (the
+    environment run gives it), one whose environment drops the hook (``env -i python ...``)."""
+    why = hook.dropped(program, env, check_env=env is not None)
+    if why is not None:
+        import re
+
+        flag = re.match(r"\S+ -([IES]): ", why)
+        fix = f"drop -{flag.group(1)}" if flag else f"keep PYTHONPATH and ${ENV} in its environment"
+        raise InputError(None, None, f"{why}, so the kernels could not be installed in it",
+                         f"{fix}, or call torchgen_patch.install() in the program itself")
 
 
-def check_program(program: list[str]) -> None:
-    """Refuse a Python command line whose flags would run the program unpatched."""
-    from ..errors import InputError
+def roots() -> dict[str, str]:
+    """The sys.path entries this tool and each of its dependencies are imported from here: the
+    program's processes import them from there and nowhere else (the current directory excluded)."""
+    import importlib.machinery
+    import importlib.util
 
-    for flag, why in _BLOCKING.items():
-        if flag in interpreter_flags(program):
-            raise InputError(None, None, f"{os.path.basename(program[0])} -{flag}: {why}, so the kernels could "
-                                         "not be installed in it",
-                             f"drop -{flag}, or call torchgen_patch.install() in the program itself")
+    cwd = os.getcwd()
+    path = [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != cwd]
+    out = {"torchgen_patch": PKG_PARENT}
+    for name in DEPENDENCIES:
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None) if module is not None else \
+            importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None and module is None:  # an editable install's own finder
+            spec = importlib.util.find_spec(name)
+        entry = _entry(spec)
+        if entry and os.path.abspath(entry) != cwd:
+            out[name] = entry
+    return out
 
 
-def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
-            verbose: bool = False, quiet: bool = False, check_saved: str | None = None) -> dict[str, str]:
-    """The environment the program runs with. ``opts`` (sources.Options) travel along with absolute
-    paths, so each process installs from the same inputs and overlay as the parent's plan, whatever
-    its working directory. ``quiet``: no build messages, and each process says only when the patch
-    is NOT active. ``check_saved``: each process also turns the saved-tensor check on in that mode.
-    Imports no torch here; with runtime ops, one separate process checks them."""
+def _entry(spec) -> str | None:
+    if spec is None:
+        return None
+    if spec.submodule_search_locations is not None:
+        locations = list(spec.submodule_search_locations)
+        return os.path.dirname(os.path.abspath(locations[0])) if locations and spec.origin else None
+    return os.path.dirname(os.path.abspath(spec.origin)) if spec.origin and os.path.isabs(spec.origin) else None
+
+
+def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str], *,
+                verbose: bool = False, quiet: bool = False, library: str | None = None,
+                check_saved: str | None = None) -> dict:
+    """What every process of the program installs (``$TORCHGEN_PATCH_RUN``, or an enabled
+    environment's file). ``opts`` (sources.Options) travel with absolute paths, so each process
+    installs from the same inputs and overlay as the parent's plan, whatever its working directory.
+    ``check_saved``: each process also turns the saved-tensor check on in that mode."""
     import dataclasses
 
     def absolute(p):
@@ -87,11 +95,21 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
 
     opts = dataclasses.replace(opts, native_functions=absolute(opts.native_functions), tags=absolute(opts.tags),
                                overlay=absolute(opts.overlay))
-    spec = {"backend": backend, "ops": ops, "runtime_ops": runtime_ops, "imports": imports,
-            "library": None, "boxed": None, "options": dataclasses.asdict(opts), "package": PKG_PARENT,
-            "quiet": quiet, "verbose": verbose, "check_saved": check_saved}
+    return {"backend": backend, "ops": ops, "runtime_ops": runtime_ops, "imports": imports, "library": library,
+            "boxed": None, "options": dataclasses.asdict(opts), "quiet": quiet, "verbose": verbose,
+            "roots": roots(), "check_saved": check_saved}
+
+
+def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
+            verbose: bool = False, quiet: bool = False, check_saved: str | None = None) -> dict[str, str]:
+    """The environment the program runs with. ``quiet``: no build messages, and each process says
+    only when the patch is NOT active; ``check_saved``: each process also turns the saved-tensor check
+    on in that mode. Imports no torch here; with runtime ops, one separate process checks them (or
+    the cache has its verdict)."""
+    spec = launch_spec(opts, backend, ops, runtime_ops, imports, verbose=verbose, quiet=quiet,
+                       check_saved=check_saved)
     if runtime_ops:
-        spec = _checked_elsewhere(spec)
+        spec["runtime_ops"], spec["boxed"], spec["library"] = _runtime_check(spec)
     user = os.environ.get("PYTHONPATH")
     env = {ENV: json.dumps(spec), "PYTHONPATH": SITE + os.pathsep + user if user else SITE}
     if os.environ.get(cache.ENV):  # absolute: a process that starts in another directory finds the same cache
@@ -99,12 +117,94 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
     return env
 
 
-def _checked_elsewhere(spec: dict) -> dict:
-    """Run ``_check`` in a separate Python (this one's), so the parent never imports torch; its
+# ---- the --runtime-op check: in a separate process, its verdict cached by key ---------------------
+
+
+def _runtime_check(spec: dict) -> tuple[list[str], str | None, str | None]:
+    """The spec's runtime ops with their patterns expanded, the boxed library for them and the library
+    of the plan's kernels (each None where the Python backend or installed prebuilt kernels need
+    none), once the patterns and --import modules passed the check; from the cache when nothing it
+    read has changed. The libraries are where each process looks first (it finds its own where
+    one is gone)."""
+    key = _check_key(spec)
+    name = f"runtime-check-{key[:32]}.json" if key else None
+    hit = cache.read(name) if name else None
+    if isinstance(hit, dict) and set(hit) == {"ops", "boxed", "library"} and isinstance(hit["ops"], list) and \
+            all(isinstance(o, str) and "::" in o for o in hit["ops"]) and \
+            all(v is None or (isinstance(v, str) and os.path.isfile(v)) for v in (hit["boxed"], hit["library"])):
+        cache.note(f"--runtime-op check: the cached verdict ({name})")
+        return hit["ops"], hit["boxed"], hit["library"]
+    ops, boxed, library = _checked_elsewhere(spec)
+    if name:
+        cache.write(name, {"ops": ops, "boxed": boxed, "library": library})
+    return ops, boxed, library
+
+
+def _check_key(spec: dict) -> str | None:
+    """Everything the check's verdict depends on: the patterns, modules, backend and inputs; this
+    tool; the Python and its torch (version file); the overlay; and each --import module's files
+    (names, sizes, times), as found from the current directory. None: not keyable (no torch found)."""
+    import importlib.machinery
+
+    from ..sources import Options, overlay_path
+
+    path = [os.getcwd()] + [p for p in sys.path if p not in ("", ".")]
+    torch = importlib.machinery.PathFinder.find_spec("torch", path)
+    if torch is None or not torch.origin:
+        return None
+    parts = [json.dumps({k: spec[k] for k in ("backend", "runtime_ops", "imports", "options")}, sort_keys=True),
+             sys.executable, os.getcwd(), cache.tool_fingerprint(), os.path.dirname(torch.origin),
+             _read(os.path.join(os.path.dirname(torch.origin), "version.py"))]
+    overlay = overlay_path(Options(**spec["options"]))
+    parts.append(_read(overlay) if overlay else b"")
+    for m in spec["imports"]:
+        top = m.split(".")[0]
+        if top == "torch":
+            continue
+        found = importlib.machinery.PathFinder.find_spec(top, path)
+        if found is None:
+            return None  # the check says why
+        parts.append(_stamp(found))
+    return cache.key(*parts)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _stamp(spec) -> str:
+    """A module's files by name, size and modification time (a package: every file under it)."""
+    locations = list(spec.submodule_search_locations or [])
+    out = []
+    for top in locations or [spec.origin]:
+        if not locations:
+            try:
+                st = os.stat(top)
+                out.append(f"{top}:{st.st_size}:{st.st_mtime_ns}")
+            except OSError:
+                out.append(f"{top}:missing")
+            continue
+        for base, dirs, names in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for n in sorted(names):
+                try:
+                    st = os.stat(os.path.join(base, n))
+                except OSError:
+                    continue
+                out.append(f"{os.path.relpath(os.path.join(base, n), top)}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(out)
+
+
+def _checked_elsewhere(spec: dict) -> tuple[list[str], str | None, str | None]:
+    """Run ``_check_main`` in a separate Python (this one's), so the parent never imports torch; its
     error comes back as this process's error (same message, same exit code)."""
     import subprocess
 
-    from ..errors import EnvironmentProblem, InputError
+    from ..errors import EnvironmentProblem
 
     code = ("import sys; sys.path[0] = sys.argv[1]; from torchgen_patch.runtime.launch import _check_main; "
             "_check_main()")
@@ -119,135 +219,99 @@ def _checked_elsewhere(spec: dict) -> dict:
         if e["code"] == 3:
             raise EnvironmentProblem(e["message"], e["hint"])
         raise InputError(e["path"], e["line"], e["message"], e["hint"])
-    return answer["spec"]
+    return answer["ops"], answer["boxed"], answer["library"]
 
 
 def _check_main() -> None:
-    """The separate process of ``_checked_elsewhere``: spec on stdin, answer on stdout's last line."""
-    from ..errors import InputError
-
+    """The separate process of ``_checked_elsewhere``: spec on stdin, answer on stdout's last line.
+    What the --import modules print while they import goes nowhere (the program prints it, once)."""
+    _stand_down()
     spec = json.loads(sys.stdin.read())
     try:
-        from .install import expand_patterns
+        from ..errors import require_torch
+        from ..sources import Options
+        from .build import build_boxed
         from .registry import import_modules
 
-        import_modules(spec["imports"])
-        spec["runtime_ops"] = expand_patterns(spec["runtime_ops"])
-        spec["library"], spec["boxed"] = resolve(spec, _log(spec))
-        answer = {"spec": spec}
+        require_torch("--runtime-op")  # from the tool's own path, before the current directory is on it
+        with _silenced(), _current_directory_first():
+            import_modules(spec["imports"])
+        ops = _check_runtime_ops(spec["runtime_ops"], Options(**spec["options"]))
+        boxed = build_boxed(verbose=spec["verbose"], log=log_for(spec)).path if spec["backend"] == "cpp" else None
+        library, _ = resolve(spec, log_for(spec))  # torch is imported here anyway: the processes skip the lookup
+        answer = {"ops": ops, "boxed": boxed, "library": library}
     except InputError as e:
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,
                             "code": e.exit_code}}
     sys.stdout.write(json.dumps(answer) + "\n")
 
 
-class _Quiet:
-    """Where -q sends build messages: nowhere (no file opened in the program's process)."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
+IMPORT_HINT = "the module that defines {} goes in --import MOD"
 
 
-def _log(spec: dict):
-    return _Quiet() if spec.get("quiet") else sys.stderr
-
-
-def resolve(spec: dict, log) -> tuple[str | None, str | None]:
-    """The one call into the build machinery: (the compiled library of the plan's kernels, the boxed
-    library for runtime ops), each None where install() needs none (the Python backend; installed
-    prebuilt kernels that fit; no runtime ops). Builds only what the cache lacks, under its lock."""
-    if spec["backend"] != "cpp":
-        return spec["library"], spec["boxed"]
-    from ..sources import Options
-    from . import library as compose
-    from .build import build_boxed
-
-    opts, verbose = Options(**spec["options"]), spec.get("verbose", False)
-    library = spec["library"]
-    if library is None:
-        # installed prebuilt kernels that fit: install() finds them itself (None), nothing compiles
-        art = compose(opts, verbose=verbose, log=log)
-        library = None if art.origin == "prebuilt" else art.path
-    boxed = spec["boxed"]
-    if spec["runtime_ops"] and boxed is None:
-        boxed = build_boxed(verbose=verbose, log=log).path
-    return library, boxed
-
-
-_DONE: set[str] = set()  # what this process installed already: "kernels", "runtime"
-
-
-def after_import(name: str) -> None:
-    """In each process of the program, right after ``name`` (torch, or a module of --import)
-    finished importing: install what can be installed now, say so. Runtime ops wait until torch
-    and every --import module are imported (a module whose own import pulled torch in defines its
-    operators only once it finished); the modules not imported yet are imported here, as before."""
-    spec = os.environ.get(ENV)
-    if not spec or "torch" not in sys.modules or "runtime" in _DONE or _importing("torch", name):
-        return  # torch not (wholly) imported yet: its own hook comes once it is
-    spec = json.loads(spec)
-    from ..errors import InputError
+def _check_runtime_ops(names: list[str], opts) -> list[str]:
+    """Each pattern matches an operator and each name given exactly is one this process can patch:
+    the names, the patterns expanded."""
+    from ..errors import unknown_names
+    from ..plan import plan_runtime
+    from .install import expand_patterns, live_op, runtime_overlay
+    from .registry import uncovered
 
     try:
-        _install(spec, name)
-    except InputError as e:  # the kernels cannot be had (no compiler, a refused cache): stop, never run unpatched
-        _DONE.update(("kernels", "runtime"))
-        print(e.render(), file=sys.stderr, flush=True)
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            os._exit(e.exit_code)  # SystemExit would end this thread only, and the program go on unpatched
-        raise SystemExit(e.exit_code) from None
-    except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
-        _DONE.update(("kernels", "runtime"))
-        print(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}", file=sys.stderr,
-              flush=True)
-
-
-def _importing(module: str, done: str) -> bool:
-    """Whether ``module`` is being imported right now (its import is what imported torch)."""
-    m = sys.modules.get(module)
-    return module != done and m is not None and getattr(getattr(m, "__spec__", None), "_initializing", False)
+        ops = expand_patterns(names)
+    except InputError as e:  # the pattern's own message; how to make its operators exist, for run
+        raise InputError(e.path, e.line, e.message, (e.hint or "").split("; import the library")[0] + "; "
+                         + IMPORT_HINT.format("them")) from None
+    todo = plan_runtime(ops, runtime_overlay(opts), live_op, set())
+    for name in names:
+        why = todo.refused.get(name)
+        if why is None:
+            continue
+        if live_op(name).schema is None:
+            e = unknown_names("this process's mutating operators without an ADInplaceOrView kernel", [name],
+                              [o.name for o in uncovered()])
+            raise InputError(None, None, f"--runtime-op {name}: no such operator",
+                             (e.hint + "; " if e.hint else "") + IMPORT_HINT.format("it"))
+        raise InputError(None, None, f"--runtime-op {name}: {why}")
+    return ops
 
 
-def _install(spec: dict, name: str) -> None:
-    import importlib
+@contextlib.contextmanager
+def _silenced():
+    """File descriptors 1 and 2 (and sys.stdout, sys.stderr) to the null device while the block runs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved + [null]:
+            os.close(fd)
 
-    from ..sources import Options
-    from . import install as inst
 
-    opts = Options(**spec["options"])
-    line, refused, optimizers = "", False, ""
-    if "kernels" not in _DONE:
-        _DONE.add("kernels")
-        library, _ = resolve(spec, _log(spec))
-        rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts,
-                           check_saved=spec.get("check_saved"))
-        line = f"torchgen-patch: {len(rep.registered)} kernels active ({spec['backend']}), {len(rep.refused)} refused"
-        optimizers = f"; {len(rep.optimizers)} optimizer entries active"
-        refused = bool(rep.refused)
-    waiting = [m for m in spec["imports"] if _importing(m, name)]
-    if spec["runtime_ops"] and not waiting:
-        _DONE.add("runtime")
-        part = "; runtime ops" if line else "torchgen-patch: runtime ops"
-        try:
-            for m in spec["imports"]:
-                importlib.import_module(m)
-            r = inst.install(backend=spec["backend"], runtime_ops=spec["runtime_ops"], options=opts,
-                             boxed_library=spec["boxed"])
-            line += f"{part}: {len(r.registered)} active, {len(r.refused)} refused"
-        except Exception as e:  # noqa: BLE001
-            line += f"{part} NOT active: {type(e).__name__}: {e}"
-    elif not spec["runtime_ops"]:
-        _DONE.add("runtime")
-    if line and (not spec.get("quiet") or "NOT active" in line or refused):
-        print(f"{line}{optimizers}, in pid {os.getpid()}", file=sys.stderr, flush=True)
+@contextlib.contextmanager
+def _current_directory_first():
+    """The --import modules are found as ``python -c`` in the current directory finds them."""
+    sys.path.insert(0, "")
+    try:
+        yield
+    finally:
+        sys.path.remove("")
+
+
+def _stand_down() -> None:
+    """This process is the tool's own: the hook of an enabled environment (or of a run it runs in)
+    leaves its torch alone."""
+    started = sys.modules.get(hook.NAME)
+    if started is not None:
+        started.stand_down()
 
 
 def run_program(program: list[str], env: dict[str, str]) -> int:

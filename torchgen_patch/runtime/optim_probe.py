@@ -1,9 +1,12 @@
 """The probe behind ``lint --runtime --import MOD``'s optimizer rule: every optimizer class that
 MOD (and the submodules of it that are imported) defines gets a probe step on a tiny parameter —
-constructed with its defaults (``lr=`` where it has none), given a gradient, its version and bits
-taken, stepped, compared. A step that changes the bits and not the version writes where autograd
-cannot see; a class that cannot be constructed or stepped is said so with the reason, and one an
-optimizer entry of the overlay covers is reported as covered, not probed.
+constructed with its defaults (and the common values of ``PROBE_VALUES`` for the hyperparameters
+it has no default for), given a gradient, its version and bits taken, stepped, compared. Where
+construction or a step fails with a default that switches a feature off (``momentum=0``: SGD and
+LARS that refuse to run without momentum), the probe tries once more with that feature on
+(``SWITCHED_ON``). A step that changes the bits and not the version writes where autograd cannot
+see; a class that cannot be constructed or stepped is said so with the reason (its defaults'), and
+one an optimizer entry of the overlay covers is reported as covered, not probed.
 
 For a write that moved no version, a second probe under a recording dispatch mode says how it was
 made: through an operator without an ``ADInplaceOrView`` kernel (``install(runtime_ops=...)``
@@ -16,7 +19,7 @@ import contextlib
 import inspect
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import Location, one_line
 from ..vocabulary import StepOutcome
@@ -24,6 +27,12 @@ from .optim import covering
 
 STEPS = 3  # probe steps before a class counts as changing nothing (some skip their first steps)
 SHAPE = (8, 8)
+# what the probe gives a hyperparameter the constructor has no default for (torch's optimizers' values)
+PROBE_VALUES = {"lr": 1e-3, "momentum": 0.9, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+                "amsgrad": False}
+# hyperparameters whose default switches their feature off (0, None): given PROBE_VALUES' value on a
+# second attempt where the defaults fail to construct or step
+SWITCHED_ON = ("momentum", "betas")
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class StepProbe:
     outcome: StepOutcome
     detail: str = ""  # why it was not run; how an unseen write was made; the entry that covers it
     through: tuple[str, ...] = ()  # operators without an ADInplaceOrView kernel that wrote the parameter
+    given: tuple[str, ...] = ()  # the keyword arguments the probe constructed it with, as name=value
 
 
 def probe_modules(modules: list[str], entries: dict) -> list[StepProbe]:
@@ -47,7 +57,18 @@ def probe_modules(modules: list[str], entries: dict) -> list[StepProbe]:
 
     with _stdout_to_stderr(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return [probe(c, covering(entries, c)) for c in classes]
+        probes = [probe(c, covering(entries, c)) for c in classes]
+    return [_as_base(p, c, classes) for p, c in zip(probes, classes)]
+
+
+def _as_base(p: StepProbe, cls: type, classes: list[type]) -> StepProbe:
+    """A class not probed that classes probed here derive from says so: often a base class that
+    needs what only its subclasses give (bitsandbytes' Optimizer1State, its ``optimizer_name``)."""
+    n = sum(1 for c in classes if c is not cls and issubclass(c, cls))
+    if p.outcome != StepOutcome.NOT_RUN or not n:
+        return p
+    return replace(p, detail=f"{p.detail} ({n} {'class' if n == 1 else 'classes'} probed here derive"
+                             f"{'s' if n == 1 else ''} from it)")
 
 
 def optimizer_classes(modules: list[str]) -> list[type]:
@@ -81,39 +102,77 @@ def probe(cls: type, entry=None) -> StepProbe:
         return StepProbe(path, loc, StepOutcome.NOT_RUN, "an abstract class")
     import torch
 
+    failed = []  # why each attempt failed: the defaults', then the one with SWITCHED_ON features on
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        try:
-            opt, p = _construct(cls)
-        except Exception as e:  # noqa: BLE001 — the library's own error, reported as the reason
-            return StepProbe(path, loc, StepOutcome.NOT_RUN, f"could not be constructed: {_error(e)}")
-        if "step" in vars(opt):  # a step bound per instance: torch's hooks wrap the class's only
-            return StepProbe(path, loc, StepOutcome.NOT_RUN, "its instances replace step() with a method PyTorch's "
-                                                             "optimizer step hooks do not wrap, so no overlay entry "
-                                                             "can cover it")
-        try:
-            changed, moved = _steps(opt, p)
-        except Exception as e:  # noqa: BLE001
-            return StepProbe(path, loc, StepOutcome.NOT_RUN, f"its step raised {_error(e)}")
-        if not changed:
-            return StepProbe(path, loc, StepOutcome.UNCHANGED, f"{STEPS} probe steps changed no parameter")
-        if moved:
-            return StepProbe(path, loc, StepOutcome.BUMPS)
-        how, through = _how(cls)
-        return StepProbe(path, loc, StepOutcome.UNSEEN, how, through)
+        for kw in attempts(cls):
+            torch.manual_seed(0)
+            try:
+                opt, p = construct(cls, kw)
+            except Exception as e:  # noqa: BLE001 — the library's own error, reported as the reason
+                failed.append((kw, f"could not be constructed: {_error(e)}"))
+                continue
+            if "step" in vars(opt):  # a step bound per instance: torch's hooks wrap the class's only
+                return StepProbe(path, loc, StepOutcome.NOT_RUN, "its instances replace step() with a method "
+                                                                 "PyTorch's optimizer step hooks do not wrap, so no "
+                                                                 "overlay entry can cover it")
+            try:
+                changed, moved = _steps(opt, p)
+            except Exception as e:  # noqa: BLE001
+                failed.append((kw, f"its step raised {_error(e)}"))
+                continue
+            given = _given(kw)
+            if not changed:
+                return StepProbe(path, loc, StepOutcome.UNCHANGED, f"{STEPS} probe steps changed no parameter",
+                                 given=given)
+            if moved:
+                return StepProbe(path, loc, StepOutcome.BUMPS, given=given)
+            how, through = _how(cls, kw)
+            return StepProbe(path, loc, StepOutcome.UNSEEN, how, through, given)
+    reason = failed[0][1] + "".join(f"; with {', '.join(_given(kw))}: {why}" for kw, why in failed[1:])
+    return StepProbe(path, loc, StepOutcome.NOT_RUN, reason)
 
 
-def _construct(cls):
+def attempts(cls) -> list[dict]:
+    """The keyword arguments of each construction the probe tries, in order: PROBE_VALUES' value
+    for each hyperparameter without a default; then, if the class has any SWITCHED_ON
+    hyperparameter whose default is off, the same with those switched on."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return [{}]
+    first = {n: PROBE_VALUES[n] for n, a in params.items() if n in PROBE_VALUES and _no_default(a)}
+    on = {n: PROBE_VALUES[n] for n in SWITCHED_ON if n in params and n not in first and _off(params[n].default)}
+    return [first, {**first, **on}] if on else [first]
+
+
+def _off(default) -> bool:
+    """A default that switches its feature off: None, (), 0 (never a tensor's truth value)."""
+    return default is None or (type(default) is tuple and not default) or (type(default) in (int, float)
+                                                                          and default == 0)
+
+
+def _no_default(a: inspect.Parameter) -> bool:
+    return a.default is inspect.Parameter.empty or type(a.default).__name__ == "_RequiredParameter"  # torch's
+
+
+def construct(cls, kw: dict):
+    """``cls`` on a tiny parameter, with the keyword arguments ``kw``: (the optimizer, the parameter).
+    The parameters go by name where the constructor names them ``params`` (a class whose first
+    argument is another one then says what it misses), else first."""
     import torch
 
     p = torch.nn.Parameter(torch.randn(*SHAPE))
     try:
-        lr = inspect.signature(cls).parameters.get("lr")
+        named = inspect.signature(cls).parameters.get("params")
     except (TypeError, ValueError):
-        lr = None
-    required = lr is not None and (lr.default is inspect.Parameter.empty
-                                   or type(lr.default).__name__ == "_RequiredParameter")  # torch's `required`
-    return (cls([p], lr=1e-3) if required else cls([p])), p
+        named = None
+    if named is not None and named.kind in (named.POSITIONAL_OR_KEYWORD, named.KEYWORD_ONLY):
+        return cls(params=[p], **kw), p
+    return cls([p], **kw), p
+
+
+def _given(kw: dict) -> tuple[str, ...]:
+    return tuple(f"{k}={v!r}" for k, v in kw.items())
 
 
 def _steps(opt, p) -> tuple[bool, bool]:
@@ -142,7 +201,7 @@ def _steps(opt, p) -> tuple[bool, bool]:
     return False, False
 
 
-def _how(cls) -> tuple[str, tuple[str, ...]]:
+def _how(cls, kw: dict) -> tuple[str, tuple[str, ...]]:
     """How an unseen write is made: a second probe step with the dispatcher's writes recorded."""
     import torch
 
@@ -150,7 +209,7 @@ def _how(cls) -> tuple[str, tuple[str, ...]]:
 
     torch.manual_seed(0)
     try:
-        opt, p = _construct(cls)
+        opt, p = construct(cls, kw)
         with _recorder(p) as rec:
             _steps(opt, p)
     except Exception as e:  # noqa: BLE001

@@ -133,13 +133,14 @@ setup(distclass=PlatformDistribution)
 """
 
 
-def make_wheel(out_dir: str, artifact, opts: Options, log=sys.stderr) -> str:
+def make_wheel(out_dir: str, artifact, opts: Options, log=None) -> str:
     """Pack ``artifact`` (runtime.Artifact: a finished build, its library read from the descriptor its
     checks ran on) and its plan into a wheel in ``out_dir``; returns the wheel's path. Built by
     setuptools through ``pip wheel``, with no network (no build isolation) and a fixed
     SOURCE_DATE_EPOCH, so the same build gives the same wheel bytes."""
     from .trust import check_library
 
+    log = sys.stderr if log is None else log  # the stream of the call, not the one at import
     fd = check_library(artifact.path, artifact.sha256, artifact.root)
     try:
         rec = record(fd, os.path.basename(artifact.path), artifact.key, artifact.manifest, opts)

@@ -1,0 +1,250 @@
+"""The install step in each Python process of a program under `run` or in an enabled environment:
+what the hook (``site/_torchgen_patch_hook.py``) calls right after torch (or a module of
+``--import``) has finished importing. It reads the launch spec, resolves the library (the build the
+spec names, the installed prebuilt kernels, the cached build, or a build under the cache's lock),
+registers the kernels and hands the hook the one line to say; the hook prints it and, where the
+kernels cannot be had, stops the process with the error's exit code.
+
+The tool works in the program's process without changing what the program sees: stdout and
+stderr as the program left them (closed, or redirected to an object that cannot flush), its
+``sys.path`` untouched (the hook routes the tool's own imports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+_SPEC_TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
+               "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
+               "verbose": bool, "roots": dict, "check_saved": (str, type(None))}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of ``after_import`` did, for the hook: whether anything is left to do, the
+    line to say (None: nothing), and the exit code to stop the process with (None: go on)."""
+
+    done: bool
+    line: str | None = None
+    exit_code: int | None = None
+
+
+class _Sink:
+    """A stream that writes to ``target`` when it can (nowhere for None) and always flushes: what the
+    program's own stream cannot do costs nothing."""
+
+    def __init__(self, target=None):
+        self._target = target
+
+    @property
+    def target(self):
+        return self._target
+
+    def write(self, text: str) -> int:
+        try:
+            self.target.write(text)
+        except Exception:  # noqa: BLE001 — the program's sink, not ours to fix
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.target.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def isatty(self) -> bool:
+        try:
+            return bool(self.target.isatty())
+        except Exception:  # noqa: BLE001
+            return False
+
+
+class _Stderr(_Sink):
+    """Where build messages go: stderr as the program has it at the moment (closed: nowhere;
+    ``redirect_stderr`` to a write-only object: there)."""
+
+    @property
+    def target(self):
+        return sys.stderr
+
+
+class _Quiet(_Sink):
+    """Where -q sends build messages: nowhere (no file opened in the program's process)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def log_for(spec: dict):
+    """The build messages' stream for ``spec`` (-q: none)."""
+    return _Quiet() if spec.get("quiet") else _Stderr()
+
+
+def read_spec(text: str | None, source: str) -> dict:
+    """The launch spec in ``text``, checked field by field (an InputError naming ``source`` if not:
+    ``$TORCHGEN_PATCH_RUN``, or an enabled environment's file)."""
+    from ..sources import Options
+
+    hint = "torchgen-patch run sets it: unset it" if source.startswith("$") else \
+        "torchgen-patch enable writes it again"
+    try:
+        spec = json.loads(text or "")
+    except ValueError as e:
+        raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch ({e})", hint) from None
+    if not isinstance(spec, dict):
+        raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch (not a JSON object)", hint)
+    for k, t in _SPEC_TYPES.items():
+        v = spec.get(k)
+        if not isinstance(v, t) or (isinstance(v, list) and not all(isinstance(x, str) for x in v)):
+            raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch ({k!r} is "
+                                         f"{type(v).__name__})", hint)
+    if spec["backend"] not in ("cpp", "python"):
+        raise InputError(None, None, f"{source}: unknown backend {spec['backend']!r}", hint)
+    try:
+        Options(**spec["options"])
+    except TypeError as e:
+        raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch ({e})", hint) from None
+    return spec
+
+
+def resolve(spec: dict, log) -> tuple[str | None, str | None]:
+    """The one call into the build machinery: (the compiled library of the plan's kernels, where it
+    came from), the library None where install() needs none (the Python backend; installed prebuilt
+    kernels that fit). ``spec["library"]``: the build an enabled environment made (or run's
+    --runtime-op check found), used while it is this torch's; else found by the inputs' key, built
+    under the cache's lock where the cache lacks it."""
+    if spec["backend"] != "cpp":
+        return None, None
+    from ..sources import Options
+    from . import artifact_at, library as compose
+
+    if spec.get("library"):
+        try:
+            return artifact_at(spec["library"], "cache").path, "from the cached build"
+        except InputError:  # gone, another torch's, not this account's to use: found or built as without it
+            pass
+    art = compose(Options(**spec["options"]), verbose=spec.get("verbose", False), log=log)
+    if art.origin == "prebuilt":  # install() finds them itself
+        return None, f"from the prebuilt kernels ({art.prebuilt})"
+    return art.path, "built now" if art.origin == "build" else "from the cached build"
+
+
+_DONE: set[str] = set()  # what this process installed already: "kernels", "runtime"
+
+
+def after_import(name: str, text: str | None, mode: str, source: str, program_import=None) -> Outcome:
+    """Right after ``name`` (torch, or a module of --import) finished importing: install what can be
+    installed now. Runtime ops wait until torch and every --import module are imported (a module
+    whose own import pulled torch in defines its operators only once it finished); the modules not
+    imported yet are imported here (``program_import``: as the program finds them). ``text``: the
+    launch spec, ``source`` names where it is; ``mode``: "run" or "enable"."""
+    if "runtime" in _DONE:
+        return Outcome(True)
+    if "torch" not in sys.modules or _importing("torch", name):
+        return Outcome(False)  # torch not (wholly) imported yet: its own hook comes once it is
+    try:
+        spec = read_spec(text, source)
+        with _usable_streams():
+            line = _install(spec, name, mode, program_import)
+    except InputError as e:  # the kernels cannot be had (no compiler, a refused cache): stop, never run unpatched
+        _DONE.update(("kernels", "runtime"))
+        return Outcome(True, e.render(), e.exit_code)
+    except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
+        _DONE.update(("kernels", "runtime"))
+        return Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}")
+    return Outcome("runtime" in _DONE, line)
+
+
+def _importing(module: str, done: str) -> bool:
+    """Whether ``module`` is being imported right now (its import is what imported torch)."""
+    m = sys.modules.get(module)
+    return module != done and m is not None and getattr(getattr(m, "__spec__", None), "_initializing", False)
+
+
+def _who(mode: str) -> str:
+    """Which process a line is about: its program (torchrun's launcher imports torch too), its rank."""
+    argv0 = (getattr(sys, "argv", None) or [""])[0]
+    parts = ["python -c" if argv0 == "-c" else os.path.basename(argv0) or "python"]
+    if os.environ.get("RANK") is not None:
+        parts.append(f"rank {os.environ['RANK']}")
+    if mode == "enable":
+        parts.append("enabled")
+    return ", ".join(parts)
+
+
+def _install(spec: dict, name: str, mode: str, program_import) -> str | None:
+    """Install what is due now; the line to say about it, or None."""
+    import importlib
+
+    from ..sources import Options
+    from . import install as inst
+
+    opts = Options(**spec["options"])
+    line, refused = "", False
+    if "kernels" not in _DONE:
+        _DONE.add("kernels")
+        library, origin = resolve(spec, log_for(spec))
+        rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts,
+                           check_saved=spec.get("check_saved"))
+        n = len(rep.registered) + len(rep.already)
+        line = (f"torchgen-patch: {n} kernels active ({spec['backend']}), {len(rep.refused)} refused"
+                + (f", {origin}" if origin else "") + f"; {len(rep.optimizers)} optimizer entries active")
+        refused = bool(rep.refused)
+    waiting = [m for m in spec["imports"] if _importing(m, name)]
+    if spec["runtime_ops"] and not waiting:
+        _DONE.add("runtime")
+        part = "; runtime ops" if line else "torchgen-patch: runtime ops"
+        try:
+            for m in spec["imports"]:  # the program's own modules: found as the program finds them
+                (program_import or importlib.import_module)(m)
+            r = inst.install(backend=spec["backend"], runtime_ops=spec["runtime_ops"], options=opts,
+                             boxed_library=spec["boxed"])
+            line += f"{part}: {len(r.registered) + len(r.already)} active, {len(r.refused)} refused"
+            refused = refused or bool(r.refused)
+        except Exception as e:  # noqa: BLE001
+            line += f"{part} NOT active: " + (e.message if isinstance(e, InputError) else f"{type(e).__name__}: {e}")
+    elif not spec["runtime_ops"]:
+        _DONE.add("runtime")
+    if line and (not spec.get("quiet") or "NOT active" in line or refused):
+        return f"{line}, in pid {os.getpid()} ({_who(mode)})"
+    return None
+
+
+@contextlib.contextmanager
+def _usable_streams():
+    """While the tool works in the program's process: a closed file descriptor 2 (``2>&-``) is the
+    null device, so a file it opens never becomes the stderr of a compiler it starts (closed again
+    afterwards, as the program had it); and ``sys.stdout``/``sys.stderr`` that are None (closed at
+    start) or cannot flush (``redirect_stderr`` to a write-only object) are wrapped, so code that
+    flushes them (cpp_extension does) works, and what is written still reaches the program's sink."""
+    try:
+        os.fstat(2)
+        closed = False
+    except OSError:
+        closed = True
+    if closed:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 2:
+            os.dup2(fd, 2)
+            os.close(fd)
+    saved = {n: getattr(sys, n) for n in ("stdout", "stderr")}
+    wrapped = {n: _Sink(s) for n, s in saved.items()
+               if s is None or not callable(getattr(s, "flush", None)) or not callable(getattr(s, "write", None))}
+    for n, w in wrapped.items():
+        setattr(sys, n, w)
+    try:
+        yield
+    finally:
+        for n, w in wrapped.items():
+            if getattr(sys, n) is w:
+                setattr(sys, n, saved[n])
+        if closed:
+            os.close(2)
+

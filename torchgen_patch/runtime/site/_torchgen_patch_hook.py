@@ -1,0 +1,565 @@
+"""torchgen-patch's hook in a Python process: loaded at interpreter start by ``run``'s
+``sitecustomize`` (this folder first on PYTHONPATH) or by the ``.pth`` file ``torchgen-patch enable``
+writes into an environment's site-packages. Standard library only, and at start nothing but what
+the interpreter has loaded already: the rest waits for the first ``import torch``.
+
+- A meta-path finder lets the other finders find ``torch`` (and the ``--import`` modules), then
+  wraps that one loader's ``exec_module`` so the kernels are installed right after the module ran.
+- An audit hook (``sys.addaudithook``: it cannot be removed) puts the finder back in front when the
+  program reset ``sys.meta_path`` or put a finder of its own first, and installs the kernels at the
+  next import when torch came in past the finder (``importlib.import_module`` raises no audit event
+  of its own). Under ``run`` it also watches the processes this one starts (``subprocess``,
+  ``os.exec*``, ``os.posix_spawn``, ``os.system``): a Python child whose command line or environment
+  drops the hook is named in one line, since nothing of this tool will run in it.
+- The tool's own imports in the program's process (``_Own``) come from where the tool is installed
+  (its package and its dependencies, by name), never from the program's own directory, and leave
+  ``sys.path`` and the program's view of ``sys.modules`` as they were.
+"""
+
+import _thread
+import os
+import sys
+
+NAME = "_torchgen_patch_hook"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV = "TORCHGEN_PATCH_RUN"
+BLOCKING = {"I": "isolated mode ignores PYTHONPATH", "E": "it ignores PYTHONPATH",
+            "S": "it skips the site module, which loads the hook"}
+HINT = "torchgen-patch enable patches every Python process of an environment"
+_SPAWN = ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system")
+_EVENTS = frozenset(("import", *_SPAWN))
+
+_spec = None  # the launch spec's text: run's $TORCHGEN_PATCH_RUN, or what enable wrote
+_source = "$" + ENV  # where it came from, for messages
+_mode = None  # "run" | "enable"; None until start()
+_down = False  # the tool itself runs in this process (its CLI): it installs nothing behind its back
+_finished = False  # everything installed (or refused, said so): the audit hook only watches children
+_enabled_here = False  # the .pth of an enabled environment loaded this hook
+_start_path = ()  # sys.path when the hook started: an entry put first later is the program's own directory
+_lock = _thread.allocate_lock()
+_busy = set()  # threads doing the tool's own work right now
+
+
+def start(spec_text, mode, source=None):
+    """Start watching (once per process; ``run`` after ``enable``: run's spec governs)."""
+    global _spec, _mode, _source, _start_path, _enabled_here
+    if _mode is not None:
+        if mode == "run" and spec_text:
+            _spec, _mode, _source = spec_text, "run", "$" + ENV
+        return
+    _enabled_here = mode == "enable"
+    run_spec = os.environ.get(ENV)
+    if run_spec:  # started by run, whatever else happened to its PYTHONPATH
+        _spec, _mode, _source = run_spec, mode, "$" + ENV
+    else:
+        _spec, _mode, _source = spec_text, mode, source or "$" + ENV
+    _start_path = tuple(sys.path)
+    _Watch.watched = {m for m in _watched() if m not in sys.modules}
+    if "torch" in sys.modules:  # imported before site ran (an embedding program): install now
+        _after("torch")
+    if _Watch.watched:
+        sys.meta_path.insert(0, _Watch)
+    sys.addaudithook(_audit)
+    import atexit
+
+    atexit.register(_at_exit)
+
+
+def stand_down():
+    """The tool's own command line runs in this process: leave its torch alone."""
+    global _down
+    _down = True
+
+
+def _watched():
+    """torch, and the modules of --import (their operators exist once they finished importing)."""
+    if _spec is None or '"imports": []' in _spec:  # the common case: no JSON parsed at start
+        return {"torch"}
+    try:
+        import json
+
+        return {"torch", *json.loads(_spec).get("imports", [])}
+    except (ValueError, TypeError, AttributeError):
+        return {"torch"}  # said at `import torch`, where the spec is read
+
+
+def _say(text):
+    """One line on stderr, wherever the program sent it: nothing when it is closed (never stdout), and
+    a sink that cannot flush (or write) costs nothing."""
+    err = sys.stderr
+    if err is None:
+        return
+    try:
+        err.write(text + "\n")
+        flush = getattr(err, "flush", None)
+        if flush is not None:
+            flush()
+    except Exception:  # noqa: BLE001 — a broken sink is the program's; its import goes on
+        pass
+
+
+class _Watch:
+    """A meta-path finder that answers for the watched modules only: it lets the other finders find
+    the module, then wraps that loader's exec_module (on this one loader object, for this one module)
+    to call _after once the module has run. A spec asked for and thrown away
+    (importlib.util.find_spec("torch"), as libraries do to see whether torch is there) leaves the
+    module watched."""
+
+    watched = set()
+
+    @classmethod
+    def _ran(cls, name):
+        cls.watched.discard(name)
+        if not cls.watched and cls in sys.meta_path:
+            sys.meta_path.remove(cls)
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name not in cls.watched or _down:
+            return None
+        for finder in list(sys.meta_path):
+            find = None if finder is cls else getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run_module = getattr(loader, "exec_module", None)
+        if run_module is None:
+            return spec  # cannot be watched: the audit hook installs at the next import
+        wrapped = getattr(run_module, "_torchgen_patch_of", None)  # one loader object for several modules
+
+        def exec_module(module):
+            if getattr(module, "__name__", None) != name:
+                return (wrapped or run_module)(module)
+            try:
+                loader.exec_module = wrapped or run_module
+            except AttributeError:
+                pass
+            (wrapped or run_module)(module)
+            cls._ran(name)
+            _after(name)
+
+        exec_module._torchgen_patch_of = wrapped or run_module
+        try:
+            loader.exec_module = exec_module
+        except AttributeError:  # a loader that takes no attributes: the audit hook installs at the next import
+            pass
+        return spec
+
+
+def _audit(event, args):
+    """Every audited event of the process (a file opened, sys._getframe, ...): so it returns at once
+    for all but a few (about 0.25 us an event)."""
+    if event not in _EVENTS or _down:
+        return
+    if event == "import":
+        if _Watch.watched and not _finished and _thread.get_ident() not in _busy:
+            _on_import(args[0])
+    elif event in _SPAWN and _mode == "run":
+        if event == "os.posix_spawn" and sys._getframe(1).f_code.co_name == "_posix_spawn":
+            return  # subprocess.Popen's own way of starting the child it raised its event for
+        try:
+            _on_spawn(event, args)
+        except Exception:  # noqa: BLE001 — never stop the program starting its process
+            pass
+
+
+def _on_import(name):
+    meta = sys.meta_path
+    if name in _Watch.watched and (not meta or meta[0] is not _Watch):
+        try:  # the program reset sys.meta_path, or put its own finder first: ours goes first again
+            while _Watch in meta:
+                meta.remove(_Watch)
+            meta.insert(0, _Watch)
+        except Exception:  # noqa: BLE001 — not a list any more: the next check still installs
+            pass
+    for done in [m for m in _Watch.watched if m in sys.modules and not _initializing(m)]:
+        _Watch._ran(done)  # imported past the finder: install now
+        _after(done)
+
+
+def _at_exit():
+    """torch came in past the finder and nothing was imported after it: too late to install, not to say so."""
+    if not _down and not _finished and "torch" in _Watch.watched and "torch" in sys.modules:
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: torch was imported where the hook could not see "
+             "it finish (importlib.import_module past a replaced sys.meta_path?), and nothing was imported after "
+             "it (hint: import torch with an import statement, or call torchgen_patch.install() after importing it)")
+
+
+def _initializing(name):
+    m = sys.modules.get(name)
+    return m is not None and getattr(getattr(m, "__spec__", None), "_initializing", False)
+
+
+def _after(name):
+    """The module ``name`` finished importing: let the tool install what it can now, inside _Own.
+    Never waits for another thread doing this work (it could hold a lock this thread's import
+    holds): the name is queued, and whichever thread holds the work does every name queued."""
+    _pending.append(name)
+    ident = _thread.get_ident()
+    while _pending and not _down and not _finished and ident not in _busy:
+        if not _lock.acquire(False):
+            return
+        _busy.add(ident)
+        try:
+            while _pending and not _finished:
+                _work(_pending.pop(0))
+        finally:
+            _busy.discard(ident)
+            _lock.release()
+
+
+_pending = []  # modules finished importing, not yet handed to the tool
+
+
+def _work(name):
+    global _finished
+    try:
+        roots = _roots()
+        if roots is None:
+            return
+        with _Own(roots):
+            from torchgen_patch.runtime.process import after_import
+
+            outcome = after_import(name, _spec, _mode, _source, program_import)
+        _finished = outcome.done
+        if outcome.line:
+            _say(outcome.line)
+        if outcome.exit_code is not None:
+            _exit(outcome.exit_code)
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 — the tool cannot load: the program goes on unpatched, and says so
+        _finished = True
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}")
+
+
+def _roots():
+    """The directories the tool's package and dependencies come from, named in the spec; a spec
+    that is not one stops the process (one line, exit 2), as every bad input does."""
+    import json
+
+    global _finished
+    if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
+        _finished = True
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
+             f"this one left it out of its environment) (hint: {HINT})")
+        return None
+    try:
+        spec = json.loads(_spec)
+        roots = spec["roots"]
+        if not isinstance(roots, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in roots.items()) or "torchgen_patch" not in roots:
+            raise ValueError("no roots")
+    except (ValueError, TypeError, KeyError) as e:
+        _fail(f"{_source}: not a launch spec of torchgen-patch ({type(e).__name__}: {e})",
+              "torchgen-patch run sets it: unset it" if _source.startswith("$") else
+              "torchgen-patch enable writes it again")
+        return None
+    return roots
+
+
+def _fail(message, hint):
+    global _finished
+    _finished = True
+    _say(f"torchgen-patch: error: {message} (hint: {hint})")
+    _exit(2)
+
+
+def _exit(code):
+    """Stop the process: the kernels cannot be had, and it must not go on unpatched."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        os._exit(code)  # SystemExit would end this thread only, and the program go on unpatched
+    raise SystemExit(code)
+
+
+class _Own:
+    """The tool's own imports, in this thread, while the block runs: its package and dependencies
+    (``roots``: name -> directory) from where the tool is installed, every other top-level module from
+    the program's path less its own directory (the script's folder, the current directory); modules
+    of those names the program imported from elsewhere are out of sight meanwhile. Afterwards a module
+    the tool imported stays in ``sys.modules`` only where the program's own import would find that
+    same file, so the program imports what it imported before."""
+
+    _kept = {}  # the tool's modules the program could not have imported: the next block uses them again
+    active = None  # the block running now
+
+    def __init__(self, roots):
+        self.roots = roots
+
+    def __enter__(self):
+        self.outer, _Own.active = _Own.active, self
+        from importlib.machinery import PathFinder
+
+        self.finder = PathFinder
+        self.thread = _thread.get_ident()
+        self.own = {"", "."}
+        if sys.path and sys.path[0] not in _start_path:
+            self.own.add(sys.path[0])
+        self.hidden = {}
+        for n in list(sys.modules):
+            top = n.partition(".")[0]
+            if top in self.roots and top != "torchgen_patch" and not _under(sys.modules[n], self.roots[top]):
+                self.hidden[n] = sys.modules.pop(n)
+        self.before = set(sys.modules)
+        for n, m in self._kept.items():
+            sys.modules.setdefault(n, m)
+        sys.meta_path.insert(0, self)
+        return self
+
+    def __exit__(self, *exc):
+        _Own.active = self.outer
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        import importlib.util
+
+        for top in sorted(n for n in set(sys.modules) - self.before if "." not in n):
+            if top in ("torch", "torchgen_patch"):
+                continue
+            module = sys.modules[top]
+            saved = sys.modules.pop(top)
+            try:
+                theirs = importlib.util.find_spec(top)
+            except Exception:  # noqa: BLE001
+                theirs = None
+            sys.modules[top] = saved
+            if not _same(theirs, getattr(module, "__spec__", None)):
+                for n in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+                    self._kept[n] = sys.modules.pop(n)
+        sys.modules.update(self.hidden)
+        return False
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or _thread.get_ident() != self.thread or name in _Watch.watched:
+            return None
+        where = self.roots.get(name)
+        if where is not None:
+            spec = self.finder.find_spec(name, [where])
+            if spec is None:
+                raise ModuleNotFoundError(f"No module named {name!r} where torchgen-patch is installed ({where})",
+                                          name=name)
+            return spec
+        spec = self.finder.find_spec(name, [p for p in sys.path if p not in self.own])
+        if spec is not None:
+            return spec
+        for finder in list(sys.meta_path):  # builtins, frozen modules, editable installs' finders
+            find = getattr(finder, "find_spec", None)
+            if finder is self or finder is _Watch or finder is self.finder or find is None:
+                continue
+            spec = find(name, None, target)
+            if spec is not None:
+                return spec
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def program_import(name):
+    """Import ``name`` (a module of --import) as the program would: the tool's routing is off in this
+    thread meanwhile."""
+    import importlib
+
+    own = _Own.active
+    if own is None:
+        return importlib.import_module(name)
+    thread, own.thread = own.thread, None
+    try:
+        return importlib.import_module(name)
+    finally:
+        own.thread = thread
+
+
+def _under(module, root):
+    f = getattr(module, "__file__", None)
+    return bool(f) and os.path.abspath(f).startswith(os.path.join(os.path.abspath(root), ""))
+
+
+def _same(a, b):
+    if a is None or b is None:
+        return False
+    return a.origin == b.origin and list(a.submodule_search_locations or []) == \
+        list(b.submodule_search_locations or [])
+
+
+# ---- the processes this one starts ---------------------------------------------------------------
+
+
+def _on_spawn(event, args):
+    if event == "subprocess.Popen":
+        executable, argv, _cwd, env = args
+    elif event == "os.system":
+        executable, argv, env = None, ["/bin/sh", "-c", os.fsdecode(args[0])], None
+    else:  # os.exec, os.posix_spawn: (path, argv, env)
+        executable, argv, env = args
+    argv = [os.fsdecode(a) for a in argv] if not isinstance(argv, (str, bytes)) else [os.fsdecode(argv)]
+    why = dropped(argv, env, executable, enabled=_enabled_here)
+    if why is None:
+        return
+    command = _shown(argv)
+    where = f"in pid {os.getpid()} after its exec" if event == "os.exec" else f"in a child of pid {os.getpid()}"
+    _say(f"torchgen-patch: NOT active {where} ({command}): {why} (hint: {HINT})")
+
+
+def _shown(argv):
+    text = " ".join(argv)
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def dropped(argv, env=None, executable=None, enabled=False, check_env=True):
+    """Why a process started as ``argv`` (``executable``: the file run, when it is not argv[0]) with
+    the environment ``env`` (None: this process's) would run without the hook, or None: it keeps
+    it, or it is not seen to be Python (a program whose interpreter cannot be read from its command
+    line or its first line; what it starts in turn is its own business). ``enabled``: this
+    environment's own Python patches itself (``torchgen-patch enable``), whatever the environment."""
+    env = dict(os.environ if env is None else env)
+    env = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+    argv = [os.fsdecode(a) for a in argv]
+    prog = os.fsdecode(executable) if executable is not None else (argv[0] if argv else "")
+    for _ in range(6):  # env, a shell's -c, a script's first line: a few levels, never a loop
+        name = os.path.basename(prog)
+        if name == "env":
+            argv, env = _env_command(argv[1:], env)
+            if not argv:
+                return None
+            prog = argv[0]
+        elif name in ("sh", "bash", "dash", "zsh", "ksh") and len(argv) >= 3 and argv[1] == "-c":
+            simple = _simple_command(argv[2], env)
+            if simple is None:
+                return None
+            argv, env = simple
+            prog = argv[0]
+        elif _is_python(name):
+            break
+        else:
+            line = _shebang(_which(prog, env))
+            if line is None:
+                return None
+            parts = line.split(None, 1)
+            argv = parts + [_which(prog, env)] + argv[1:]
+            prog = parts[0]
+    else:
+        return None
+    flags = interpreter_flags(argv)
+    for flag, why in BLOCKING.items():
+        if flag in flags:
+            return f"{name} -{flag}: {why}"
+    if enabled and os.path.dirname(os.path.abspath(_which(prog, env))) == \
+            os.path.dirname(os.path.abspath(sys.executable)):
+        return None  # this environment's own Python: the enabled environment patches it
+    if check_env:
+        hooked, told = HERE in env.get("PYTHONPATH", "").split(os.pathsep), bool(env.get(ENV))
+        if not hooked and not told:
+            return f"its environment has neither torchgen-patch's PYTHONPATH entry nor ${ENV}"
+        if not hooked:
+            return "its own PYTHONPATH leaves out torchgen-patch's hook"
+        if not told:
+            return f"its environment has no ${ENV}"
+    return None
+
+
+def _is_python(name):
+    import re
+
+    return re.match(r"^python(\d+(\.\d+)?)?t?$", name) is not None
+
+
+def interpreter_flags(argv):
+    """The single-letter options of a ``python`` command line, up to its script, -c or -m."""
+    flags = set()
+    args = iter(argv[1:])
+    for a in args:
+        if a in ("-", "--") or not a.startswith("-"):
+            break
+        if a.startswith("--"):
+            if a == "--check-hash-based-pycs":
+                next(args, None)
+            continue
+        for i, c in enumerate(a[1:]):
+            if c in "cm":  # the program follows
+                return flags
+            if c in "WX":  # takes a value: the rest of this word, or the next one
+                if i == len(a) - 2:
+                    next(args, None)
+                break
+            flags.add(c)
+    return flags
+
+
+def _env_command(args, env):
+    """``env [OPTION]... [NAME=VALUE]... COMMAND [ARG]...``: (the command line, its environment)."""
+    env, args, i = dict(env), list(args), 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-i", "-", "--ignore-environment"):
+            env = {}
+        elif a in ("-u", "--unset") and i + 1 < len(args):
+            env.pop(args[i + 1], None)
+            i += 1
+        elif a.startswith("--unset=") or (a.startswith("-u") and not a.startswith("--")):
+            env.pop(a.split("=", 1)[1] if a.startswith("--") else a[2:], None)
+        elif a in ("-S", "--split-string") and i + 1 < len(args):
+            args[i:i + 2] = args[i + 1].split()
+            continue
+        elif a.startswith(("-S", "--split-string=")):
+            args[i:i + 1] = (a.split("=", 1)[1] if a.startswith("--") else a[2:]).split()
+            continue
+        elif a in ("-C", "--chdir"):
+            i += 1
+        elif a == "--":
+            i += 1
+            break
+        elif a.startswith("-"):
+            pass  # -0, -v, --debug, ...: no bearing on what runs
+        elif "=" in a:
+            k, v = a.split("=", 1)
+            env[k] = v
+        else:
+            break
+        i += 1
+    return args[i:], env
+
+
+def _simple_command(text, env):
+    """A shell's ``-c`` text that is one simple command (assignments, a program, its arguments, quoted
+    or not), as (argv, env); None for anything a shell would expand, redirect or chain."""
+    if any(c in text for c in "|&;<>()$`\\\n*?[{~"):
+        return None
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return None
+    env = dict(env)
+    while words and "=" in words[0] and not words[0].startswith("="):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    return (words, env) if words else None
+
+
+def _which(prog, env):
+    if os.sep in prog:
+        return prog
+    for d in env.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", prog)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return prog
+
+
+def _shebang(path):
+    """The interpreter line of a script (``#!`` and what follows, up to the line's end), or None."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].strip()
+    return os.fsdecode(line) if line else None
