@@ -540,7 +540,7 @@ def _layouts(t):
     """The same memory seen as a contiguous tensor, transposed, sliced with gaps, expanded (overlapping)
     and as a 0-d tensor."""
     return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::2], "row": t[1], "expanded": t[:1].expand(4, -1),
-            "0-d": t[0, 0]}
+            "0-d": t[0, 0], "column": t[:1].t()}  # column: contiguous, yet its last stride is not 1
 
 
 @pytest.fixture(params=["cpu", "device path"])
@@ -664,6 +664,20 @@ def test_sign_flips_and_other_high_bit_patterns_are_seen(dtype, path):
         else:
             a.view(np.uint64)[pick] ^= np.uint64(1 << 63)
         assert not _same(before, fp.fingerprint(t)), pick
+
+
+def test_the_device_path_sees_a_value_moved_between_chunks(monkeypatch):
+    """Word i of chunk k and word k of chunk i: a change that adds to one what it takes from the other
+    is seen (were chunks weighted by the positions' own weights, both would weigh w[i] * w[k])."""
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
+    monkeypatch.setattr(fp, "CHUNK", 64)
+    for dtype, per in ((torch.int32, 1), (torch.int64, 2)):
+        t = torch.zeros(3 * 64 // per, dtype=dtype)
+        before = fp.fingerprint(t)
+        words = t.view(torch.int32)  # chunk k holds words 64k .. 64k + 63
+        words[64 + 2] += 1
+        words[128 + 1] -= 1
+        assert not _same(before, fp.fingerprint(t)), dtype
 
 
 # --- composition with the program's own hooks -----------------------------------------------------

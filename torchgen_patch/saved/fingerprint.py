@@ -281,20 +281,25 @@ def _bits(t):
 
 def _words(piece):
     """``piece``'s bit patterns as signed integers of at most 4 bytes: itself, or, for 8-byte
-    elements, its view as 4-byte words (copied first where its last dimension is not contiguous)."""
+    elements, its elements in order as pairs of 4-byte words (a copy where they are not laid out one
+    after another: a viewed dtype needs a last stride of 1, which a contiguous column need not have)."""
     import torch
 
     if piece.element_size() < 8:
         return piece
-    if piece.dim() == 0 or piece.stride(-1) != 1:
-        piece = piece.reshape(1) if piece.dim() == 0 else piece.contiguous()
-    return piece.view(torch.int32)
+    flat = piece.reshape(-1)
+    if flat.stride(0) != 1:
+        flat = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device).copy_(flat)
+    return flat.view(torch.int32)
 
 
 def _on_device(t):
     """The device fingerprint: a 0-d int64 tensor on ``t``'s device (no synchronisation). A change
     of one word always changes it (an odd weight times a nonzero difference below 2**32 is never 0
-    mod 2**64); changes of several are missed as the CPU sum's are."""
+    mod 2**64); changes of several are missed as the CPU sum's are. Chunks after the first are
+    weighted by the CPU sum's constants (``_odd``), not by the weights of positions: with those,
+    word i of chunk k and word k of chunk i would share a weight, and a change that moves a value
+    from one to the other would cancel."""
     import torch
 
     w = _weights(t.device)
@@ -304,5 +309,10 @@ def _on_device(t):
     for k, piece in enumerate(_pieces(bits, CHUNK // per)):
         words = _words(piece)
         s = torch.mul(words, w[:words.numel()].view(words.shape)).sum()  # int64: the weight's type
-        total = s if total is None else total + s * w[k % CHUNK]
+        total = s if total is None else total + s * _signed(_odd(k))
     return total
+
+
+def _signed(u: int) -> int:
+    """A 64-bit constant as the int64 with its bits (a torch scalar must fit int64)."""
+    return u - (1 << 64) if u >= 1 << 63 else u
