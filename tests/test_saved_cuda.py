@@ -1,7 +1,8 @@
 """The saved-tensor check on CUDA: the device fingerprint computed by CUDA's kernels is exactly the
 one the CPU tests check (tests/test_saved.py runs the device path on CPU), a one-bit change in
 any element changes it, and a backward pass costs one host synchronisation whatever the number
-of tensors it checks (the comparisons stay on the device until its end). Skipped without a GPU."""
+of tensors it checks (the comparisons stay on the device until its end). Skipped without a GPU;
+the CUDA benchmark's code (bench/bench_saved.py --device cuda) runs here on CPU as well."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from torchgen_patch.saved import fingerprint as fp
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -26,7 +27,8 @@ def _sample(dtype, rows: int = 64, cols: int = 48):
 
 
 def _layouts(t):
-    return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::3], "expanded": t[:1].expand(4, -1), "0-d": t[0, 0]}
+    return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::3], "expanded": t[:1].expand(4, -1), "0-d": t[0, 0],
+            "column": t[:1].t()}
 
 
 def _device_path_on_cpu(t) -> int:
@@ -37,6 +39,8 @@ def _device_path_on_cpu(t) -> int:
         fp._FORCE_DEVICE_PATH = False
 
 
+@pytest.mark.cuda
+@needs_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_computes_the_fingerprint_the_cpu_tests_check(dtype):
     t = _sample(dtype)
@@ -45,6 +49,8 @@ def test_cuda_computes_the_fingerprint_the_cpu_tests_check(dtype):
         assert int(on_cuda[0]) == _device_path_on_cpu(v), name
 
 
+@pytest.mark.cuda
+@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int8], ids=str)
 def test_on_cuda_a_one_bit_change_changes_the_fingerprint(dtype):
     t = _sample(dtype).cuda()
@@ -72,6 +78,8 @@ def _syncs(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+@pytest.mark.cuda
+@needs_cuda
 def test_a_checked_backward_pass_synchronises_once_whatever_it_checks():
     import torchgen_patch
 
@@ -96,3 +104,27 @@ def test_a_checked_backward_pass_synchronises_once_whatever_it_checks():
         saved = check.checked - before
     assert saved >= 48 and checked == plain + 1, (saved, plain, checked)
     assert check.findings == []
+
+
+def test_the_cuda_benchmark_runs_its_code_on_cpu(monkeypatch):
+    """bench/bench_saved.py --device cuda's timing, counting and report, on a tiny GPT-2 on CPU (where
+    no synchronisation is counted): so the GPU run is not their first."""
+    import importlib.util
+    import os
+
+    from tests.conftest import ROOT
+
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("bench_saved", os.path.join(ROOT, "bench", "bench_saved.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setitem(bench.GPT2, "tiny", (1, 32, 2, 64, 2, 16))
+    monkeypatch.setitem(bench.CUDA_MODELS, "tiny", ("a tiny GPT-2", 1.2))
+    monkeypatch.setitem(bench.STEPS_PER_ROUND, "tiny", 1)
+    t = bench.timing_cuda("tiny", 2, device="cpu")
+    c = t["counted"]
+    assert c["saved_tensors"] > 10 and c["off"]["sync_debug_mode"] is None and c["off"]["kernel_launches"] == 0
+    assert t["off_ms"] > 0 and t["on_ms"] > 0 and t["met"] == (t["ratio"] <= 1.2) and t["peak_mib"]["off"] is None
+    text = bench.render_cuda({"device": "cpu", "torch": torch.__version__, "off": bench.nothing_runs_when_off(),
+                              "models": [t]}, 2)
+    assert f"| a tiny GPT-2 | {c['saved_tensors']} | " in text and "| None / None; 0 / 0 | 0 / 0 | not measured |" in text
