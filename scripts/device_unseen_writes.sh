@@ -5,10 +5,14 @@
 # the CUDA tests together, then the saved-tensor check's benchmark alone. Every step runs under a
 # timeout taken from one budget (BUDGET seconds, default 520), so the whole stays under 9 minutes;
 # a step that runs out of time leaves what it wrote. Writes at most 8 files into $OUT:
-#   unseen-writes-cuda-torchV.md/.json, saved-check-cuda-torchV.md/.json, pytest-cuda-unseen-torchV.txt,
+#   unseen-writes-DEVICE-torchV.md/.json, saved-check-DEVICE-torchV.md/.json, pytest-DEVICE-unseen-torchV.txt,
 #   device-unseen-log.txt
 # FULL_SUITE=1 runs the whole test suite instead of the CUDA tests (about 2.5 minutes more).
+# DEVICE=cpu runs the same steps on CPU (a dry run on a machine without a GPU: the CUDA rows say
+# not run, the CUDA tests skip, the benchmark is the CPU one): ROUNDS and JOBS make it shorter.
 set -u
+DEVICE=${DEVICE:-cuda}
+JOBS=${JOBS:-10}
 OUT=${OUT:-reports/device}
 mkdir -p "$OUT"
 BUDGET=${BUDGET:-520}
@@ -38,25 +42,28 @@ log "nvcc: $( (${CUDA_HOME:-/usr/local/cuda}/bin/nvcc --version || nvcc --versio
 
 log "build: the kernels and DeepSpeed's ops, side by side"
 BUILD_LIMIT=$(limit 240 280)
-timeout $((BUILD_LIMIT + 15)) $PY scripts/unseen_writes.py --device cuda --part prepare --deadline "$BUILD_LIMIT" \
+timeout $((BUILD_LIMIT + 15)) $PY scripts/unseen_writes.py --device "$DEVICE" --part prepare --deadline "$BUILD_LIMIT" \
   --report "$WORK/prepare.md" --json "$WORK/prepare.json" >>"$LOG" 2>&1
-log "build rc=$?"
+log "build rc=$?: $(grep '^built: ' "$LOG" | tail -1)"
+# a build stopped at the deadline leaves torch's lock file, on which every later load would wait
+# forever: none is building now, so remove them (the next load resumes the build)
+find "$TORCH_EXTENSIONS_DIR" -name lock -type f -print -delete 2>/dev/null | sed 's/^/removed a stale lock: /' >>"$LOG"
 
 log "unseen-writes script and the CUDA tests, side by side"
 SCRIPT_LIMIT=$(limit 300 100)
-timeout $((SCRIPT_LIMIT + 20)) $PY scripts/unseen_writes.py --device cuda --deadline "$SCRIPT_LIMIT" --jobs 10 \
-  --report "$OUT/unseen-writes-cuda-torch$TV.md" --json "$OUT/unseen-writes-cuda-torch$TV.json" >>"$LOG" 2>&1 &
+timeout $((SCRIPT_LIMIT + 20)) $PY scripts/unseen_writes.py --device "$DEVICE" --deadline "$SCRIPT_LIMIT" --jobs "$JOBS" \
+  --report "$OUT/unseen-writes-$DEVICE-torch$TV.md" --json "$OUT/unseen-writes-$DEVICE-torch$TV.json" >>"$LOG" 2>&1 &
 SCRIPT=$!
 if [ "${FULL_SUITE:-0}" = 1 ]; then TESTS=(tests); else
   TESTS=(-m cuda tests/test_saved.py tests/test_saved_cuda.py tests/test_optim.py tests/test_optim_cuda.py tests/test_compat.py); fi
-timeout "$SCRIPT_LIMIT" $PY -m pytest -n 6 -q -ra -p no:cacheprovider "${TESTS[@]}" \
-  > "$OUT/pytest-cuda-unseen-torch$TV.txt" 2>&1
-log "pytest rc=$?: $(tail -1 "$OUT/pytest-cuda-unseen-torch$TV.txt")"
+timeout "$SCRIPT_LIMIT" $PY -m pytest -n "${PYTEST_JOBS:-12}" -q -ra -p no:cacheprovider "${TESTS[@]}" \
+  > "$OUT/pytest-$DEVICE-unseen-torch$TV.txt" 2>&1
+log "pytest rc=$?: $(tail -1 "$OUT/pytest-$DEVICE-unseen-torch$TV.txt")"
 wait $SCRIPT
 log "unseen-writes rc=$?: $(grep '^wrote ' "$LOG" | tail -1)"
 
-log "bench: the saved-tensor check on CUDA"
-timeout "$(limit 110 5)" $PY bench/bench_saved.py --device cuda --rounds ${ROUNDS:-11} \
-  --report "$OUT/saved-check-cuda-torch$TV.md" --json "$OUT/saved-check-cuda-torch$TV.json" >>"$LOG" 2>&1
+log "bench: the saved-tensor check on $DEVICE"
+timeout "$(limit 110 5)" $PY bench/bench_saved.py --device "$DEVICE" --rounds "${ROUNDS:-11}" \
+  --report "$OUT/saved-check-$DEVICE-torch$TV.md" --json "$OUT/saved-check-$DEVICE-torch$TV.json" >>"$LOG" 2>&1
 log "bench rc=$?"
 log "done in $((SECONDS - START)) s; files: $(ls "$OUT" | tr '\n' ' ')"

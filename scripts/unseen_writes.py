@@ -274,11 +274,12 @@ def _shown(path: str | None) -> str | None:
 
 
 def run_lint(runner: Runner) -> dict:
-    base = [PY, "-m", "torchgen_patch", "lint", "--runtime", *[a for m in LINT_MODULES for a in ("--import", m)]]
+    imports = [a for m in LINT_MODULES for a in ("--import", m)]
+    base = [PY, "-m", "torchgen_patch", "lint", "--runtime", *imports, "--namespace", "aten"]
     variants = {"shipped overlay": [], "no overlay": ["--no-overlay"]}
     futures = {k: (runner.submit(base + v, limit=420), runner.submit(base + v + ["--format", "json"], limit=420))
                for k, v in variants.items()}
-    out = {"command": "torchgen-patch lint --runtime " + " ".join(f"--import {m}" for m in LINT_MODULES)}
+    out = {"command": "torchgen-patch lint --runtime " + " ".join(imports) + " --namespace aten"}
     for k, (text, js) in futures.items():
         t, j = text.result(), js.result()
         shown = [ln for ln in t["out"].splitlines() if any(f"] {m}." in ln for m in LINT_MODULES)]
@@ -589,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    # DeepSpeed's ops where the tests build them (tests/conftest.py), unless the caller says otherwise
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(ROOT, ".cache", "torch_extensions"))
     runner = Runner(a.jobs, start + a.deadline, env)
 
     def stop(signum, frame):
