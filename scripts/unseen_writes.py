@@ -53,7 +53,7 @@ MODES = {"unpatched": "unpatched", "check": "unpatched, `check_saved(\"warn\")`"
 FINDING = "torchgen-patch: saved tensor changed without a version bump"
 SUMMARY = re.compile(r"saved-tensor check in pid \d+(?: \(rank \d+\))?: (\d+) changed saved tensors? \((\d+) "
                      r"distinct\) in (\d+) checked")
-PATCHED = re.compile(r"torchgen-patch: (\d+) kernels active \((\w+)\), (\d+) refused; (\d+) optimizer entries active")
+PATCHED = re.compile(r"torchgen-patch: (\d+) kernels active \((\w+)\), (\d+) refused[^;\n]*; (\d+) optimizer entries active")
 LINT_MODULES = ("deepspeed.ops.adam", "deepspeed.ops.lamb", "deepspeed.ops.lion")
 # DeepSpeed's ops the parts load, by the op builder that makes each: the fused optimizers' (CUDA's;
 # FusedAdam has a CPU build too), and the CPU optimizers' the lint probes without an overlay
@@ -282,7 +282,7 @@ def run_lint(runner: Runner) -> dict:
     out = {"command": "torchgen-patch lint --runtime " + " ".join(imports) + " --namespace aten"}
     for k, (text, js) in futures.items():
         t, j = text.result(), js.result()
-        shown = [ln for ln in t["out"].splitlines() if any(f"] {m}." in ln for m in LINT_MODULES)]
+        shown = [_shown(ln) for ln in t["out"].splitlines() if any(f"] {m}." in ln for m in LINT_MODULES)]
         got = {"rc": t["rc"], "text": "\n".join(shown + t["out"].splitlines()[-1:]), "stderr": _tail(t["err"], 800)}
         try:
             doc = json.loads(j["out"])
