@@ -34,7 +34,8 @@ else
 fi
 export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TORCHGEN_PATCH_NO_VENV=1
 # one cache of kernels and one of torch extensions (DeepSpeed's ops) for the script, the tests and the bench
-export TORCHGEN_PATCH_CACHE="$WORK/tgp-cache" TORCH_EXTENSIONS_DIR="$WORK/torch_extensions"
+# (this run's own, unless the caller names them: a dry run reuses its builds)
+export TORCHGEN_PATCH_CACHE="${TORCHGEN_PATCH_CACHE:-$WORK/tgp-cache}" TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$WORK/torch_extensions}"
 # DeepSpeed's JIT builds read the architecture list: the same in every process, so none rebuilds
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 9.0)}
 TV=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
@@ -46,8 +47,10 @@ timeout $((BUILD_LIMIT + 15)) $PY scripts/unseen_writes.py --device "$DEVICE" --
   --report "$WORK/prepare.md" --json "$WORK/prepare.json" >>"$LOG" 2>&1
 log "build rc=$?: $(grep '^built: ' "$LOG" | tail -1)"
 # a build stopped at the deadline leaves torch's lock file, on which every later load would wait
-# forever: none is building now, so remove them (the next load resumes the build)
-find "$TORCH_EXTENSIONS_DIR" -name lock -type f -print -delete 2>/dev/null | sed 's/^/removed a stale lock: /' >>"$LOG"
+# forever: in this run's own folder none is building now, so remove them (the next load resumes)
+if [ "$TORCH_EXTENSIONS_DIR" = "$WORK/torch_extensions" ]; then
+  find "$TORCH_EXTENSIONS_DIR" -name lock -type f -print -delete 2>/dev/null | sed 's/^/removed a stale lock: /' >>"$LOG"
+fi
 
 log "unseen-writes script and the CUDA tests, side by side"
 SCRIPT_LIMIT=$(limit 300 100)
@@ -56,7 +59,8 @@ timeout $((SCRIPT_LIMIT + 20)) $PY scripts/unseen_writes.py --device "$DEVICE" -
 SCRIPT=$!
 if [ "${FULL_SUITE:-0}" = 1 ]; then TESTS=(tests); else
   TESTS=(-m cuda tests/test_saved.py tests/test_saved_cuda.py tests/test_optim.py tests/test_optim_cuda.py tests/test_compat.py); fi
-timeout "$SCRIPT_LIMIT" $PY -m pytest -n "${PYTEST_JOBS:-12}" -q -ra -p no:cacheprovider "${TESTS[@]}" \
+XDIST=(-n "${PYTEST_JOBS:-12}"); [ "${PYTEST_JOBS:-12}" = 0 ] && XDIST=()  # 0: one process (no pytest-xdist)
+timeout "$SCRIPT_LIMIT" $PY -m pytest "${XDIST[@]}" -q -ra -p no:cacheprovider "${TESTS[@]}" \
   > "$OUT/pytest-$DEVICE-unseen-torch$TV.txt" 2>&1
 log "pytest rc=$?: $(tail -1 "$OUT/pytest-$DEVICE-unseen-torch$TV.txt")"
 wait $SCRIPT

@@ -22,6 +22,9 @@ import torch
 import torchgen_patch
 from tests.conftest import ROOT
 from tests.support import script
+from tests.test_optim import _raises
+from tests.test_optim import _stale as stale_on_cpu
+from tests.test_optim import _train as train_on_cpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 ONE_OP = ["aten::_foreach_zero_"]  # install() with the Python backend and one kernel: no build needed
@@ -133,46 +136,17 @@ def overlays(tmp_path_factory):
 
 
 def _stale(cls):
-    """A CUDA parameter saved for backward, then stepped: (param, loss whose backward uses it)."""
-    torch.manual_seed(0)
-    p = torch.nn.Parameter(torch.randn(8, 8, device="cuda"))
-    with warnings.catch_warnings():
+    """tests/test_optim.py's parameter saved for backward, then stepped, made on CUDA."""
+    with torch.device("cuda"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opt = cls([p])
-    loss = (p * p).sum()
-    p.grad = torch.ones_like(p)
-    before = p.detach().clone()
-    opt.step()
-    assert not torch.equal(before, p.detach())  # the step did write it
-    return p, loss
-
-
-def _raises(loss) -> bool:
-    try:
-        loss.backward()
-    except RuntimeError as e:
-        assert "modified by an inplace operation" in str(e), e
-        return True
-    return False
+        return stale_on_cpu(cls)
 
 
 def _train(cls):
-    """A small MLP trained on CUDA with ``cls``: the losses, the final parameters' bits and versions."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).cuda()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        opt = cls(model.parameters(), lr=1e-2)
-    x, y = torch.randn(32, 64, device="cuda"), torch.randn(32, 1, device="cuda")
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, [p.detach().clone().view(torch.int32) for p in model.parameters()], \
-        [p._version for p in model.parameters()]
+    """tests/test_optim.py's small MLP, trained on CUDA with ``cls``: the losses, the final
+    parameters' bits and versions."""
+    with torch.device("cuda"):
+        return train_on_cpu(cls, {}, STEPS)
 
 
 def test_the_shipped_overlay_has_fused_lambs_and_fused_lions_entries(overlays):
