@@ -106,10 +106,11 @@ def test_a_checked_backward_pass_synchronises_once_whatever_it_checks():
     assert check.findings == []
 
 
-def test_the_cuda_benchmark_runs_its_code_on_cpu(monkeypatch):
-    """bench/bench_saved.py --device cuda's timing, counting and report, on a tiny GPT-2 on CPU (where
-    no synchronisation is counted): so the GPU run is not their first."""
+def test_the_cuda_benchmark_runs_its_code_on_cpu(monkeypatch, tmp_path):
+    """bench/bench_saved.py --device cuda's timing, counting, report and JSON, on a tiny GPT-2 on CPU
+    (where no synchronisation is counted): so the GPU run is not their first."""
     import importlib.util
+    import json
     import os
 
     from tests.conftest import ROOT
@@ -119,12 +120,13 @@ def test_the_cuda_benchmark_runs_its_code_on_cpu(monkeypatch):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     monkeypatch.setitem(bench.GPT2, "tiny", (1, 32, 2, 64, 2, 16))
-    monkeypatch.setitem(bench.CUDA_MODELS, "tiny", ("a tiny GPT-2", 1.2))
+    monkeypatch.setattr(bench, "CUDA_MODELS", {"tiny": ("a tiny GPT-2", 1.2)})
     monkeypatch.setitem(bench.STEPS_PER_ROUND, "tiny", 1)
-    t = bench.timing_cuda("tiny", 2, device="cpu")
+    report, js = tmp_path / "r.md", tmp_path / "r.json"
+    bench.main_cuda(2, str(report), str(js), device="cpu")
+    (t,) = json.loads(js.read_text())[0]["models"]
     c = t["counted"]
     assert c["saved_tensors"] > 10 and c["off"]["sync_debug_mode"] is None and c["off"]["kernel_launches"] == 0
     assert t["off_ms"] > 0 and t["on_ms"] > 0 and t["met"] == (t["ratio"] <= 1.2) and t["peak_mib"]["off"] is None
-    text = bench.render_cuda({"device": "cpu", "torch": torch.__version__, "off": bench.nothing_runs_when_off(),
-                              "models": [t]}, 2)
+    text = report.read_text()
     assert f"| a tiny GPT-2 | {c['saved_tensors']} | " in text and "| None / None; 0 / 0 | 0 / 0 | not measured |" in text
