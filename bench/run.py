@@ -72,9 +72,9 @@ def main() -> int:
               "program", flush=True)
         results["startup"] = bench_startup.main(args.startup_rounds)
     if "saved" in only:
-        print("== the saved-tensor check: a training step with it on / off (CPU)", flush=True)
-        # its own report, one file for this check (reports/saved-check-cpu-torch<version>.md)
-        results["saved"] = bench_saved.main(args.saved_rounds, report=args.report)
+        print(f"== the saved-tensor check: a training step with it on / off ({args.device})", flush=True)
+        # its own report, one file for this check (reports/saved-check-<device>-torch<version>.md)
+        results["saved"] = bench_saved.main(args.saved_rounds, report=args.report, device=args.device)
     from torchgen_patch.sources import installed_torch_version as torch_version
 
     name = f"bench-{args.device}-torch{torch_version().split('+')[0]}.json"

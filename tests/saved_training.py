@@ -1,13 +1,15 @@
 """Training runs for the saved-tensor check's no-false-findings tests, in one fresh process:
 
-    python tests/saved_training.py CHECK(off|raise) CASE[,CASE...]
+    python tests/saved_training.py CHECK(off|warn|raise) CASE[,CASE...]|all [DEVICE]
 
 installs the kernels (the library at $TORCHGEN_PATCH_LIBRARY, else the cached build), turns the
-check on in ``raise`` mode when asked, trains each case a few steps from fixed seeds and prints
-one JSON object: case -> {"losses": [...], "findings": n, "checked": n}. Every case runs on CPU
-with tiny configurations built in code (no download): small GPT-2, BERT and Llama models of
-transformers, and a ResNet-18 written here (torchvision does not import beside torch 2.13).
-tests/test_saved_training.py runs it with the check off and on and compares."""
+check on in that mode when asked, trains each case a few steps from fixed seeds and prints one
+JSON object: case -> {"losses": [...], "findings": n, "checked": n}. Every case runs on DEVICE
+(default cpu; on cuda AMP is bf16 autocast there, with PyTorch's deterministic algorithms where it
+has them) with tiny configurations built in code (no download): small GPT-2, BERT and Llama models
+of transformers, and a ResNet-18 written here (torchvision does not import beside torch 2.13).
+tests/test_saved_training.py runs it with the check off and on and compares; so does
+scripts/unseen_writes.py on CUDA."""
 
 from __future__ import annotations
 
@@ -27,38 +29,38 @@ def _quiet_transformers():
     logging.set_verbosity_error()
 
 
-def gpt2(seed=0):
+def gpt2(seed=0, device="cpu"):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     _quiet_transformers()
     torch.manual_seed(seed)
     cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=64, bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(cfg)
-    ids = torch.randint(0, 64, (2, 16))
+    model = GPT2LMHeadModel(cfg).to(device)
+    ids = torch.randint(0, 64, (2, 16), device=device)
     return model, lambda: model(ids, labels=ids).loss
 
 
-def bert(seed=0):
+def bert(seed=0, device="cpu"):
     from transformers import BertConfig, BertForMaskedLM
 
     _quiet_transformers()
     torch.manual_seed(seed)
     cfg = BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64,
                      vocab_size=64, max_position_embeddings=32)
-    model = BertForMaskedLM(cfg)
-    ids = torch.randint(0, 64, (2, 16))
+    model = BertForMaskedLM(cfg).to(device)
+    ids = torch.randint(0, 64, (2, 16), device=device)
     return model, lambda: model(input_ids=ids, labels=ids).loss
 
 
-def llama(seed=0):
+def llama(seed=0, device="cpu"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _quiet_transformers()
     torch.manual_seed(seed)
     cfg = LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=32,
                       intermediate_size=64, vocab_size=64, max_position_embeddings=32)
-    model = LlamaForCausalLM(cfg)
-    ids = torch.randint(0, 64, (2, 16))
+    model = LlamaForCausalLM(cfg).to(device)
+    ids = torch.randint(0, 64, (2, 16), device=device)
     return model, lambda: model(input_ids=ids, labels=ids).loss
 
 
@@ -95,10 +97,10 @@ class ResNet18(torch.nn.Module):
         return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
 
 
-def resnet18(seed=0):
+def resnet18(seed=0, device="cpu"):
     torch.manual_seed(seed)
-    model = ResNet18()
-    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))
+    model = ResNet18().to(device)
+    x, y = torch.randn(2, 3, 32, 32, device=device), torch.randint(0, 10, (2,), device=device)
     return model, lambda: torch.nn.functional.cross_entropy(model(x), y)
 
 
@@ -116,9 +118,9 @@ CASES = {
 }
 
 
-def train(case: str) -> list[float]:
+def train(case: str, device: str = "cpu") -> list[float]:
     make, opt_kw, amp, clip, ckpt, compiled = CASES[case]
-    model, loss_of = make()
+    model, loss_of = make(device=device)
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -127,7 +129,7 @@ def train(case: str) -> list[float]:
     losses = []
     for _ in range(STEPS):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
             loss = step_loss()
         loss.backward()
         if clip:
@@ -138,7 +140,10 @@ def train(case: str) -> list[float]:
 
 
 def main() -> None:
-    mode, cases = sys.argv[1], sys.argv[2].split(",")
+    mode, cases = sys.argv[1], sys.argv[2].split(",") if sys.argv[2] != "all" else sorted(CASES)
+    device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    if device == "cuda":  # the same losses run to run where PyTorch can give them (cuBLAS: CUBLAS_WORKSPACE_CONFIG)
+        torch.use_deterministic_algorithms(True, warn_only=True)
     sys.path.insert(0, ROOT)
     import torchgen_patch
 
@@ -148,10 +153,10 @@ def main() -> None:
     for case in cases:
         torch._dynamo.reset()
         if mode == "off":
-            out[case] = {"losses": train(case), "findings": 0, "checked": 0}
+            out[case] = {"losses": train(case, device), "findings": 0, "checked": 0}
             continue
         with torchgen_patch.check_saved(mode) as check:
-            losses = train(case)
+            losses = train(case, device)
         out[case] = {"losses": losses, "findings": len(check.findings), "checked": check.checked,
                      "skipped": check.skipped}
     print(json.dumps(out, sort_keys=True))

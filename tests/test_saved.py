@@ -590,7 +590,7 @@ def _layouts(t):
     """The same memory seen as a contiguous tensor, transposed, sliced with gaps, expanded (overlapping)
     and as a 0-d tensor."""
     return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::2], "row": t[1], "expanded": t[:1].expand(4, -1),
-            "0-d": t[0, 0]}
+            "0-d": t[0, 0], "column": t[:1].t()}  # column: contiguous, yet its last stride is not 1
 
 
 @pytest.fixture(params=["cpu", "device path"])
@@ -703,7 +703,7 @@ def test_the_fingerprints_misses_match_a_uniform_hash(size, path_, monkeypatch):
 def test_sign_flips_and_other_high_bit_patterns_are_seen(dtype, path):
     """Changes confined to the high bits of 8-byte words (an even number of sign flips of float64
     elements, of the odd elements of a float32 tensor) would cancel in a plain weighted sum mod 2**64;
-    the fold into the low half sees them."""
+    sums of words of at most 4 bytes see them."""
     n = 8192 if dtype != torch.float32 else 16384  # above SMALL: the numpy sum on CPU
     t = torch.randn(n).to(dtype) if dtype.is_floating_point else torch.randint(-5, 5, (n,), dtype=dtype)
     for pick in (slice(0, 2), slice(None), slice(1, None, 2), slice(0, 64)):
@@ -714,6 +714,20 @@ def test_sign_flips_and_other_high_bit_patterns_are_seen(dtype, path):
         else:
             a.view(np.uint64)[pick] ^= np.uint64(1 << 63)
         assert not _same(before, fp.fingerprint(t)), pick
+
+
+def test_the_device_path_sees_a_value_moved_between_chunks(monkeypatch):
+    """Word i of chunk k and word k of chunk i: a change that adds to one what it takes from the other
+    is seen (were chunks weighted by the positions' own weights, both would weigh w[i] * w[k])."""
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
+    monkeypatch.setattr(fp, "CHUNK", 64)
+    for dtype, per in ((torch.int32, 1), (torch.int64, 2)):
+        t = torch.zeros(3 * 64 // per, dtype=dtype)
+        before = fp.fingerprint(t)
+        words = t.view(torch.int32)  # chunk k holds words 64k .. 64k + 63
+        words[64 + 2] += 1
+        words[128 + 1] -= 1
+        assert not _same(before, fp.fingerprint(t)), dtype
 
 
 # --- composition with the program's own hooks -----------------------------------------------------

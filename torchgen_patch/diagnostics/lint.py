@@ -102,8 +102,7 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
     modules define, each given a probe step (runtime/optim_probe.py)."""
     from ..runtime import registry
     from ..runtime.install import runtime_overlay
-
-    from ..runtime.optim_probe import optimizer_classes, probe_modules, unknown_entries
+    from ..runtime.optim_probe import on_the_accelerator, optimizer_classes, probe_modules, unknown_entries
 
     overlay = runtime_overlay(req.options)  # its skip entries for runtime operators are accepted findings
     registry.import_modules(list(req.imports))
@@ -117,7 +116,7 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
            for e, what in unknown_entries(overlay.optimizers)]
     probes = []
     if optimizers:  # the optimizer classes the modules define, each given a probe step
-        probes = probe_modules(list(req.imports), overlay.optimizers)
+        probes = on_the_accelerator(probe_modules(list(req.imports), overlay.optimizers), list(req.imports))
         fs += [rules.optimizer_probe(p) for p in probes if p.outcome in (StepOutcome.UNSEEN, StepOutcome.NOT_RUN,
                                                                          StepOutcome.UNCHANGED)]
     covered = tuple(p.cls for p in probes if p.outcome == StepOutcome.COVERED)

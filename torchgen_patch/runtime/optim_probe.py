@@ -299,3 +299,41 @@ def _stdout_to_stderr():
             pass
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def on_the_accelerator(probes: list[StepProbe], modules: list[str]) -> list[StepProbe]:
+    """``probes`` (``probe_modules(modules, ...)``), where a CUDA device is present with each class a
+    CPU parameter could not probe probed again on a CUDA one: DeepSpeed's FusedAdam, FusedLamb and
+    FusedLion step CUDA tensors only. A class the second probe can tell about gets that outcome, which
+    says where it was probed; any other keeps its CPU one, word for word."""
+    device = _accelerator()
+    if device is None or not any(p.outcome == StepOutcome.NOT_RUN for p in probes):
+        return probes
+    import warnings
+    from dataclasses import replace
+
+    import torch
+
+    classes = {path_of(c): c for c in optimizer_classes(modules)}
+    out = []
+    with _stdout_to_stderr(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for p in probes:
+            cls = classes.get(p.cls) if p.outcome == StepOutcome.NOT_RUN else None
+            again = None
+            if cls is not None and not inspect.isabstract(cls):
+                with torch.device(device):  # the probe's parameter and gradients are made there
+                    again = probe(cls)
+            if again is None or again.outcome == StepOutcome.NOT_RUN:
+                out.append(p)
+                continue
+            where = f"probed on a {device.upper()} parameter; on a CPU one: {p.detail}"
+            out.append(replace(again, detail=f"{again.detail} ({where})" if again.detail else where))
+    return out
+
+
+def _accelerator() -> str | None:
+    """The device a class that cannot step CPU tensors is probed on: CUDA, where present."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None

@@ -10,10 +10,11 @@ the threads or kernels.
   numpy is missing.
 - CPU, a tensor with gaps or overlaps (a slice, a split head, an expanded tensor): the same sum
   of a contiguous copy made a chunk at a time.
-- Any other device (CUDA): a 64-bit sum, on the device, of each element's bit pattern mixed by a
-  bijection (multiply by an odd constant, fold the high half into the low) and weighted by a random
-  odd constant of its position; the result stays a 0-d tensor on the device, so nothing waits for
-  the device (the caller compares a batch of them at once).
+- Any other device (CUDA): the same kind of sum, on the device: the tensor's bit patterns as words
+  of at most 4 bytes (an element of 8 bytes is two words), each widened to 64 bits and weighted by a
+  random odd constant of its position, summed mod 2**64; two kernels per megabyte-sized chunk (the
+  product and its sum), and the result stays a 0-d tensor on the device, so nothing waits for the
+  device (the caller compares a batch of them at once).
 
 ``fingerprint(t)`` is a tuple of parts (ints, or 0-d device tensors), or a ``Skip`` that says why
 a tensor's contents are not read (sparse, nested, meta, no storage of its own).
@@ -26,8 +27,6 @@ import zlib
 from typing import NamedTuple
 
 CHUNK = 1 << 20  # elements read at once where a copy or a temporary is made (bounded extra memory)
-_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: odd, so multiplying by it is a bijection
-_LOW32 = (1 << 32) - 1  # (h >> 32) & _LOW32: a logical shift of an int64, so h ^ that is a bijection
 
 
 class Skip(NamedTuple):
@@ -280,18 +279,40 @@ def _bits(t):
     return t if t.dtype == signed else t.view(signed)
 
 
+def _words(piece):
+    """``piece``'s bit patterns as signed integers of at most 4 bytes: itself, or, for 8-byte
+    elements, its elements in order as pairs of 4-byte words (a copy where they are not laid out one
+    after another: a viewed dtype needs a last stride of 1, which a contiguous column need not have)."""
+    import torch
+
+    if piece.element_size() < 8:
+        return piece
+    flat = piece.reshape(-1)
+    if flat.stride(0) != 1:
+        flat = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device).copy_(flat)
+    return flat.view(torch.int32)
+
+
 def _on_device(t):
-    """The device fingerprint: a 0-d int64 tensor on ``t``'s device (no synchronisation)."""
+    """The device fingerprint: a 0-d int64 tensor on ``t``'s device (no synchronisation). A change
+    of one word always changes it (an odd weight times a nonzero difference below 2**32 is never 0
+    mod 2**64); changes of several are missed as the CPU sum's are. Chunks after the first are
+    weighted by the CPU sum's constants (``_odd``), not by the weights of positions: with those,
+    word i of chunk k and word k of chunk i would share a weight, and a change that moves a value
+    from one to the other would cancel."""
     import torch
 
     w = _weights(t.device)
+    bits = _bits(t.detach())
+    per = 2 if bits.element_size() == 8 else 1  # words per element
     total = None
-    for k, piece in enumerate(_pieces(_bits(t.detach()), CHUNK)):
-        # a new tensor of at most CHUNK elements (never the tensor itself: what follows is in place)
-        h = torch.empty(piece.shape, dtype=torch.int64, device=piece.device).copy_(piece).view(-1)
-        h.mul_(_MIX)
-        h.bitwise_xor_(h.bitwise_right_shift(32).bitwise_and_(_LOW32))
-        h.mul_(w[:h.numel()])
-        s = h.sum()
-        total = s if total is None else total + s * w[k % CHUNK]
+    for k, piece in enumerate(_pieces(bits, CHUNK // per)):
+        words = _words(piece)
+        s = torch.mul(words, w[:words.numel()].view(words.shape)).sum()  # int64: the weight's type
+        total = s if total is None else total + s * _signed(_odd(k))
     return total
+
+
+def _signed(u: int) -> int:
+    """A 64-bit constant as the int64 with its bits (a torch scalar must fit int64)."""
+    return u - (1 << 64) if u >= 1 << 63 else u
