@@ -38,6 +38,8 @@ export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=
 export TORCHGEN_PATCH_CACHE="${TORCHGEN_PATCH_CACHE:-$WORK/tgp-cache}" TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$WORK/torch_extensions}"
 # DeepSpeed's JIT builds read the architecture list: the same in every process, so none rebuilds
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 9.0)}
+# DeepSpeed 0.19's JIT builder reads each entry as numbers (and +PTX): 9.0a (torch's builds accept it) as 9.0
+TORCH_CUDA_ARCH_LIST=$(echo "$TORCH_CUDA_ARCH_LIST" | sed -E 's/\b([0-9]+\.[0-9]+)[a-z]+\b/\1/g')
 TV=$($PY -c "import torch; print(torch.__version__.split('+')[0])")
 log "nvcc: $( (${CUDA_HOME:-/usr/local/cuda}/bin/nvcc --version || nvcc --version) 2>/dev/null | tail -1); TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
 

@@ -122,11 +122,11 @@ def start_deepspeed_builds(names) -> None:
         code = "import warnings; warnings.simplefilter('ignore'); import deepspeed.ops.op_builder as b; " + \
             "; ".join(f"b.{DEEPSPEED_OPS[n]}().load()" for n in share)
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(os.environ, MAX_JOBS=jobs, **_deepspeed_arch_list()), start_new_session=True)
+                                env=dict(os.environ, MAX_JOBS=jobs, **deepspeed_arch_list()), start_new_session=True)
         _BUILDING.update({n: (proc, err) for n in share})
 
 
-def _deepspeed_arch_list() -> dict[str, str]:
+def deepspeed_arch_list() -> dict[str, str]:
     """TORCH_CUDA_ARCH_LIST as DeepSpeed's JIT builder can read it: it parses each entry as numbers
     (and +PTX), so an architecture-specific one such as ``9.0a`` (torch's own builds accept it)
     becomes ``9.0``; unset, DeepSpeed asks the device, and it stays unset."""

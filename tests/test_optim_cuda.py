@@ -21,7 +21,7 @@ import torch
 
 import torchgen_patch
 from tests.conftest import ROOT
-from tests.support import script
+from tests.support import deepspeed_arch_list, root_env, script
 from tests.test_optim import _raises
 from tests.test_optim import _stale as stale_on_cpu
 from tests.test_optim import _train as train_on_cpu
@@ -34,12 +34,6 @@ FUSED = {"FusedAdam": "deepspeed.ops.adam.fused_adam.FusedAdam", "FusedLamb": "d
 SHIPS = ("FusedLamb", "FusedLion")
 STEPS = 4
 
-
-def _env(**extra) -> dict:
-    """The environment of a child process: this tree first on its path, then what the path held
-    (where the libraries were installed beside the tree, as on a machine without an index)."""
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 # --- the probe on the accelerator -------------------------------------------------------------------
@@ -112,7 +106,7 @@ def fused_ops():
     jobs = str(max(1, (os.cpu_count() or 2) // len(builders)))
     procs = [subprocess.Popen([sys.executable, "-c", "import warnings; warnings.simplefilter('ignore'); "
                                f"import deepspeed.ops.op_builder as b; b.{b}().load()"], cwd=ROOT,
-                              env=_env(MAX_JOBS=jobs), stdout=subprocess.DEVNULL,
+                              env=root_env(MAX_JOBS=jobs, **deepspeed_arch_list()), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for b in builders.values()]
     for p in procs:
         _, err = p.communicate()
@@ -214,7 +208,7 @@ def test_under_run_a_fused_step_before_backward_raises_with_its_entry(fused_ops,
     for overlay in (without, with_):
         r = subprocess.run([sys.executable, "-m", "torchgen_patch", "run", "--backend", "python", "--op", ONE_OP[0],
                             "--overlay", overlay, "--", sys.executable, "-c", STALE.format(path=FUSED[name])],
-                           cwd=ROOT, env=_env(), capture_output=True, text=True)
+                           cwd=ROOT, env=root_env(), capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         got[overlay == with_] = [ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("stale ")]
     assert got == {False: ["silent"], True: ["raises"]}

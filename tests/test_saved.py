@@ -718,9 +718,10 @@ def test_sign_flips_and_other_high_bit_patterns_are_seen(dtype, path):
 
 def test_the_device_path_sees_a_value_moved_between_chunks(monkeypatch):
     """Word i of chunk k and word k of chunk i: a change that adds to one what it takes from the other
-    is seen (were chunks weighted by the positions' own weights, both would weigh w[i] * w[k])."""
+    is seen (every position has a weight of its own, whatever chunk it is read in)."""
     monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
-    monkeypatch.setattr(fp, "CHUNK", 64)
+    monkeypatch.setattr(fp, "DEVICE_CHUNK", 64)
+    monkeypatch.setattr(fp, "_WEIGHTS", {})
     for dtype, per in ((torch.int32, 1), (torch.int64, 2)):
         t = torch.zeros(3 * 64 // per, dtype=dtype)
         before = fp.fingerprint(t)
@@ -728,6 +729,46 @@ def test_the_device_path_sees_a_value_moved_between_chunks(monkeypatch):
         words[64 + 2] += 1
         words[128 + 1] -= 1
         assert not _same(before, fp.fingerprint(t)), dtype
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_the_device_path_is_one_sum_whatever_its_chunks(monkeypatch, layout):
+    """Read in chunks (torch's ops) or at once (the kernel): the same number, the sum of word i (in the
+    elements' order) times the weight of position i; so the kernel and torch's ops agree on any size."""
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
+    monkeypatch.setattr(fp, "DEVICE_CHUNK", 64)
+    monkeypatch.setattr(fp, "_WEIGHTS", {})
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.int8):
+        base = torch.randint(-100, 100, (40, 30)).to(dtype)
+        t = {"contiguous": base, "transposed": base.t(), "sliced": base[:, ::3]}[layout]
+        words = fp._words(fp._bits(t.contiguous())).reshape(-1)
+        want = (words.to(torch.int64) * fp._position_weights(0, words.numel(), words.device)).sum()
+        assert int(fp.fingerprint(t)[0]) == int(want), dtype
+
+
+def test_the_triton_kernel_gives_torchs_sum(tmp_path):
+    """The kernel (Triton's interpreter on CPU, where Triton is installed; on CUDA the probe at first
+    use and tests/test_saved_cuda.py): the sum torch's ops give, for words of 1, 2 and 4 bytes, blocks
+    full and not, and a one-word change always seen."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    code = textwrap.dedent("""
+        import torch
+        from torchgen_patch.saved import fingerprint as fp
+        cpu = torch.device("cpu")
+        assert fp._kernel_for(cpu) is not None, "the probe did not match"
+        for dtype, n in ((torch.int32, 3 * 4096 + 5), (torch.int16, 4096), (torch.int8, 17), (torch.int32, 1)):
+            w = torch.randint(-(1 << 7), 1 << 7, (n,), dtype=dtype)
+            want = (w.to(torch.int64) * fp._position_weights(0, n, cpu)).sum()
+            assert int(fp._kernel_sum(w)) == int(want), (dtype, n)
+            before = int(fp._kernel_sum(w))
+            w[n // 2] += 1
+            assert int(fp._kernel_sum(w)) != before, (dtype, n)
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+                           p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)))
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr[-3000:]
 
 
 # --- composition with the program's own hooks -----------------------------------------------------

@@ -64,6 +64,20 @@ def test_on_cuda_a_one_bit_change_changes_the_fingerprint(dtype):
             assert int(fp.fingerprint(t)[0]) == before
 
 
+@pytest.mark.cuda
+@needs_cuda
+def test_on_cuda_the_kernel_reads_contiguous_tensors_and_gives_torchs_sum(monkeypatch):
+    """With Triton there, the kernel passed its probe and reads a large contiguous tensor at once: the
+    same number torch's ops give reading it a chunk at a time (a tensor of more than one chunk)."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert fp._kernel_for(device) is not None, "the kernel's probe did not give torch's sum"
+    t = torch.randn(fp.DEVICE_CHUNK + 12345, device=device)
+    by_kernel = int(fp.fingerprint(t)[0])
+    monkeypatch.setitem(fp._KERNELS, device, None)
+    assert int(fp.fingerprint(t)[0]) == by_kernel
+
+
 def _syncs(fn) -> int:
     """Host synchronisations while ``fn`` runs, as torch's sync debug mode counts them."""
     torch.cuda.synchronize()
@@ -102,7 +116,7 @@ def test_a_checked_backward_pass_synchronises_once_whatever_it_checks():
         before = check.checked
         checked = _syncs(step)
         saved = check.checked - before
-    assert saved >= 48 and checked == plain + 1, (saved, plain, checked)
+    assert saved >= 48 and plain <= checked <= plain + 1, (saved, plain, checked)  # at most the one read at the end
     assert check.findings == []
 
 

@@ -12,9 +12,14 @@ the threads or kernels.
   of a contiguous copy made a chunk at a time.
 - Any other device (CUDA): the same kind of sum, on the device: the tensor's bit patterns as words
   of at most 4 bytes (an element of 8 bytes is two words), each widened to 64 bits and weighted by a
-  random odd constant of its position, summed mod 2**64; two kernels per megabyte-sized chunk (the
-  product and its sum), and the result stays a 0-d tensor on the device, so nothing waits for the
-  device (the caller compares a batch of them at once).
+  random odd constant of its position, summed mod 2**64; the result stays a 0-d tensor on the device,
+  so nothing waits for the device (the caller compares a batch of them at once). Where Triton is
+  there and a CUDA tensor of 256 K elements or more has its words one after another, one kernel
+  reads them once, making each position's weight from the position itself (a bijection of it, made
+  odd) and adding its blocks' sums into a slot of a zeroed buffer; the kernel is used on a device
+  only after it gave, on a probe tensor, exactly the sum torch's own integer ops give with the same
+  weights. Elsewhere (smaller tensors, no Triton, a failed probe, gaps in the words): two torch
+  kernels per chunk of 4 M words (the product and its sum), the same number.
 
 ``fingerprint(t)`` is a tuple of parts (ints, or 0-d device tensors), or a ``Skip`` that says why
 a tensor's contents are not read (sparse, nested, meta, no storage of its own).
@@ -27,6 +32,7 @@ import zlib
 from typing import NamedTuple
 
 CHUNK = 1 << 20  # elements read at once where a copy or a temporary is made (bounded extra memory)
+DEVICE_CHUNK = 1 << 22  # words per product on a device without the kernel: a temporary of 32 MiB
 
 
 class Skip(NamedTuple):
@@ -255,17 +261,13 @@ def _pieces(t, limit: int):
         yield t[i:i + step]
 
 
-_WEIGHTS: dict = {}  # device -> CHUNK random odd int64 weights (8 MiB, made once per device)
+_WEIGHTS: dict = {}  # device -> the weights of words 0 .. DEVICE_CHUNK - 1 (32 MiB, made once per device)
 
 
 def _weights(device):
-    import torch
-
     w = _WEIGHTS.get(device)
     if w is None:
-        g = torch.Generator().manual_seed(0x5A7ED)
-        w = (torch.randint(-(1 << 62), 1 << 62, (CHUNK,), generator=g, dtype=torch.int64) | 1).to(device)
-        _WEIGHTS[device] = w
+        w = _WEIGHTS[device] = _position_weights(0, DEVICE_CHUNK, device)
     return w
 
 
@@ -294,25 +296,113 @@ def _words(piece):
 
 
 def _on_device(t):
-    """The device fingerprint: a 0-d int64 tensor on ``t``'s device (no synchronisation). A change
-    of one word always changes it (an odd weight times a nonzero difference below 2**32 is never 0
-    mod 2**64); changes of several are missed as the CPU sum's are. Chunks after the first are
-    weighted by the CPU sum's constants (``_odd``), not by the weights of positions: with those,
-    word i of chunk k and word k of chunk i would share a weight, and a change that moves a value
-    from one to the other would cancel."""
+    """The device fingerprint: a 0-d int64 tensor on ``t``'s device (no synchronisation), the sum
+    mod 2**64 of word i of ``t`` (in its elements' order) times the weight of position i, by the
+    kernel or by torch's ops (the same number). A change of one word always changes it (an odd
+    weight times a nonzero difference below 2**32 is never 0 mod 2**64); changes of several are
+    missed as the CPU sum's are. Every position has a weight of its own (a bijection of it), so a
+    value moved from one word to another does not cancel."""
     import torch
 
-    w = _weights(t.device)
     bits = _bits(t.detach())
+    if bits.is_cuda and bits.numel() >= _KERNEL_MIN and bits.is_contiguous() and _kernel_for(bits.device) is not None:
+        return _kernel_sum(_words(bits))
     per = 2 if bits.element_size() == 8 else 1  # words per element
-    total = None
-    for k, piece in enumerate(_pieces(bits, CHUNK // per)):
+    total, start = None, 0
+    for piece in _pieces(bits, DEVICE_CHUNK // per):
         words = _words(piece)
-        s = torch.mul(words, w[:words.numel()].view(words.shape)).sum()  # int64: the weight's type
-        total = s if total is None else total + s * _signed(_odd(k))
+        n = words.numel()
+        w = _weights(words.device)[:n] if start == 0 else _position_weights(start, n, words.device)
+        s = torch.mul(words, w.view(words.shape)).sum()  # int64, as the weights
+        total = s if total is None else total + s
+        start += n
     return total
 
 
-def _signed(u: int) -> int:
-    """A 64-bit constant as the int64 with its bits (a torch scalar must fit int64)."""
-    return u - (1 << 64) if u >= 1 << 63 else u
+# The weight of word i: a bijection of i and the process's seed (a multiply by an odd constant and
+# two xorshifts, each invertible mod 2**64), made odd. torch's int64 ops and the kernel's wrap alike.
+_M1, _M2 = -4658895280553007687, -7723592293110705685  # 0xBF58476D1CE4E5B9, 0x94D049BB133111EB as int64
+_SEED: list = []  # the process's seed, made once
+
+
+def _seed() -> int:
+    if not _SEED:
+        import secrets
+
+        _SEED.append(secrets.randbits(62))
+    return _SEED[0]
+
+
+def _position_weights(start: int, n: int, device):
+    """The odd weights of words ``start`` .. ``start + n - 1`` (int64 on ``device``), as the kernel makes them."""
+    import torch
+
+    z = torch.arange(start, start + n, dtype=torch.int64, device=device) ^ _seed()
+    z = z * _M1
+    z = z ^ ((z >> 31) & ((1 << 33) - 1))  # a logical shift of an int64: the arithmetic one, masked
+    z = z * _M2
+    z = z ^ ((z >> 29) & ((1 << 35) - 1))
+    return z | 1
+
+
+_KERNELS: dict = {}  # device -> the Triton kernel, once its probe matched; None where it is not used
+_SLOTS: dict = {}  # device -> [zeroed int64 buffer, next free slot]
+_KERNEL_BLOCK = 4096
+_KERNEL_MIN = 1 << 18  # elements: below, torch's two kernels (launched faster than Triton's) read little
+
+
+def _kernel_for(device):
+    """The Triton kernel for ``device``, or None (no Triton, or its probe did not match torch's sum)."""
+    if device in _KERNELS:
+        return _KERNELS[device]
+    _KERNELS[device] = None
+    try:
+        kernel = _make_kernel()
+        import torch
+
+        g = torch.Generator().manual_seed(7)
+        n = 3 * _KERNEL_BLOCK + 5  # blocks that are full and one that is not
+        probe = torch.randint(-(1 << 31), (1 << 31) - 1, (n,), generator=g, dtype=torch.int32).to(device)
+        _KERNELS[device] = kernel
+        got = _kernel_sum(probe)
+        want = (probe.to(torch.int64) * _position_weights(0, n, device)).sum()
+        if not bool(got == want):
+            _KERNELS[device] = None
+    except Exception:  # noqa: BLE001 — no Triton, no compiler for it, a kernel that fails: torch's ops instead
+        _KERNELS[device] = None
+    return _KERNELS[device]
+
+
+def _make_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def weighted_sum(words, out, n, seed, BLOCK: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = i < n
+        v = tl.load(words + i, mask=inside, other=0).to(tl.int64)
+        z = i ^ seed
+        z = z * -4658895280553007687  # _M1
+        z = z ^ ((z >> 31) & 8589934591)
+        z = z * -7723592293110705685  # _M2
+        z = z ^ ((z >> 29) & 34359738367)
+        w = z | 1
+        tl.atomic_add(out, tl.sum(tl.where(inside, v * w, 0), axis=0))
+
+    return weighted_sum
+
+
+def _kernel_sum(words):
+    """The weighted sum of the contiguous ``words`` (int8/16/32) by the kernel: a 0-d int64 view of a
+    slot of a zeroed buffer (one kernel launch; a new buffer every 65,536 slots)."""
+    import torch
+
+    slots = _SLOTS.get(words.device)
+    if slots is None or slots[1] == slots[0].numel():
+        slots = _SLOTS[words.device] = [torch.zeros(1 << 16, dtype=torch.int64, device=words.device), 0]
+    out = slots[0][slots[1]]
+    slots[1] += 1
+    n = words.numel()
+    _KERNELS[words.device][(-(-n // _KERNEL_BLOCK),)](words.reshape(-1), out, n, _seed(), BLOCK=_KERNEL_BLOCK)
+    return out
