@@ -285,7 +285,9 @@ def render(results: dict, rounds: int) -> str:
              "both modes in one process, interleaved, the first mode alternating (wall-clock ratio beside it); "
              "memory: a fresh process per mode (best of 3), the peak resident size over three steps, and the "
              "steps' own peak above the resident size before the first (the target applies to that one)",
-             "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()), "",
+             "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()),
+             f"- fingerprints of contiguous tensors of {results.get('kernel_min', 0):,} elements or more read by the "
+             "check's Triton kernel, the others by torch's ops", "",
              "| model | saved tensors, bytes read a step | CPU time off | on | on / off (p25-p75) | wall on / off | "
              "the hooks alone, reading nothing | target | process peak off / on | the steps' own peak off / on |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -444,8 +446,10 @@ def main_cuda(rounds: int, report, json_path: str | None, device: str = "cuda") 
 
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda: no CUDA device")
+    from torchgen_patch.saved import fingerprint as fp
+
     results = {"device": torch.cuda.get_device_name() if device == "cuda" else device, "torch": torch.__version__,
-               "off": nothing_runs_when_off(), "models": []}
+               "off": nothing_runs_when_off(), "models": [], "kernel_min": fp._KERNEL_MIN}
     print(f"with the check off: {results['off']}", flush=True)
     for name in CUDA_MODELS:
         t = timing_cuda(name, rounds, device)
@@ -484,7 +488,9 @@ def render_cuda(results: dict, rounds: int) -> str:
              "counted with the check off and on (torch.cuda.set_sync_debug_mode('warn')'s warnings; the "
              "profiler's cuda*Synchronize calls; its kernel launches); peak: torch.cuda.max_memory_allocated "
              "over one step",
-             "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()), "",
+             "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()),
+             f"- fingerprints of contiguous tensors of {results.get('kernel_min', 0):,} elements or more read by the "
+             "check's Triton kernel, the others by torch's ops", "",
              "| model | saved tensors a step | off | on | on / off (p25-p75) | the hooks alone, reading nothing | "
              "target | synchronisations a step, off / on (sync debug mode; profiler) | kernel launches off / on | "
              "peak allocated off / on |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -505,5 +511,12 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json")
     ap.add_argument("--report", nargs="?", const=True, default=False, metavar="FILE")
+    ap.add_argument("--kernel-min", type=int, metavar="N",
+                    help="CUDA: read tensors of N elements or more with the fingerprint's Triton kernel "
+                         "(default: the check's own threshold; a huge N: torch's ops only)")
     a = ap.parse_args()
+    if a.kernel_min is not None:
+        from torchgen_patch.saved import fingerprint as _fp
+
+        _fp._KERNEL_MIN = a.kernel_min
     main(a.rounds, a.report, a.json, a.device)

@@ -82,11 +82,21 @@ def entry_point(python: str, bin_dir: str) -> str:
 
 
 def script(name: str) -> types.ModuleType:
-    """scripts/<name>.py, loaded as a module (scripts/ is no package)."""
+    """scripts/<name>.py, loaded as a module (scripts/ is no package), once: registered under its
+    name while it runs, as an import would (its dataclasses look their module up there)."""
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location(name, os.path.join(root, "scripts", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
 
 
@@ -122,12 +132,13 @@ def start_deepspeed_builds(names) -> None:
         code = "import warnings; warnings.simplefilter('ignore'); import deepspeed.ops.op_builder as b; " + \
             "; ".join(f"b.{DEEPSPEED_OPS[n]}().load()" for n in share)
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(os.environ, MAX_JOBS=jobs, **deepspeed_arch_list()), start_new_session=True)
+                                env=dict(os.environ, MAX_JOBS=jobs), start_new_session=True)
         _BUILDING.update({n: (proc, err) for n in share})
 
 
 def deepspeed_arch_list() -> dict[str, str]:
-    """TORCH_CUDA_ARCH_LIST as DeepSpeed's JIT builder can read it: it parses each entry as numbers
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's JIT builder can read it (tests/conftest.py sets it so for the
+    session and its children): it parses each entry as numbers
     (and +PTX), so an architecture-specific one such as ``9.0a`` (torch's own builds accept it)
     becomes ``9.0``; unset, DeepSpeed asks the device, and it stays unset."""
     import re

@@ -32,6 +32,11 @@ def wheel(tmp_path_factory):
     return glob.glob(str(d / "*.whl"))[0]
 
 
+def _inherited() -> dict:
+    """This process's environment less PYTHONPATH: the environment's programs import what it installed."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 class Env:
     """A virtual environment of its own (torch seen through a path file), torchgen-patch installed in it."""
 
@@ -44,8 +49,9 @@ class Env:
                                    capture_output=True, text=True, check=True).stdout.strip()
         with open(os.path.join(self.site, "same-torch.pth"), "w") as fh:
             fh.write(os.path.dirname(os.path.dirname(torch.__file__)) + "\n")
-        # pip of this machine's configuration left out (a target, --user, a prefix would put it elsewhere)
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+        # pip of this machine's configuration left out (a target, --user, a prefix would put it elsewhere), and
+        # the caller's PYTHONPATH (a source tree on it, with the egg-info a wheel build leaves, is "installed")
+        clean = {k: v for k, v in _inherited().items() if not k.startswith("PIP_")}
         r = subprocess.run([sys.executable, "-m", "pip", "--isolated", "--python", self.python, "install", "-q",
                             "--no-deps", "--no-index", "--disable-pip-version-check", wheel], capture_output=True,
                            text=True, env=dict(clean, PIP_CONFIG_FILE=os.devnull))
@@ -57,7 +63,7 @@ class Env:
 
     def run(self, *args, env=None, **kw):
         return subprocess.run([self.python, *args], capture_output=True, text=True,
-                              env=dict(os.environ, **(env or {})) if env is not False else {}, cwd=self.site, **kw)
+                              env=dict(_inherited(), **(env or {})) if env is not False else {}, cwd=self.site, **kw)
 
     def tool(self, *args):
         return self.run("-m", "torchgen_patch", *args)

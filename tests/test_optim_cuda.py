@@ -21,7 +21,7 @@ import torch
 
 import torchgen_patch
 from tests.conftest import ROOT
-from tests.support import deepspeed_arch_list, root_env, script
+from tests.support import root_env, script
 from tests.test_optim import _raises
 from tests.test_optim import _stale as stale_on_cpu
 from tests.test_optim import _train as train_on_cpu
@@ -106,7 +106,7 @@ def fused_ops():
     jobs = str(max(1, (os.cpu_count() or 2) // len(builders)))
     procs = [subprocess.Popen([sys.executable, "-c", "import warnings; warnings.simplefilter('ignore'); "
                                f"import deepspeed.ops.op_builder as b; b.{b}().load()"], cwd=ROOT,
-                              env=root_env(MAX_JOBS=jobs, **deepspeed_arch_list()), stdout=subprocess.DEVNULL,
+                              env=root_env(MAX_JOBS=jobs), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for b in builders.values()]
     for p in procs:
         _, err = p.communicate()

@@ -25,11 +25,25 @@ NOT_ACTIVE = re.compile(r"^torchgen-patch: NOT active (in a child of pid|in pid)
 PROBE = "import torch, torchgen_patch; print('active', len(torchgen_patch.installed_ops()))"
 
 
-def test_a_child_that_drops_the_hook_is_named_with_the_parents_pid_and_why(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A directory of a short path: a line shortens a command of more than 80 characters, and pytest's
+    tmp_path may be longer than that on a machine of many workers."""
+    import pathlib
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="tgp-", dir="/tmp")
+    yield pathlib.Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_child_that_drops_the_hook_is_named_with_the_parents_pid_and_why(short_tmp):
     """Children started with their own environment or PYTHONPATH, `env python -I`, scripts whose first line
     says -I or -E, a shell's `python -S`, posix_spawn with a clean environment and an exec into python -I:
     each one line naming the pid and why; a child that keeps the environment, and one that is not Python,
     none. The parent never imports torch: the lines come from its start."""
+    tmp_path = short_tmp
     for name, flag in (("isolated.py", f"#!{PY} -I"), ("ignores.py", f"#!/usr/bin/env -S {PY} -E")):
         (tmp_path / name).write_text(f"{flag}\nprint('{name} ran')\n")
         (tmp_path / name).chmod(0o755)
