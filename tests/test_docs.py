@@ -26,7 +26,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.trees import tree_from_installed
 
-PAGES = sorted(["README.md", "SECURITY.md"] + [os.path.relpath(p, ROOT) for p in glob.glob(
+PAGES = sorted(["README.md", "SECURITY.md", "reports/README.md"] + [os.path.relpath(p, ROOT) for p in glob.glob(
     os.path.join(ROOT, "docs", "*.md"))])
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
@@ -96,6 +96,14 @@ def test_every_link_and_anchor_resolves(page):
         elif anchor and (not full.endswith(".md") or anchor not in slugs(os.path.relpath(full, ROOT))):
             bad.append(f"{target}: no such heading")
     assert bad == [], page
+
+
+def test_the_reports_index_names_every_report_and_only_those():
+    """reports/README.md links each file of reports/ once, and nothing that is not there."""
+    index = os.path.join(ROOT, "reports", "README.md")
+    linked = LINK.findall(open(index, encoding="utf-8").read())
+    there = sorted(f for f in os.listdir(os.path.join(ROOT, "reports")) if f != "README.md")
+    assert sorted(linked) == there
 
 
 def _test_functions() -> dict[str, set[str]]:
