@@ -107,6 +107,13 @@ def test_one_module_talks_to_the_dispatcher_and_one_to_autograds_engine():
         == {"saved/engine.py"}
 
 
+def test_counts_for_people_have_one_plural_helper():
+    """``vocabulary.plural`` ("1 kernel", "2 kernels"); no module spells a plural of its own (the
+    saved-tensor check's summary still does)."""
+    assert _sources_matching(r"^def (plural|_count|_plural)\b") == {"vocabulary.py"}
+    assert _sources_matching(r"""["']s["'] if [\w.()]+ != 1|== 1 else ["']s["']""") <= {"saved/render.py"}
+
+
 def test_argparse_only_in_the_cli():
     assert _sources_matching(r"^\s*(import argparse|from argparse)") == {"cli/parser.py"}
 
@@ -200,7 +207,8 @@ BY_NAME = {"open", "io.open", "os.open", "os.mkdir", "os.makedirs", "os.rename",
            "tempfile.TemporaryFile", "files.read_bytes", "files.read_text", "files.atomic_write",
            "files.write_if_changed", "files.private_dirs", "files.write_output"}
 # whole modules whose every path is one the user names (inputs, outputs, checkouts, programs) or the
-# package's own data; none of them is handed a cache or build path
+# package's own data; none of them is handed a cache or build path. The runtime's modules and the
+# CLI, which are handed such paths, are listed function by function in ALLOWED instead.
 USER_PATHS = {
     "files.py": "inputs and outputs the user names",
     "sources/__init__.py": "the inputs the user names, and where the installed torch keeps its yaml",
@@ -211,20 +219,11 @@ USER_PATHS = {
     "diagnostics/generated.py": "gen's output directory the user names",
     "diagnostics/baseline.py": "the baseline the user names",
     "upstream/patch.py": "the checkout the user names, and the package's injected code",
-    "upstream/pr_body.py": "the checkout the user names",
-    "checks/verify.py": "the reports the user names",
-    "checks/samples.py": "the package's own data",
-    "checks/subclass.py": "the package's own data",
-    "cli/commands.py": "the paths of the command line",
-    "cli/parser.py": "the paths of the command line",
-    "runtime/launch.py": "the program, its interpreter and PYTHONPATH",
     "runtime/site/sitecustomize.py": "the program's sys.path",
     "runtime/site/_torchgen_patch_hook.py": "the programs a patched process starts (their #! lines)",
-    "runtime/enable.py": "the environment's site-packages and pip's RECORD of this tool (enable's output)",
     "diagnostics/render.py": "the files findings name",
     "runtime/registry.py": "the modules the user imports",
     "plan/overlay.py": "the overlay the user names",
-    "plan/__init__.py": "the overlay and yaml the user names",
     "scan/__init__.py": "the yaml the user names (the scan's key is its bytes)",
 }
 ALLOWED = {
@@ -235,6 +234,21 @@ ALLOWED = {
     ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
     ("runtime/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
     ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",
+    ("runtime/launch.py", "_read"): "the installed torch's version file and the overlay, hashed into the check's key",
+    ("runtime/launch.py", "_stamp"): "the files of the --import modules, stamped into the check's key",
+    ("runtime/launch.py", "_silenced"): "the null device, for what the --import modules print",
+    ("runtime/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
+    ("runtime/enable.py", "check_writable"): "the environment's site-packages",
+    ("runtime/enable.py", "state"): "enable's output file, and the hook of this install it names",
+    ("runtime/enable.py", "_write"): "enable's output file and pip's RECORD of this tool",
+    ("runtime/enable.py", "_remove"): "enable's output file",
+    ("runtime/enable.py", "_record_path"): "pip's RECORD of this tool in the site-packages",
+    ("runtime/enable.py", "_lines"): "pip's RECORD of this tool",
+    ("cli/commands.py", "_emit"): "-o/--output",
+    ("cli/commands.py", "lint"): "--write-baseline",
+    ("cli/commands.py", "gen"): "--output-dependencies",
+    ("cli/commands.py", "diff"): "--pytorch-root's checkout and --pr-body",
+    ("cli/commands.py", "_checkout_own"): "the yaml paths and --pytorch-root's checkout, compared",
 }
 
 

@@ -507,7 +507,7 @@ def p_verify_verbose(run_cli, **_):
 
 def p_run_quiet(**_):
     args = ["--backend", "python", "--op", "aten::_cummax_helper", "--", sys.executable, "-c", "import torch"]
-    assert "kernels active" in _run(*args).stderr
+    assert "torchgen-patch: 1 kernel active (python)" in _run(*args).stderr
     assert _run("-q", *args).stderr == ""
 
 

@@ -398,3 +398,19 @@ def test_foreach_out_count_is_the_plans(default_plan):
     for page in ("README.md", "docs/evidence.md"):
         said = re.findall(r"\| `_foreach_\*\.out` \((\d+) ops\) \|", _read(page))
         assert said == [str(n)], (page, said, n)
+
+
+def test_the_pages_show_the_line_a_patched_process_prints():
+    """Every example of a patched process's line (`torchgen-patch: N kernels active ...`) has the shape
+    the install step prints: the same parts in the same order, its numbers and process aside."""
+    from torchgen_patch.runtime.process import kernels_line, process_line
+
+    shown = [(page, m.group(1)) for page in PAGES
+             for m in re.finditer(r"`(torchgen-patch: \d+ kernels? active [^`]*)`", _read(page))]
+    assert {"docs/enable.md", "docs/run.md"} <= {page for page, _ in shown}, shown
+    for page, text in shown:
+        origin = re.search(r" refused(?:, ([^;]*?))?(?:;|, in pid )", text)
+        who = re.search(r" \(([^()]*)\)$", text)
+        assert origin and who, (page, text)
+        printed = process_line(kernels_line(177, "cpp", 0, origin.group(1), 41), 4242, who.group(1))
+        assert re.sub(r"\d+", "N", text) == re.sub(r"\d+", "N", printed), page

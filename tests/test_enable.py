@@ -148,6 +148,31 @@ def test_pip_uninstall_removes_it_and_a_tool_gone_or_damaged_does_nothing(env, t
     assert r.returncode == 1 and r.stdout.startswith("not enabled: ")
 
 
+def test_a_damaged_file_leaves_every_program_running_unpatched_and_says_so(env):
+    """A spec edited into one no torchgen-patch installs: each process that imports torch goes on, with
+    one line naming the file and what to do; status names it once. Enabled again with one op: counts of one."""
+    assert env.tool("enable", "--op", "aten::_cummin_helper").returncode == 0
+    text = open(env.pth).read()
+    with open(env.pth, "w") as fh:
+        fh.write(text.replace('"backend": "cpp"', '"backend": "pyth0n"'))
+    hint = "(hint: `torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)"
+    for args in (("-c", PROBE), ("-I", "-c", PROBE)):
+        r = env.run(*args)
+        assert (r.returncode, r.stdout) == (0, "active 0\n"), r.stderr
+        assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(env.pth)}: unknown backend 'pyth0n' "
+                            rf"{re.escape(hint)}\n", r.stderr), r.stderr
+    r = env.tool("status")
+    assert (r.returncode, r.stdout) == (1, f"{env.pth}: unknown backend 'pyth0n' (`torchgen-patch enable` writes it "
+                                           "again, `torchgen-patch disable` removes it)\n")
+    r = env.tool("enable", "--op", "aten::_cummin_helper")
+    assert r.returncode == 0 and re.search(r"\(cpp: 1 kernel, (from the cached build|built now)\)", r.stdout), r.stdout
+    assert env.tool("status").returncode == 0
+    r = env.run("-c", PROBE)
+    assert (r.returncode, r.stdout) == (0, "active 1\n") and re.fullmatch(
+        r"torchgen-patch: 1 kernel active \(cpp\), 0 refused, from the cached build; \d+ optimizer entr(y|ies) "
+        r"active, in pid \d+ \(python -c, enabled\)\n", r.stderr), r.stderr
+
+
 def test_status_says_what_the_file_is(env):
     assert env.tool("status").returncode == 1
     assert env.tool("enable").returncode == 0
@@ -164,7 +189,9 @@ def test_status_says_what_the_file_is(env):
          "uninstalled or moved): it does nothing"),
         (text.replace("import os, sys", "import os, sys, antigravity"), "it was edited since torchgen-patch wrote it"),
         ("import os\n", "it is not as torchgen-patch writes it (edited?): what it does is its own"),
+        (text.replace('"backend": "cpp"', '"backend": "pyth0n"'), "unknown backend 'pyth0n'"),  # the file named once
     ]:
+        assert changed != text
         with open(env.pth, "w") as fh:
             fh.write(changed)
         r = env.tool("status")

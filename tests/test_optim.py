@@ -144,7 +144,7 @@ def test_without_an_entry_a_write_outside_the_dispatcher_is_silent():
 def test_an_entry_bumps_each_written_parameter_once_per_step(entries):
     rep = entries(NumpyWriter="[params]")
     assert rep.optimizers == ["tests.optim_fixtures.NumpyWriter"]
-    assert "1 optimizer entries active" in rep.summary()
+    assert "; 1 optimizer entry active" in rep.summary()
     p, loss = _stale(fx.NumpyWriter)
     assert p._version == 1 and _raises(loss)
     opt = fx.NumpyWriter([p])

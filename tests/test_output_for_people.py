@@ -115,3 +115,32 @@ def test_runtime_lint_hints_name_the_namespace():
             seen += 1
             assert "--namespace" in m.group(1).split("`")[0], (page, m.group(0))
     assert seen >= 3
+
+
+def test_a_count_of_one_reads_in_the_singular():
+    """Every count for people through the one helper: "1 kernel", "1 optimizer entry", "1 class derives"."""
+    from torchgen_patch.errors import Location
+    from torchgen_patch.runtime.install import InstallReport
+    from torchgen_patch.runtime.optim_probe import StepProbe, _as_base
+    from torchgen_patch.runtime.process import kernels_line
+    from torchgen_patch.vocabulary import StepOutcome, plural
+
+    assert [plural(n, "kernel") for n in (0, 1, 2)] == ["0 kernels", "1 kernel", "2 kernels"]
+    assert [plural(n, "entry", "entries") for n in (1, 2)] == ["1 entry", "2 entries"]
+    assert kernels_line(1, "cpp", 0, "built now", 1) == \
+        "torchgen-patch: 1 kernel active (cpp), 0 refused, built now; 1 optimizer entry active"
+    assert kernels_line(2, "python", 1, None, 0) == \
+        "torchgen-patch: 2 kernels active (python), 1 refused; 0 optimizer entries active"
+    assert InstallReport("cpp", registered=["aten::a.out"], optimizers=["torch.optim.AdamW"]).summary() == \
+        "torchgen-patch install (cpp): 1 registered, 0 already active, 0 refused; 1 optimizer entry active"
+
+    class Base:
+        pass
+
+    class Sub(Base):
+        pass
+
+    probe = StepProbe("m.Base", Location("m.py", 1), StepOutcome.NOT_RUN, "it needs optimizer_name")
+    assert _as_base(probe, Base, [Base, Sub]).detail == "it needs optimizer_name (1 class probed here derives from it)"
+    assert _as_base(probe, Base, [Base, Sub, type("Other", (Sub,), {})]).detail == \
+        "it needs optimizer_name (2 classes probed here derive from it)"

@@ -42,7 +42,7 @@ def test_python_dash_m_and_the_python_backend():
                 sys.executable, "-m", "tests.run_probe")
     assert r.returncode == 0, r.stderr
     assert _probes(r.stdout) == [{"rank": "None", "active": "1", "versions": "1,1"}]
-    assert "1 kernels active (python)" in r.stderr
+    assert "1 kernel active (python)" in r.stderr
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(
@@ -72,7 +72,7 @@ def test_runtime_ops_and_a_users_own_sitecustomize(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "write_one version 1" in r.stdout
     assert "user sitecustomize ran" in r.stderr
-    assert re.search(r"1 kernels active \(python\), 0 refused; \d+ optimizer entries active; runtime ops: 3 active, "
+    assert re.search(r"1 kernel active \(python\), 0 refused; \d+ optimizer entries active; runtime ops: 3 active, "
                      r"0 refused", r.stderr), r.stderr
 
 

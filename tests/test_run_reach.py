@@ -113,7 +113,7 @@ def test_a_program_that_resets_the_import_machinery_is_still_patched(tmp_path, p
     (tmp_path / "p.py").write_text(prog)
     r = tgp_run("--backend", "python", "--op", "aten::_cummax_helper", "--", PY, tmp_path / "p.py")
     assert (r.returncode, r.stdout) == (0, expected), r.stderr
-    assert "1 kernels active (python)" in r.stderr
+    assert "1 kernel active (python)" in r.stderr
 
 
 def test_torch_imported_past_the_hook_with_nothing_after_it_is_said_at_exit(tmp_path):
@@ -203,7 +203,7 @@ def test_stderr_redirected_to_a_write_only_sink_during_a_build(tmp_path, default
     assert r.returncode == 0 and r.stderr == "", r.stderr
     ops, last = r.stdout.strip().split("] ", 1)
     assert ops == "['aten::_cummin_helper'" and re.fullmatch(
-        r"'torchgen-patch: 1 kernels active \(cpp\), 0 refused, built now; 0 optimizer entries active, in pid \d+ \(p\.py\)'", last), r.stdout
+        r"'torchgen-patch: 1 kernel active \(cpp\), 0 refused, built now; 0 optimizer entries active, in pid \d+ \(p\.py\)'", last), r.stdout
 
 
 @pytest.mark.parametrize("value,why", [
@@ -254,3 +254,27 @@ def test_a_second_runtime_op_launch_uses_the_cached_check_and_the_librarys_messa
         assert "runtime ops: 1 active, 0 refused" in r.stderr
     assert "--runtime-op check: the cached verdict" not in first.stderr
     assert "note: --runtime-op check: the cached verdict (runtime-check-" in second.stderr
+
+
+def test_a_cached_runtime_op_verdict_is_used_only_while_the_builds_it_names_are_this_caches(tmp_path, monkeypatch):
+    """The verdict's libraries are looked at through the cache: one naming a file outside the cache's
+    builds, or a build since removed, is checked again; one naming a build that is there is the verdict."""
+    from torchgen_patch import cache
+    from torchgen_patch.runtime import launch
+    from torchgen_patch.sources import Options
+
+    monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(tmp_path / "c"))
+    spec = launch.launch_spec(Options(), "cpp", None, ["tgp_test::*"], [])
+    name = f"runtime-check-{launch._check_key(spec)[:32]}.json"
+    checked = []
+    monkeypatch.setattr(launch, "_checked_elsewhere", lambda s: checked.append(s) or (["tgp_test::fresh"], None, None))
+    outside = tmp_path / "lib.so"  # a file that is there, but no build of this cache
+    outside.write_bytes(b"")
+    with cache.subdir("builds") as builds, builds.sub("build-0", create=True) as b:
+        b.create("lib.so", b"")
+        built = b.join("lib.so")
+    for boxed, used in ((str(outside), False), (built, True), (os.path.join(os.path.dirname(built), "gone.so"), False)):
+        cache.write(name, {"ops": ["tgp_test::cached"], "boxed": boxed, "library": None})
+        checked.clear()
+        ops, _, _ = launch._runtime_check(spec)
+        assert (ops, len(checked)) == ((["tgp_test::cached"], 0) if used else (["tgp_test::fresh"], 1)), boxed

@@ -1,11 +1,18 @@
 """The project's vocabulary as types: each word that scan, plan, checks and the renderers share
 is a member of one enum here. Members are ``str`` and print, compare, hash and serialize as
 today's strings (``Verdict.MISSING == "missing"``, ``json.dumps`` writes ``"missing"``), so JSON
-and text outputs are unchanged; a new kind of op is a new member, found by every ``in Enum``."""
+and text outputs are unchanged; a new kind of op is a new member, found by every ``in Enum``.
+``plural`` is how the messages count them: "1 kernel", "2 kernels"."""
 
 from __future__ import annotations
 
 import enum
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and ``word``, counted: "1 kernel", "2 kernels"; ``many``: a plural that is not ``word``
+    + "s" ("entry", "entries"). The one rule by which the package's messages count things."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 class Word(str, enum.Enum):

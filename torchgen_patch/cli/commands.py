@@ -12,6 +12,7 @@ import sys
 from ..errors import InputError, printable
 from ..files import STDOUT, check_output_dir, check_output_file, write_output
 from ..sources import Options, resolve
+from ..vocabulary import plural
 from .parser import options, qualified
 
 
@@ -59,11 +60,9 @@ def _say(args, text: str) -> None:
 
 def _build_log(args):
     """The build's messages: stderr, or nowhere with -q."""
-    return open(os.devnull, "w") if args.quiet else sys.stderr
+    from ..runtime.process import build_log
 
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
+    return build_log(args.quiet)
 
 
 def _summary(args, text: str, to_stdout: bool) -> None:
@@ -240,7 +239,7 @@ def build(args) -> int:
     pipeline.check_shards(args.shards)
     art = library(options(args), shards=args.shards, prebuilt=False, verbose=args.verbose, log=_build_log(args))
     print(art.path)
-    _say(args, f"build: {_count(len(art.kernels), 'kernel')}; "
+    _say(args, f"build: {plural(len(art.kernels), 'kernel')}; "
                f"{'built' if art.origin == 'build' else 'up to date (cache hit)'}")
     return 0
 
@@ -268,10 +267,10 @@ def wheel(args) -> int:
     _needs_torch("wheel")
     out = args.output or "."
     check_output_dir(out, _run_inputs(args))
-    opts = Options()
-    art = library(opts, prebuilt=False, verbose=args.verbose, log=_build_log(args))
-    print(prebuilt.make_wheel(out, art, opts, log=_build_log(args)))
-    _say(args, f"wheel: {_count(len(art.kernels), 'kernel')} packed for torch {art.torch}")
+    opts, log = Options(), _build_log(args)
+    art = library(opts, prebuilt=False, verbose=args.verbose, log=log)
+    print(prebuilt.make_wheel(out, art, opts, log=log))
+    _say(args, f"wheel: {plural(len(art.kernels), 'kernel')} packed for torch {art.torch}")
     return 0
 
 
@@ -381,15 +380,8 @@ def run(args) -> int:
     check_program(program)
     _torch_present("run")  # present, not imported: the program's own processes import it
     opts = options(args)
-    args.op = qualified(args.op)
-    if args.op or opts.native_functions or opts.tags or opts.overlay:
-        # inputs and ops the user named are checked, against the plan, before the program starts
-        from .. import pipeline
-
-        i, plan = pipeline.plan(opts)
-        plan.pick(args.op, i.scan)
-    else:  # the installed torch's own inputs: the plan is made (or found by its inputs' key) where torch is imported
-        resolve(opts)
+    if not _named_checked(args, opts):  # the installed torch's own inputs: the plan is made (or found by its
+        resolve(opts)  # inputs' key) where torch is imported
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
                                        args.quiet, check_saved=args.check_saved))
     check_program(program, env)  # and what it does to that environment (env -i, env PYTHONPATH=...)
@@ -401,20 +393,29 @@ def run(args) -> int:
         raise InputError(None, None, f"cannot run {program[0]}: {e.strerror}") from None
 
 
-def enable(args) -> int:
+def _named_checked(args, opts) -> bool:
+    """The inputs and --op ops the user named, checked against the plan before any work (``args.op``
+    made qualified); False where there are none (the installed torch's own inputs, every op)."""
+    args.op = qualified(args.op)
+    if not (args.op or opts.native_functions or opts.tags or opts.overlay):
+        return False
     from .. import pipeline
+
+    i, plan = pipeline.plan(opts)
+    plan.pick(args.op, i.scan)
+    return True
+
+
+def enable(args) -> int:
     from ..runtime import enable as en
 
     site = en.site_dir()
     en.check_writable(site)  # before any work: a read-only environment costs nothing
     _needs_torch("enable")  # the library is built now, against this environment's torch
     opts = options(args)
-    args.op = qualified(args.op)
-    if args.op or opts.native_functions or opts.tags or opts.overlay:
-        i, plan = pipeline.plan(opts)
-        plan.pick(args.op, i.scan)
+    _named_checked(args, opts)
     spec, what = en.prepared(opts, args.backend, args.op, quiet=args.quiet, verbose=args.verbose,
-                             log=open(os.devnull, "w") if args.quiet else sys.stderr)
+                             log=_build_log(args))
     st = en.enable(spec, site)
     undo = "`torchgen-patch disable` or `pip uninstall torchgen-patch` undoes it" if st.recorded else \
         ("`torchgen-patch disable` undoes it (this torchgen-patch is installed elsewhere: `pip uninstall` leaves the "
@@ -461,11 +462,13 @@ def status(args) -> int:
 
 def _enabled_line(st) -> str:
     """What an enabled environment's file does, for people."""
+    from ..runtime import build_there
+
     spec = st.spec or {}
     if st.problem or not spec:
         return f"{st.path}: {st.problem or 'not enabled'}"
     ops = "every op of the plan" if spec["ops"] is None else ", ".join(spec["ops"])
-    build = "" if not spec["library"] else "; the build it names is there" if os.path.isfile(spec["library"]) else \
+    build = "" if not spec["library"] else "; the build it names is there" if build_there(spec["library"]) else \
         "; the build it names is gone (the first process that imports torch finds or builds one)"
     pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
            None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}[st.recorded]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..errors import EnvironmentProblem, InputError
 from ..sources import Options
 
-__all__ = ["Artifact", "library", "artifact_at"]
+__all__ = ["Artifact", "library", "artifact_at", "build_there"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,21 @@ def _indexed(index: str) -> Artifact | None:
     except InputError as e:  # an incomplete build: built again (a library that fails its checks is refused)
         cache.invalid(index, e.message)
         return None
+
+
+def build_there(path) -> bool:
+    """Whether ``path`` (a launch spec's, a cached verdict's) names a file of a build of this cache
+    that is there now, looked at through the cache's checked directories, never by its name (whether
+    it is a complete build for this torch is ``artifact_at``'s to say, where it is loaded)."""
+    from .. import cache
+
+    if not isinstance(path, str) or not cache.names_a_build(path):
+        return False
+    try:
+        with cache.library_dir(path) as (d, _, name):
+            return d.lstat(name) is not None
+    except (cache.Missing, InputError, OSError):  # a directory gone, or one the checks refuse
+        return False
 
 
 def artifact_at(path: str, origin: str = "given", manifest: bool = True) -> Artifact:

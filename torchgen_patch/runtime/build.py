@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from .. import cache
 from ..codegen import compiled_sources
 from ..errors import EnvironmentProblem, InputError, require_torch
+from ..vocabulary import plural
 from .trust import sha256_of
 
 # Never -Werror here: a newer compiler's new warning must not break a user's install. The
@@ -68,10 +69,6 @@ def torch_identity() -> dict:
     torch = require_torch("building the kernels")
     return {"version": torch.__version__, "git_version": torch.version.git_version,
             "cxx11_abi": bool(torch.compiled_with_cxx11_abi()), "cuda": torch.version.cuda}
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _compiler() -> str:

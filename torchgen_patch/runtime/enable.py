@@ -26,10 +26,11 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..errors import EnvironmentProblem, InputError
+from ..errors import EnvironmentProblem
 from ..version import __version__
+from ..vocabulary import plural
 from . import launch
-from .process import read_spec
+from .process import checked_spec
 
 FILE = "torchgen_patch_enable.pth"
 HOOK = os.path.join(launch.SITE, launch.hook.NAME + ".py")
@@ -150,9 +151,9 @@ def state(site: str | None = None) -> State:
         problem = "it was edited since torchgen-patch wrote it"
     else:
         try:
-            read_spec(json.dumps(spec), path)
-        except InputError as e:
-            problem = e.message
+            checked_spec(json.dumps(spec))
+        except ValueError as e:  # said once, after the file's name
+            problem = str(e)
     return State(site, path, True, spec, version, problem, recorded)
 
 
@@ -269,20 +270,20 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
     the install step only: (spec, what the processes will install, for people)."""
     import sys
 
-    library, what = None, "Python kernels, no compiler needed"
+    library = None
     if backend == "cpp":
         from . import library as compose
 
         art = compose(opts, verbose=verbose, log=log or sys.stderr)
         n = len(art.kernels) if ops is None else len(ops)
         if art.origin == "prebuilt":
-            what = f"{n} kernels from the prebuilt kernels {art.prebuilt}"
+            what = f"{plural(n, 'kernel')} from the prebuilt kernels {art.prebuilt}"
         else:
             library = art.path
-            what = f"{n} kernels, {'built now' if art.origin == 'build' else 'from the cached build'}"
+            what = f"{plural(n, 'kernel')}, {'built now' if art.origin == 'build' else 'from the cached build'}"
     else:
         from ..pipeline import plan
 
         _, p = plan(opts)  # the scan cached for the processes
-        what = f"{len(p.kernels) if ops is None else len(ops)} {what}"
+        what = f"{plural(len(p.kernels) if ops is None else len(ops), 'Python kernel')}, no compiler needed"
     return launch.launch_spec(opts, backend, ops, [], [], quiet=quiet, library=library), what

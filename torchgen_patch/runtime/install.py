@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from .. import saved
 from ..errors import EnvironmentProblem, InputError, one_line, require_torch, unknown_names
 from ..sources import Options
+from ..vocabulary import plural
 
 _LOCK = threading.Lock()
 
@@ -51,7 +52,7 @@ class InstallReport:
     def summary(self) -> str:
         lines = [f"torchgen-patch install ({self.backend}): {len(self.registered)} registered, "
                  f"{len(self.already)} already active, {len(self.refused)} refused; "
-                 f"{len(self.optimizers)} optimizer entries active"]
+                 f"{plural(len(self.optimizers), 'optimizer entry', 'optimizer entries')} active"]
         if self.check_saved:
             lines.append(f"  saved-tensor check: {self.check_saved}")
         if self.prebuilt:

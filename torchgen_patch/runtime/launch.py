@@ -27,7 +27,7 @@ import sys
 
 from .. import cache
 from ..errors import InputError
-from .process import log_for, resolve
+from .process import build_log, resolve
 from .site import _torchgen_patch_hook as hook
 
 ENV = hook.ENV
@@ -124,14 +124,16 @@ def _runtime_check(spec: dict) -> tuple[list[str], str | None, str | None]:
     """The spec's runtime ops with their patterns expanded, the boxed library for them and the library
     of the plan's kernels (each None where the Python backend or installed prebuilt kernels need
     none), once the patterns and --import modules passed the check; from the cache when nothing it
-    read has changed. The libraries are where each process looks first (it finds its own where
-    one is gone)."""
+    read has changed and the builds it names are still there. The libraries are where each process
+    looks first (it finds its own where one is gone)."""
+    from . import build_there
+
     key = _check_key(spec)
     name = f"runtime-check-{key[:32]}.json" if key else None
     hit = cache.read(name) if name else None
     if isinstance(hit, dict) and set(hit) == {"ops", "boxed", "library"} and isinstance(hit["ops"], list) and \
             all(isinstance(o, str) and "::" in o for o in hit["ops"]) and \
-            all(v is None or (isinstance(v, str) and os.path.isfile(v)) for v in (hit["boxed"], hit["library"])):
+            all(v is None or build_there(v) for v in (hit["boxed"], hit["library"])):
         cache.note(f"--runtime-op check: the cached verdict ({name})")
         return hit["ops"], hit["boxed"], hit["library"]
     ops, boxed, library = _checked_elsewhere(spec)
@@ -237,8 +239,9 @@ def _check_main() -> None:
         with _silenced(), _current_directory_first():
             import_modules(spec["imports"])
         ops = _check_runtime_ops(spec["runtime_ops"], Options(**spec["options"]))
-        boxed = build_boxed(verbose=spec["verbose"], log=log_for(spec)).path if spec["backend"] == "cpp" else None
-        library, _ = resolve(spec, log_for(spec))  # torch is imported here anyway: the processes skip the lookup
+        log = build_log(spec["quiet"])
+        boxed = build_boxed(verbose=spec["verbose"], log=log).path if spec["backend"] == "cpp" else None
+        library, _ = resolve(spec, log)  # torch is imported here anyway: the processes skip the lookup
         answer = {"ops": ops, "boxed": boxed, "library": library}
     except InputError as e:
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from ..errors import Location, one_line
-from ..vocabulary import StepOutcome
+from ..vocabulary import StepOutcome, plural
 from .optim import covering
 
 STEPS = 3  # probe steps before a class counts as changing nothing (some skip their first steps)
@@ -67,7 +67,7 @@ def _as_base(p: StepProbe, cls: type, classes: list[type]) -> StepProbe:
     n = sum(1 for c in classes if c is not cls and issubclass(c, cls))
     if p.outcome != StepOutcome.NOT_RUN or not n:
         return p
-    return replace(p, detail=f"{p.detail} ({n} {'class' if n == 1 else 'classes'} probed here derive"
+    return replace(p, detail=f"{p.detail} ({plural(n, 'class', 'classes')} probed here derive"
                              f"{'s' if n == 1 else ''} from it)")
 
 

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..vocabulary import plural
 
 _SPEC_TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
                "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
@@ -76,41 +77,57 @@ class _Stderr(_Sink):
 
 
 class _Quiet(_Sink):
-    """Where -q sends build messages: nowhere (no file opened in the program's process)."""
+    """Where -q sends build messages: nowhere (no file opened, in the program's process or the CLI's)."""
 
     def write(self, text: str) -> int:
         return len(text)
 
 
-def log_for(spec: dict):
-    """The build messages' stream for ``spec`` (-q: none)."""
-    return _Quiet() if spec.get("quiet") else _Stderr()
+def build_log(quiet: bool):
+    """The build messages' stream: stderr as it is when they are written, or nowhere (-q)."""
+    return _Quiet() if quiet else _Stderr()
+
+
+def _is_run_spec(source: str) -> bool:
+    """Whether ``source`` is run's ``$TORCHGEN_PATCH_RUN`` (else: an enabled environment's file)."""
+    return source.startswith("$")
+
+
+def _spec_hint(source: str) -> str:
+    """What to do about a launch spec from ``source`` that is not one."""
+    return "torchgen-patch run sets it: unset it" if _is_run_spec(source) else \
+        "`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it"
 
 
 def read_spec(text: str | None, source: str) -> dict:
     """The launch spec in ``text``, checked field by field (an InputError naming ``source`` if not:
     ``$TORCHGEN_PATCH_RUN``, or an enabled environment's file)."""
+    try:
+        return checked_spec(text)
+    except ValueError as e:
+        raise InputError(None, None, f"{source}: {e}", _spec_hint(source)) from None
+
+
+def checked_spec(text: str | None) -> dict:
+    """The launch spec in ``text``, checked field by field; a ValueError saying what is wrong."""
     from ..sources import Options
 
-    hint = "torchgen-patch run sets it: unset it" if source.startswith("$") else \
-        "torchgen-patch enable writes it again"
     try:
         spec = json.loads(text or "")
     except ValueError as e:
-        raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch ({e})", hint) from None
+        raise ValueError(f"not a launch spec of torchgen-patch ({e})") from None
     if not isinstance(spec, dict):
-        raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch (not a JSON object)", hint)
+        raise ValueError("not a launch spec of torchgen-patch (not a JSON object)")
     for k, t in _SPEC_TYPES.items():
         v = spec.get(k)
         if not isinstance(v, t) or (isinstance(v, list) and not all(isinstance(x, str) for x in v)):
-            raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch ({k!r} is "
-                                         f"{type(v).__name__})", hint)
+            raise ValueError(f"not a launch spec of torchgen-patch ({k!r} is {type(v).__name__})")
     if spec["backend"] not in ("cpp", "python"):
-        raise InputError(None, None, f"{source}: unknown backend {spec['backend']!r}", hint)
+        raise ValueError(f"unknown backend {spec['backend']!r}")
     try:
         Options(**spec["options"])
     except TypeError as e:
-        raise InputError(None, None, f"{source}: not a launch spec of torchgen-patch ({e})", hint) from None
+        raise ValueError(f"not a launch spec of torchgen-patch ({e})") from None
     return spec
 
 
@@ -144,13 +161,23 @@ def after_import(name: str, text: str | None, mode: str, source: str, program_im
     installed now. Runtime ops wait until torch and every --import module are imported (a module
     whose own import pulled torch in defines its operators only once it finished); the modules not
     imported yet are imported here (``program_import``: as the program finds them). ``text``: the
-    launch spec, ``source`` names where it is; ``mode``: "run" or "enable"."""
+    launch spec, ``source`` names where it is; ``mode``: "run" or "enable". A ``$TORCHGEN_PATCH_RUN``
+    that is no launch spec stops the process (exit 2); an enabled environment's file that is none
+    (damaged, edited) leaves the program running unpatched, said in one line: a file in
+    site-packages must never make the environment's programs unusable."""
     if "runtime" in _DONE:
         return Outcome(True)
     if "torch" not in sys.modules or _importing("torch", name):
         return Outcome(False)  # torch not (wholly) imported yet: its own hook comes once it is
     try:
         spec = read_spec(text, source)
+    except InputError as e:
+        _DONE.update(("kernels", "runtime"))
+        if _is_run_spec(source):  # run's own variable, not what run writes: stop, as every bad input does
+            return Outcome(True, e.render(), e.exit_code)
+        # an enabled environment's file, damaged: every program of the environment goes on, told so
+        return Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {e.message} (hint: {e.hint})")
+    try:
         with _usable_streams():
             line = _install(spec, name, mode, program_import)
     except InputError as e:  # the kernels cannot be had (no compiler, a refused cache): stop, never run unpatched
@@ -190,12 +217,11 @@ def _install(spec: dict, name: str, mode: str, program_import) -> str | None:
     line, refused = "", False
     if "kernels" not in _DONE:
         _DONE.add("kernels")
-        library, origin = resolve(spec, log_for(spec))
+        library, origin = resolve(spec, build_log(spec["quiet"]))
         rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts,
                            check_saved=spec.get("check_saved"))
-        n = len(rep.registered) + len(rep.already)
-        line = (f"torchgen-patch: {n} kernels active ({spec['backend']}), {len(rep.refused)} refused"
-                + (f", {origin}" if origin else "") + f"; {len(rep.optimizers)} optimizer entries active")
+        line = kernels_line(len(rep.registered) + len(rep.already), spec["backend"], len(rep.refused), origin,
+                            len(rep.optimizers))
         refused = bool(rep.refused)
     waiting = [m for m in spec["imports"] if _importing(m, name)]
     if spec["runtime_ops"] and not waiting:
@@ -213,8 +239,20 @@ def _install(spec: dict, name: str, mode: str, program_import) -> str | None:
     elif not spec["runtime_ops"]:
         _DONE.add("runtime")
     if line and (not spec.get("quiet") or "NOT active" in line or refused):
-        return f"{line}, in pid {os.getpid()} ({_who(mode)})"
+        return process_line(line, os.getpid(), _who(mode))
     return None
+
+
+def kernels_line(n: int, backend: str, refused: int, origin: str | None, optimizers: int) -> str:
+    """What the kernels did in a process, as its line says it (``origin``: where the library came from)."""
+    return (f"torchgen-patch: {plural(n, 'kernel')} active ({backend}), {refused} refused"
+            + (f", {origin}" if origin else "")
+            + f"; {plural(optimizers, 'optimizer entry', 'optimizer entries')} active")
+
+
+def process_line(line: str, pid: int, who: str) -> str:
+    """A process's line: what happened, and which process it is."""
+    return f"{line}, in pid {pid} ({who})"
 
 
 @contextlib.contextmanager
