@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -240,3 +241,37 @@ def test_a_second_runtime_op_launch_uses_the_cached_check_and_the_librarys_messa
         assert "runtime ops: 1 active, 0 refused" in r.stderr
     assert "--runtime-op check: the cached verdict" not in first.stderr
     assert "note: --runtime-op check: the cached verdict (runtime-check-" in second.stderr
+
+
+def test_a_fifo_planted_under_a_programs_name_never_blocks_the_program(tmp_path):
+    """A program not on PATH, started from a working directory where another account left a FIFO of that
+    name (a sticky /tmp): the hook looks for the program's interpreter line and must not open the FIFO
+    (the open would block for ever); the program gets its FileNotFoundError and goes on. A script reached
+    through a symlink is still read, and a FIFO on PATH is not."""
+    from torchgen_patch.runtime.site._torchgen_patch_hook import dropped
+
+    os.mkfifo(tmp_path / "tgp-not-installed")
+    prog = tmp_path / "p.py"
+    prog.write_text("import subprocess, torch\ntry:\n    subprocess.run(['tgp-not-installed'])\n"
+                    "except FileNotFoundError:\n    print('not installed')\n")
+    cmd = [PY, "-m", "torchgen_patch", "run", "--backend", "python", "--op", "aten::_cummax_helper", "--", PY, str(prog)]
+    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT), start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail("the program blocked on the FIFO for 60 s")
+    assert (p.returncode, out) == (0, "not installed\n"), err
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = tmp_path / "isolated.py"
+    script.write_text(f"#!{PY} -I\n")
+    script.chmod(0o755)
+    os.symlink(script, bin_dir / "linked")
+    os.mkfifo(bin_dir / "fifo")
+    os.chmod(bin_dir / "fifo", 0o755)
+    env = {"PATH": str(bin_dir)}
+    assert dropped(["linked"], env) == f"{NAME} -I: isolated mode ignores PYTHONPATH"
+    assert dropped([str(bin_dir / "fifo")], env) is None and dropped(["fifo"], env) is None

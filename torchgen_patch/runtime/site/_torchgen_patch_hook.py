@@ -436,11 +436,12 @@ def dropped(argv, env=None, executable=None, enabled=False, check_env=True):
         elif _is_python(name):
             break
         else:
-            line = _shebang(_which(prog, env))
+            script = _which(prog, env)
+            line = _shebang(script)
             if line is None:
                 return None
             parts = line.split(None, 1)
-            argv = parts + [_which(prog, env)] + argv[1:]
+            argv = parts + [script] + argv[1:]
             prog = parts[0]
     else:
         return None
@@ -448,7 +449,7 @@ def dropped(argv, env=None, executable=None, enabled=False, check_env=True):
     for flag, why in BLOCKING.items():
         if flag in flags:
             return f"{name} -{flag}: {why}"
-    if enabled and os.path.dirname(os.path.abspath(_which(prog, env))) == \
+    if enabled and os.path.dirname(os.path.abspath(_which(prog, env) or prog)) == \
             os.path.dirname(os.path.abspath(sys.executable)):
         return None  # this environment's own Python: the enabled environment patches it
     if check_env:
@@ -543,22 +544,40 @@ def _simple_command(text, env):
 
 
 def _which(prog, env):
+    """The file ``prog`` names as ``execvp`` finds it: a name with a slash as it is, any other the first
+    executable regular file of that name on PATH; None when there is none (the exec fails: nothing runs,
+    and a file of that name in the working directory is not it)."""
     if os.sep in prog:
         return prog
     for d in env.get("PATH", os.defpath).split(os.pathsep):
         p = os.path.join(d or ".", prog)
         if os.path.isfile(p) and os.access(p, os.X_OK):
             return p
-    return prog
+    return None
 
 
 def _shebang(path):
-    """The interpreter line of a script (``#!`` and what follows, up to the line's end), or None."""
+    """The interpreter line of a script (``#!`` and what follows, up to the line's end), or None. Only a
+    regular file is read (a symlink to one is followed), and nothing here can block: a FIFO or a device
+    (another account's, planted under the program's name) is opened with O_NONBLOCK, if at all, and not read."""
+    import stat
+
+    if path is None:
+        return None
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(256)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, 256)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if not head.startswith(b"#!"):
         return None
     line = head[2:].split(b"\n", 1)[0].strip()
