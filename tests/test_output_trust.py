@@ -104,6 +104,61 @@ def test_a_link_of_ones_own_or_of_the_directorys_owner_is_followed_and_the_targe
 
 
 @needs_root
+@pytest.mark.parametrize("end", ["device", "fifo"])
+def test_a_chain_to_a_device_or_fifo_through_another_accounts_link_is_refused(ctx, sticky, run_cli, end):
+    """A link of one's own, to another account's link in a sticky directory, to a device or to that
+    account's FIFO (which would hand the report to them): every hop is judged by the same rule as a
+    chain to a regular file, and nothing is written."""
+    target = sticky / "fifo"
+    if end == "fifo":
+        os.mkfifo(target, 0o622)
+        os.chown(target, NOBODY, NOBODY)
+    else:
+        target = "/dev/null"
+    hop = sticky / "hop"
+    os.symlink(target, hop)
+    os.lchown(hop, NOBODY, NOBODY)
+    mine = ctx["tmp"] / "out"
+    os.symlink(hop, mine)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(target, "rb").read()), daemon=True)
+    if end == "fifo":
+        reader.start()
+    rc, _, err = run_cli("lint", ctx["native"], "-o", mine, "--format", "json")
+    if end == "fifo":
+        if not got:  # nothing was written: let the reader go
+            os.close(os.open(target, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(30)
+        assert got == [b""], got[0][:80]
+    _one_error(rc, err)
+    assert f"not following the symlink {hop}: nobody (uid 65534) owns it" in err, (err, _kernel_rule())
+
+
+def test_standard_output_and_a_descriptor_of_the_shell_are_written_through(ctx):
+    """``-o /dev/stdout`` and ``-o /dev/fd/N`` onto a pipe: a link of /proc whose target names no path."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def lint(out, **kw):
+        return subprocess.run([sys.executable, "-m", "torchgen_patch", "lint", ctx["native"], "-o", out, "--format",
+                               "json"], cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                              **kw)
+
+    p = lint("/dev/stdout")
+    summary, _, report = p.stdout.partition("\n")  # the summary, then the report on the same pipe
+    assert p.returncode == 1 and p.stderr == "lint report: /dev/stdout\n" and json.loads(report)["findings"], p.stderr
+    r, w = os.pipe()
+    p = lint(f"/dev/fd/{w}", pass_fds=(w,))
+    os.close(w)
+    with os.fdopen(r) as fh:
+        said = fh.read()
+    assert p.returncode == 1 and p.stdout == summary + "\n" and p.stderr == f"lint report: /dev/fd/{w}\n", p.stderr
+    assert json.loads(said)["findings"], said
+
+
+@needs_root
 def test_gen_into_a_linked_directory_another_account_planted_is_refused(ctx, sticky, run_cli):
     mine = ctx["tmp"] / "mine"
     mine.mkdir()

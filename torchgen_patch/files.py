@@ -118,9 +118,10 @@ class Found:
     is its path); ``rest``: the components below it (``rest[0]`` an entry of ``dir_fd``; more than one:
     ``rest[0]`` and those below it are missing); ``path``: the final entry's absolute path (symlinks
     resolved); ``st``: that entry (never a symlink), None when it is missing; ``blocked``: the path of
-    a non-directory met on the way (what follows it cannot exist); ``through``: the entry is a device
-    or FIFO a symlink leads to, to be opened through that link (``/dev/stdout`` leads to
-    ``/proc/self/fd/1``, which names no path)."""
+    a non-directory met on the way (what follows it cannot exist); ``through``: the entry is a link of
+    /proc to a device or FIFO (``/dev/stdout`` leads to ``/proc/self/fd/1``, whose target names no
+    path), to be opened through that one link; every other chain of links is followed hop by hop to
+    the device, FIFO or file at its end."""
 
     dir_fd: int
     where: str
@@ -205,7 +206,7 @@ def find(path: str, what: str = "output") -> Found:
                     raise InputError(path, None, f"{what}: not following the symlink {display(here)}: "
                                      f"{_owner(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
                                      "others can write", "write to a path of your own, or remove the link")
-                if last:
+                if last and _in_proc(f.dir_fd):  # /proc/self/fd/1: its target names no path
                     try:
                         to = os.stat(comp, dir_fd=f.dir_fd)
                     except OSError:
@@ -234,6 +235,15 @@ def find(path: str, what: str = "output") -> Found:
     except BaseException:
         f.close()
         raise
+
+
+def _in_proc(dir_fd: int) -> bool:
+    """Whether the open directory is one of /proc's (where a process's descriptors are links whose
+    targets, ``pipe:[N]``, name no path: they are opened as links, and nobody can plant one there)."""
+    try:
+        return os.fstat(dir_fd).st_dev == os.stat("/proc/self/fd").st_dev
+    except OSError:
+        return False
 
 
 def _named(f: Found) -> Found:
@@ -460,13 +470,13 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
 
 def _write_through(f: Found, data: bytes, path: str, what: str) -> bool:
     """A device or FIFO, written as a shell's ``>`` would (opened without O_CREAT or O_TRUNC, so
-    whatever the name holds by then is never replaced), once the opened file is one."""
+    whatever the name holds by then is never replaced), once the opened file is the one ``find`` found."""
     fd = os.open(f.name, os.O_WRONLY | os.O_CLOEXEC | (0 if f.through else os.O_NOFOLLOW), dir_fd=f.dir_fd)
     with os.fdopen(fd, "wb") as fh:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
-            raise InputError(path, None, f"cannot write {what}: it changed into a regular file while it was "
-                             "checked; nothing was written")
+        st = os.fstat(fd)
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) or not os.path.samestat(st, f.st):
+            raise InputError(path, None, f"cannot write {what}: {display(f.path)} changed while it was checked; "
+                             "nothing was written")
         fh.write(data)
     return True
 
