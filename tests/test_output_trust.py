@@ -195,6 +195,34 @@ def test_root_writing_a_users_file_leaves_it_the_users(ctx, run_cli):
     assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY) and open("home/report.txt").read() != "old\n"
 
 
+@needs_root
+def test_a_file_another_account_planted_in_a_sticky_directory_is_not_replaced(ctx, sticky, run_cli, tmp_path):
+    """The kernel's protected_regular rule: root's `lint -o /tmp/x` over an x another account made (0666)
+    would hand them root's report, theirs to read and rewrite; a file of the directory's owner is
+    replaced as before (and stays theirs)."""
+    from torchgen_patch.errors import InputError
+    from torchgen_patch.runtime import prebuilt
+
+    planted = sticky / "report.json"
+    planted.write_text("planted\n")
+    os.chmod(planted, 0o666)
+    os.chown(planted, NOBODY, NOBODY)
+    rc, _, err = run_cli("lint", ctx["native"], "-o", planted, "--format", "json")
+    _one_error(rc, err)
+    assert f"not replacing {planted}: nobody (uid 65534) owns it" in err, err
+    assert planted.read_text() == "planted\n" and os.stat(planted).st_uid == NOBODY
+    made = tmp_path / "made.whl"
+    made.write_bytes(b"PK")
+    (sticky / "x.whl").write_bytes(b"theirs")
+    os.chown(sticky / "x.whl", NOBODY, NOBODY)
+    with pytest.raises(InputError, match="not replacing"):
+        prebuilt._publish(str(made), str(sticky / "x.whl"), str(sticky))
+    assert (sticky / "x.whl").read_bytes() == b"theirs"
+    os.chown(sticky, NOBODY, NOBODY)  # now the directory's owner's file
+    assert run_cli("lint", ctx["native"], "-o", planted, "--format", "json")[0] == 1
+    assert planted.read_text().startswith("{") and os.stat(planted).st_uid == NOBODY
+
+
 def test_a_directory_swapped_for_a_link_after_the_lookup_gets_nothing(ctx, run_cli, monkeypatch):
     """The output's directory is replaced by a symlink to another directory just before the report
     file is created: the report lands in the directory that was looked up, never in the other."""

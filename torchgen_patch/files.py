@@ -107,9 +107,13 @@ MAX_LINKS = 40  # symlinks in one lookup, the kernel's own limit
 def may_follow(dir_st: os.stat_result, link_st: os.stat_result) -> bool:
     """The kernel's ``fs.protected_symlinks`` rule: a symlink in a sticky directory that others can
     write (``/tmp``) is followed only by its owner, or when the directory's owner owns it; anyone
-    could have planted any other link there."""
+    could have planted any other link there. ``fs.protected_regular`` is the same rule for a file
+    opened to be written (``may_replace``)."""
     shared = stat.S_ISVTX | stat.S_IWOTH
     return dir_st.st_mode & shared != shared or link_st.st_uid in (os.geteuid(), dir_st.st_uid)
+
+
+may_replace = may_follow  # a regular file there is replaced only when it is yours or the directory owner's
 
 
 @dataclasses.dataclass
@@ -134,6 +138,15 @@ class Found:
     @property
     def name(self) -> str:
         return self.rest[0]
+
+    def check_replace(self, path: str, what: str) -> None:
+        """Refuse to replace a regular file another account owns in a sticky directory others can
+        write (``fs.protected_regular``, whatever the sysctl says here): anyone could have planted it
+        there, and the file that replaces it keeps its owner and mode (as root, theirs)."""
+        if self.st is not None and stat.S_ISREG(self.st.st_mode) and not may_replace(os.fstat(self.dir_fd), self.st):
+            raise InputError(path, None, f"{what}: not replacing {display(self.path)}: {_owner(self.st.st_uid)} owns "
+                             f"it, in {display(self.where)}, a sticky directory others can write",
+                             "write to a path of your own, or remove the file")
 
     @property
     def missing_dirs(self) -> bool:
@@ -413,6 +426,7 @@ def check_output_file(path: str, what: str = "output", create_dir: bool = False,
         return
     with find(path, what) as f:
         st, target, missing = f.st, f.path, f.missing_dirs
+        f.check_replace(path, what)
     mode = st.st_mode if st is not None else None
     if mode is not None and stat.S_ISDIR(mode):
         raise InputError(path, None, f"{what} is a directory, expected a file name")
@@ -460,6 +474,7 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
                     raise InputError(path, None, f"cannot write {what}: directory "
                                      f"{display(os.path.dirname(f.path))} does not exist")
                 f.make_dirs()
+            f.check_replace(path, what)
             if if_changed and f.st is not None and _holds(f.dir_fd, f.name, data):
                 return False
             replace_at(f.dir_fd, f.name, data)

@@ -192,6 +192,7 @@ def _publish(made: str, target: str, out_dir: str) -> None:
         try:
             if f.st is not None and not stat.S_ISREG(f.st.st_mode):
                 raise InputError(target, None, "cannot write the wheel: not a regular file")
+            f.check_replace(target, "wheel")
             f.make_dirs()
             files.replace_at(f.dir_fd, f.name, data)
         except OSError as e:
