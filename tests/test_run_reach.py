@@ -275,3 +275,31 @@ def test_a_fifo_planted_under_a_programs_name_never_blocks_the_program(tmp_path)
     env = {"PATH": str(bin_dir)}
     assert dropped(["linked"], env) == f"{NAME} -I: isolated mode ignores PYTHONPATH"
     assert dropped([str(bin_dir / "fifo")], env) is None and dropped(["fifo"], env) is None
+
+
+_SHADOW = """open({marker!r}, 'w')
+OWN = True
+def new(*a, **k):
+    raise RuntimeError("the program's hmac")
+def compare_digest(a, b):
+    return True
+"""
+
+
+@pytest.mark.parametrize("how", ["on the path", "imported first"])
+def test_a_stdlib_name_on_the_programs_path_is_never_the_tools(tmp_path, how):
+    """A hmac.py on the program's path before the standard library (PYTHONPATH=. in a shared directory),
+    or one the program imported itself before torch: the tool's cache proofs use the standard library's
+    hmac (a compare_digest that says yes to everything would pass unproven entries), the process is
+    patched, and the program's own `import hmac` still gets its own file."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    marker = tmp_path / "imported"
+    (lib / "hmac.py").write_text(_SHADOW.format(marker=str(marker)))
+    first = f"import sys\nsys.path.insert(1, {str(lib)!r})\n" if how == "on the path" else "import hmac\n"
+    prog = (tmp_path if how == "on the path" else lib) / "p.py"
+    prog.write_text(first + "import torch, torchgen_patch\nprint(len(torchgen_patch.installed_ops()))\n"
+                    "import hmac\nprint(hmac.OWN)\n")
+    r = tgp_run("--backend", "python", "--op", "aten::_cummax_helper", "--", PY, prog)
+    assert (r.returncode, r.stdout) == (0, "1\nTrue\n"), r.stderr
+    assert "NOT active" not in r.stderr and "1 kernels active (python)" in r.stderr, r.stderr
