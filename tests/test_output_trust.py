@@ -483,6 +483,22 @@ def test_a_rehashed_edit_that_registers_another_kernel_is_found(tmp_path, run_cl
     assert rc == 1 and ("generated-file-modified", reg.name) in found, found
 
 
+def test_a_manifest_nested_too_deeply_is_one_line_for_lint_and_damaged_for_gen(ctx, run_cli):
+    """lint --generated reads the manifest: one FILE:LINE line, exit 2; gen over the directory takes it as
+    any damaged manifest (it knows no earlier outputs, and writes a new one); never a RecursionError."""
+    out = ctx["tmp"] / "g"
+    assert run_cli("gen", "--native-functions", ctx["native"], "-o", out)[0] == 0
+    manifest = out / "torchgen_patch_manifest.json"
+    manifest.write_text('{"shards": 2,\n "x": ' + "[" * 100_000 + "\n")
+    rc, _, err = run_cli("lint", ctx["native"], "--generated", out)
+    _one_error(rc, err)
+    assert err.startswith("g/torchgen_patch_manifest.json:2: error: torchgen_patch_manifest.json is not valid JSON: "
+                          "nested more than 64 levels deep"), err
+    rc, _, err = run_cli("gen", "--native-functions", ctx["native"], "-o", out)
+    assert rc == 0 and "Traceback" not in err, err
+    assert json.loads(manifest.read_text())["generator"] == "torchgen-patch"
+
+
 def test_lint_while_gen_swaps_sees_one_snapshot(small_plan, tmp_path, exchange):
     """A gen rewriting the directory again and again (the same plan in 1 and in 3 shards, both
     current) while lint --generated reads it: never a finding."""

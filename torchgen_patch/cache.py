@@ -37,6 +37,8 @@ import stat
 import time
 
 from .errors import EnvironmentProblem, InputError
+from .errors import no_descriptor as _descriptors
+from .files import loads
 from .version import __version__
 
 ENV = "TORCHGEN_PATCH_CACHE"
@@ -183,16 +185,6 @@ def _link_problem(link: str, st: os.stat_result, parent: os.stat_result, uids, r
         return (f"{link} is a symlink of {owner_name(st.st_uid)} in the shared directory {os.path.dirname(link)}: "
                 f"torchgen-patch follows none there (as the kernel's protected_symlinks rule does not)",
                 f"point {ENV} at a directory of your own")
-    return None
-
-
-def _descriptors(e: OSError, what: str) -> EnvironmentProblem | None:
-    """Descriptor exhaustion said as what it is, never as a damaged build."""
-    if e.errno in (errno.EMFILE, errno.ENFILE):
-        where = "this process" if e.errno == errno.EMFILE else "the system"
-        return EnvironmentProblem(f"cannot open {what}: {where} has no free file descriptor "
-                                  f"({errno.errorcode[e.errno]}, {e.strerror})",
-                                  "close descriptors the program does not need, or raise the limit (ulimit -n)")
     return None
 
 
@@ -670,7 +662,7 @@ def read(name: str):
                  "(edited, damaged or from elsewhere)")
             return None
         try:
-            return json.loads(body)
+            return loads(body)
         except ValueError as e:
             note(f"cache entry {r.join(name)} ignored: damaged ({type(e).__name__})")
             return None
@@ -773,7 +765,7 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
         except OSError:
             return False, ""  # held: the build is alive
         try:
-            info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            info = loads(os.pread(fd, 4096, 0) or b"{}")
         except ValueError:
             info = {}
         if not isinstance(info, dict) or "pid" not in info:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .. import cache
 from ..errors import EnvironmentProblem, InputError
+from ..files import loads
 from ..sources import Options, overlay_path
 from ..version import __version__
 from .build import torch_identity  # noqa: F401  (re-exported: what the wheel records)
@@ -250,7 +251,7 @@ def _read_record(d: cache.Dir, name: str) -> dict | str:
     """The wheel's record from its checked package directory (a regular file of a trusted owner that
     nobody else can write, no symlink followed), or why not."""
     try:
-        rec = json.loads(d.read(RECORD))
+        rec = loads(d.read(RECORD))
         torch, lib, digest, kernels = rec["torch"], rec["library"], rec["sha256"], rec["plan"]["kernels"]
         fmt = rec["format"]
         _ = [(k["op"], k["schema"]) for k in kernels]

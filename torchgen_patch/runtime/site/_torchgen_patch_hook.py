@@ -79,7 +79,7 @@ def _watched():
         return {"torch"}
     try:
         return {"torch", *_std("json").loads(_spec).get("imports", [])}
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return {"torch"}  # said at `import torch`, where the spec is read
 
 
@@ -251,7 +251,7 @@ def _roots():
         if not isinstance(roots, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                   for k, v in roots.items()) or "torchgen_patch" not in roots:
             raise ValueError("no roots")
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
         _fail(f"{_source}: not a launch spec of torchgen-patch ({type(e).__name__}: {e})",
               "torchgen-patch run sets it: unset it" if _source.startswith("$") else
               "torchgen-patch enable writes it again")
