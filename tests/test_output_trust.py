@@ -223,6 +223,28 @@ def test_a_file_another_account_planted_in_a_sticky_directory_is_not_replaced(ct
     assert planted.read_text().startswith("{") and os.stat(planted).st_uid == NOBODY
 
 
+@needs_root
+def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_replaced_its_file(tmp_path):
+    """enable's file in a directory any account can write is theirs to replace (and every Python of the
+    environment runs it): refused in one line; a file of another account's there is named as theirs."""
+    from torchgen_patch.errors import EnvironmentProblem
+    from torchgen_patch.runtime import enable
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    os.chmod(site, 0o777)
+    with pytest.raises(EnvironmentProblem, match=r"site-packages is writable by others \(mode 0777\): any account "):
+        enable.check_writable(str(site))
+    os.chmod(site, 0o755)
+    enable.check_writable(str(site))
+    pth = site / enable.FILE
+    pth.write_text("import os; os.system('id')\n")
+    assert enable.state(str(site)).problem == "it is not as torchgen-patch writes it (edited?): what it does is its own"
+    os.chown(pth, NOBODY, NOBODY)
+    assert enable.state(str(site)).problem == ("it is not as torchgen-patch writes it (nobody (uid 65534) owns it: "
+                                               "replaced by that account?): what it does is its own")
+
+
 def test_a_directory_swapped_for_a_link_after_the_lookup_gets_nothing(ctx, run_cli, monkeypatch):
     """The output's directory is replaced by a symlink to another directory just before the report
     file is created: the report lands in the directory that was looked up, never in the other."""

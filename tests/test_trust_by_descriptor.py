@@ -333,6 +333,30 @@ def test_without_proc_the_library_loads_from_a_private_copy(library):
     assert r.stdout.strip() == f"REGISTERED {len(library.ops)}"
 
 
+@as_root
+def test_without_proc_a_temporary_directory_of_another_account_is_named_as_the_problem(tmp_path, monkeypatch):
+    """The private copy is made in $TMPDIR: when that directory is another account's, the line names
+    TMPDIR as what to change, not the cache."""
+    import tempfile
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    os.chown(theirs, 65534, 65534)
+    monkeypatch.setattr(tempfile, "tempdir", str(theirs))
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"\x7fELF")
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        with pytest.raises(cache.EnvironmentProblem) as e:
+            with cache.private_copy(fd, str(lib)):
+                pass
+    finally:
+        os.close(fd)
+    assert e.value.message.startswith(f"{theirs} is owned by nobody (uid 65534), not by you or root: ")
+    assert e.value.hint == "set TMPDIR to a directory of your own" and os.listdir(theirs) == []
+
+
 def test_no_free_descriptor_is_said_as_such_never_as_a_damaged_build(library):
     before = ("import torchgen_patch.runtime.install, torchgen_patch.runtime.build, torchgen_patch.codegen.render\n"
               "import resource, os\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nheld = []\n"

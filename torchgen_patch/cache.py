@@ -824,7 +824,12 @@ def private_copy(fd: int, name: str):
     import tempfile
 
     base = tempfile.gettempdir()
-    with open_dir(base, library_refusal(name), strict=False) as tmp:
+    try:
+        tmp = open_dir(base, library_refusal(name), strict=False)
+    except EnvironmentProblem as e:  # the temporary directory is the problem, not the cache
+        raise EnvironmentProblem(f"{e.message} (without /proc the library is loaded from a private copy made in "
+                                 f"the temporary directory {base})", "set TMPDIR to a directory of your own") from None
+    with tmp:
         with tmp.mkdtemp("torchgen-patch-load-") as d:
             out = os.open("lib.so", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o500,
                           dir_fd=d.fd)
