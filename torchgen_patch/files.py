@@ -181,7 +181,7 @@ class Found:
         write (``fs.protected_regular``, whatever the sysctl says here): anyone could have planted it
         there, and the file that replaces it keeps its owner and mode (as root, theirs)."""
         if self.st is not None and stat.S_ISREG(self.st.st_mode) and not may_replace(os.fstat(self.dir_fd), self.st):
-            raise InputError(path, None, f"{what}: not replacing {display(self.path)}: {_owner(self.st.st_uid)} owns "
+            raise InputError(path, None, f"{what}: not replacing {display(self.path)}: {owner_name(self.st.st_uid)} owns "
                              f"it, in {display(self.where)}, a sticky directory others can write",
                              "write to a path of your own, or remove the file")
 
@@ -254,7 +254,7 @@ def find(path: str, what: str = "output") -> Found:
             if stat.S_ISLNK(st.st_mode):
                 if not may_follow(os.fstat(f.dir_fd), st):
                     raise InputError(path, None, f"{what}: not following the symlink {display(here)}: "
-                                     f"{_owner(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
+                                     f"{owner_name(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
                                      "others can write", "write to a path of your own, or remove the link")
                 if last and _in_proc(f.dir_fd):  # /proc/self/fd/1: its target names no path
                     try:
@@ -312,7 +312,8 @@ def _named(f: Found) -> Found:
     return f
 
 
-def _owner(uid: int) -> str:
+def owner_name(uid: int) -> str:
+    """An account as messages name it: ``name (uid N)``, or ``uid N`` for one this machine does not know."""
     import pwd
 
     try:

@@ -389,7 +389,7 @@ def _open_lock(parent: int, name: str, path: str, required: bool) -> int | None:
             continue  # removed meanwhile: make it
         why = None if stat.S_ISREG(st.st_mode) else "is not a regular file"
         if why is None and st.st_uid not in (os.geteuid(), 0):
-            why = f"is owned by {_files._owner(st.st_uid)}, not by you"
+            why = f"is owned by {_files.owner_name(st.st_uid)}, not by you"
         if why is None:
             try:
                 fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0),
