@@ -255,7 +255,8 @@ def test_a_fifo_planted_under_a_programs_name_never_blocks_the_program(tmp_path)
     prog = tmp_path / "p.py"
     prog.write_text("import subprocess, torch\ntry:\n    subprocess.run(['tgp-not-installed'])\n"
                     "except FileNotFoundError:\n    print('not installed')\n")
-    cmd = [PY, "-m", "torchgen_patch", "run", "--backend", "python", "--op", "aten::_cummax_helper", "--", PY, str(prog)]
+    cmd = [PY, "-m", "torchgen_patch", "run", "--backend", "python", "--op", "aten::_cummax_helper", "--",
+           PY, str(prog)]
     p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONPATH=ROOT), start_new_session=True)
     try:

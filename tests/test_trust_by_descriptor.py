@@ -422,7 +422,8 @@ def test_no_free_descriptor_at_the_first_call_is_one_line_exit_3(entry, tmp_path
         f"from torchgen_patch.cli import main\n    sys.exit(main(['lint', {str(native)!r}]))"
     code = (f"import sys\nsys.path.insert(0, {ROOT!r})\nimport torch, torchgen_patch\n"
             "from torchgen_patch.errors import InputError\n" + EXHAUST +
-            f"try:\n    {call}\nexcept InputError as e:\n    print(e.render(), file=sys.stderr)\n    sys.exit(e.exit_code)\n")
+            f"try:\n    {call}\nexcept InputError as e:\n    print(e.render(), file=sys.stderr)\n"
+            "    sys.exit(e.exit_code)\n")
     if entry == "cli":
         code = code.replace("import torch, torchgen_patch\n", "import torchgen_patch.cli\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -180,9 +180,10 @@ class Found:
         """Refuse to replace a regular file another account owns in a sticky directory others can
         write (``fs.protected_regular``, whatever the sysctl says here): anyone could have planted it
         there, and the file that replaces it keeps its owner and mode (as root, theirs)."""
-        if self.st is not None and stat.S_ISREG(self.st.st_mode) and not may_replace(os.fstat(self.dir_fd), self.st):
-            raise InputError(path, None, f"{what}: not replacing {display(self.path)}: {owner_name(self.st.st_uid)} owns "
-                             f"it, in {display(self.where)}, a sticky directory others can write",
+        st = self.st
+        if st is not None and stat.S_ISREG(st.st_mode) and not may_replace(os.fstat(self.dir_fd), st):
+            raise InputError(path, None, f"{what}: not replacing {display(self.path)}: {owner_name(st.st_uid)} "
+                             f"owns it, in {display(self.where)}, a sticky directory others can write",
                              "write to a path of your own, or remove the file")
 
     @property
