@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass
 
 from .. import cache
+from .. import files as _files
 from ..codegen import compiled_sources
 from ..errors import EnvironmentProblem, InputError, require_torch
-from ..files import loads
 from .trust import sha256_of
 
 # Never -Werror here: a newer compiler's new warning must not break a user's install. The
@@ -182,7 +182,7 @@ def _complete(builds: cache.Dir, final: str, key: str, library: str | None = Non
         return False
     with d:
         try:
-            data = loads(d.read(RECORD))
+            data = _files.loads(d.read(RECORD))
         except (cache.Missing, EnvironmentProblem, OSError, ValueError):  # damaged: rebuilt in its place
             return False
     return isinstance(data, dict) and data.get("key") == key and data.get("format") == RECORD_FORMAT
@@ -371,7 +371,7 @@ def build_problem(stated: str | bytes | None, key: str | None, path: str) -> str
         return (f"{path} does not say which torch it was built against (made by an older torchgen-patch, or "
                 "not by torchgen-patch)")
     try:
-        info = loads(stated)
+        info = _files.loads(stated)
         said, headers = info["stated"], info["headers"]
     except (ValueError, KeyError, TypeError):
         return f"{path} states its build in a form this torchgen-patch does not read"
@@ -495,7 +495,7 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
     for name in names:
         try:
             with builds.sub(name) as d:
-                info = loads(d.read(RECORD))  # a record is input like any cache entry
+                info = _files.loads(d.read(RECORD))  # a record is input like any cache entry
         except (cache.Missing, EnvironmentProblem, OSError, ValueError):
             continue
         if not isinstance(info, dict) or not isinstance(info.get("unit_times"), dict):
