@@ -305,4 +305,3 @@ def test_a_second_runtime_op_launch_uses_the_cached_check_and_the_librarys_messa
         assert "runtime ops: 1 active, 0 refused" in r.stderr
     assert "--runtime-op check: the cached verdict" not in first.stderr
     assert "note: --runtime-op check: the cached verdict (runtime-check-" in second.stderr
-
