@@ -104,6 +104,61 @@ def test_a_link_of_ones_own_or_of_the_directorys_owner_is_followed_and_the_targe
 
 
 @needs_root
+@pytest.mark.parametrize("end", ["device", "fifo"])
+def test_a_chain_to_a_device_or_fifo_through_another_accounts_link_is_refused(ctx, sticky, run_cli, end):
+    """A link of one's own, to another account's link in a sticky directory, to a device or to that
+    account's FIFO (which would hand the report to them): every hop is judged by the same rule as a
+    chain to a regular file, and nothing is written."""
+    target = sticky / "fifo"
+    if end == "fifo":
+        os.mkfifo(target, 0o622)
+        os.chown(target, NOBODY, NOBODY)
+    else:
+        target = "/dev/null"
+    hop = sticky / "hop"
+    os.symlink(target, hop)
+    os.lchown(hop, NOBODY, NOBODY)
+    mine = ctx["tmp"] / "out"
+    os.symlink(hop, mine)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(target, "rb").read()), daemon=True)
+    if end == "fifo":
+        reader.start()
+    rc, _, err = run_cli("lint", ctx["native"], "-o", mine, "--format", "json")
+    if end == "fifo":
+        if not got:  # nothing was written: let the reader go
+            os.close(os.open(target, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(30)
+        assert got == [b""], got[0][:80]
+    _one_error(rc, err)
+    assert f"not following the symlink {hop}: nobody (uid 65534) owns it" in err, (err, _kernel_rule())
+
+
+def test_standard_output_and_a_descriptor_of_the_shell_are_written_through(ctx):
+    """``-o /dev/stdout`` and ``-o /dev/fd/N`` onto a pipe: a link of /proc whose target names no path."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def lint(out, **kw):
+        return subprocess.run([sys.executable, "-m", "torchgen_patch", "lint", ctx["native"], "-o", out, "--format",
+                               "json"], cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                              **kw)
+
+    p = lint("/dev/stdout")
+    summary, _, report = p.stdout.partition("\n")  # the summary, then the report on the same pipe
+    assert p.returncode == 1 and p.stderr == "lint report: /dev/stdout\n" and json.loads(report)["findings"], p.stderr
+    r, w = os.pipe()
+    p = lint(f"/dev/fd/{w}", pass_fds=(w,))
+    os.close(w)
+    with os.fdopen(r) as fh:
+        said = fh.read()
+    assert p.returncode == 1 and p.stdout == summary + "\n" and p.stderr == f"lint report: /dev/fd/{w}\n", p.stderr
+    assert json.loads(said)["findings"], said
+
+
+@needs_root
 def test_gen_into_a_linked_directory_another_account_planted_is_refused(ctx, sticky, run_cli):
     mine = ctx["tmp"] / "mine"
     mine.mkdir()
@@ -138,6 +193,56 @@ def test_root_writing_a_users_file_leaves_it_the_users(ctx, run_cli):
     assert run_cli("lint", ctx["native"], "-o", "home/report.txt")[0] == 1
     st = os.stat("home/report.txt")
     assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY) and open("home/report.txt").read() != "old\n"
+
+
+@needs_root
+def test_a_file_another_account_planted_in_a_sticky_directory_is_not_replaced(ctx, sticky, run_cli, tmp_path):
+    """The kernel's protected_regular rule: root's `lint -o /tmp/x` over an x another account made (0666)
+    would hand them root's report, theirs to read and rewrite; a file of the directory's owner is
+    replaced as before (and stays theirs)."""
+    from torchgen_patch.errors import InputError
+    from torchgen_patch.runtime import prebuilt
+
+    planted = sticky / "report.json"
+    planted.write_text("planted\n")
+    os.chmod(planted, 0o666)
+    os.chown(planted, NOBODY, NOBODY)
+    rc, _, err = run_cli("lint", ctx["native"], "-o", planted, "--format", "json")
+    _one_error(rc, err)
+    assert f"not replacing {planted}: nobody (uid 65534) owns it" in err, err
+    assert planted.read_text() == "planted\n" and os.stat(planted).st_uid == NOBODY
+    made = tmp_path / "made.whl"
+    made.write_bytes(b"PK")
+    (sticky / "x.whl").write_bytes(b"theirs")
+    os.chown(sticky / "x.whl", NOBODY, NOBODY)
+    with pytest.raises(InputError, match="not replacing"):
+        prebuilt._publish(str(made), str(sticky / "x.whl"), str(sticky))
+    assert (sticky / "x.whl").read_bytes() == b"theirs"
+    os.chown(sticky, NOBODY, NOBODY)  # now the directory's owner's file
+    assert run_cli("lint", ctx["native"], "-o", planted, "--format", "json")[0] == 1
+    assert planted.read_text().startswith("{") and os.stat(planted).st_uid == NOBODY
+
+
+@needs_root
+def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_replaced_its_file(tmp_path):
+    """enable's file in a directory any account can write is theirs to replace (and every Python of the
+    environment runs it): refused in one line; a file of another account's there is named as theirs."""
+    from torchgen_patch.errors import EnvironmentProblem
+    from torchgen_patch.runtime import enable
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    os.chmod(site, 0o777)
+    with pytest.raises(EnvironmentProblem, match=r"site-packages is writable by others \(mode 0777\): any account "):
+        enable.check_writable(str(site))
+    os.chmod(site, 0o755)
+    enable.check_writable(str(site))
+    pth = site / enable.FILE
+    pth.write_text("import os; os.system('id')\n")
+    assert enable.state(str(site)).problem == "it is not as torchgen-patch writes it (edited?): what it does is its own"
+    os.chown(pth, NOBODY, NOBODY)
+    assert enable.state(str(site)).problem == ("it is not as torchgen-patch writes it (nobody (uid 65534) owns it: "
+                                               "replaced by that account?): what it does is its own")
 
 
 def test_a_directory_swapped_for_a_link_after_the_lookup_gets_nothing(ctx, run_cli, monkeypatch):
@@ -398,6 +503,22 @@ def test_a_rehashed_edit_that_registers_another_kernel_is_found(tmp_path, run_cl
     rc, said, _ = run_cli("lint", "--generated", out, "--format", "json")
     found = {(f["rule"], os.path.basename(f["path"])) for f in json.loads(said)["findings"]}
     assert rc == 1 and ("generated-file-modified", reg.name) in found, found
+
+
+def test_a_manifest_nested_too_deeply_is_one_line_for_lint_and_damaged_for_gen(ctx, run_cli):
+    """lint --generated reads the manifest: one FILE:LINE line, exit 2; gen over the directory takes it as
+    any damaged manifest (it knows no earlier outputs, and writes a new one); never a RecursionError."""
+    out = ctx["tmp"] / "g"
+    assert run_cli("gen", "--native-functions", ctx["native"], "-o", out)[0] == 0
+    manifest = out / "torchgen_patch_manifest.json"
+    manifest.write_text('{"shards": 2,\n "x": ' + "[" * 100_000 + "\n")
+    rc, _, err = run_cli("lint", ctx["native"], "--generated", out)
+    _one_error(rc, err)
+    assert err.startswith("g/torchgen_patch_manifest.json:2: error: torchgen_patch_manifest.json is not valid JSON: "
+                          "nested more than 64 levels deep"), err
+    rc, _, err = run_cli("gen", "--native-functions", ctx["native"], "-o", out)
+    assert rc == 0 and "Traceback" not in err, err
+    assert json.loads(manifest.read_text())["generator"] == "torchgen-patch"
 
 
 def test_lint_while_gen_swaps_sees_one_snapshot(small_plan, tmp_path, exchange):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -172,6 +173,69 @@ def test_the_programs_path_is_its_own_and_another_environment_is_not_widened(tmp
     assert re.search(r"^torchgen-patch: \d+ kernels active \(python\)", r.stderr, re.M), r.stderr
 
 
+def test_a_fifo_planted_under_a_programs_name_never_blocks_the_program(tmp_path):
+    """A program not on PATH, started from a working directory where another account left a FIFO of that
+    name (a sticky /tmp): the hook looks for the program's interpreter line and must not open the FIFO
+    (the open would block for ever); the program gets its FileNotFoundError and goes on. A script reached
+    through a symlink is still read, and a FIFO on PATH is not."""
+    from torchgen_patch.runtime.site._torchgen_patch_hook import dropped
+
+    os.mkfifo(tmp_path / "tgp-not-installed")
+    prog = tmp_path / "p.py"
+    prog.write_text("import subprocess, torch\ntry:\n    subprocess.run(['tgp-not-installed'])\n"
+                    "except FileNotFoundError:\n    print('not installed')\n")
+    cmd = [PY, "-m", "torchgen_patch", "run", "--backend", "python", "--op", "aten::_cummax_helper", "--",
+           PY, str(prog)]
+    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT), start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail("the program blocked on the FIFO for 60 s")
+    assert (p.returncode, out) == (0, "not installed\n"), err
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = tmp_path / "isolated.py"
+    script.write_text(f"#!{PY} -I\n")
+    script.chmod(0o755)
+    os.symlink(script, bin_dir / "linked")
+    os.mkfifo(bin_dir / "fifo")
+    os.chmod(bin_dir / "fifo", 0o755)
+    env = {"PATH": str(bin_dir)}
+    assert dropped(["linked"], env) == f"{NAME} -I: isolated mode ignores PYTHONPATH"
+    assert dropped([str(bin_dir / "fifo")], env) is None and dropped(["fifo"], env) is None
+
+
+_SHADOW = """open({marker!r}, 'w')
+OWN = True
+def new(*a, **k):
+    raise RuntimeError("the program's hmac")
+def compare_digest(a, b):
+    return True
+"""
+
+
+@pytest.mark.parametrize("how", ["on the path", "imported first"])
+def test_a_stdlib_name_on_the_programs_path_is_never_the_tools(tmp_path, how):
+    """A hmac.py on the program's path before the standard library (PYTHONPATH=. in a shared directory),
+    or one the program imported itself before torch: the tool's cache proofs use the standard library's
+    hmac (a compare_digest that says yes to everything would pass unproven entries), the process is
+    patched, and the program's own `import hmac` still gets its own file."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    marker = tmp_path / "imported"
+    (lib / "hmac.py").write_text(_SHADOW.format(marker=str(marker)))
+    first = f"import sys\nsys.path.insert(1, {str(lib)!r})\n" if how == "on the path" else "import hmac\n"
+    prog = (tmp_path if how == "on the path" else lib) / "p.py"
+    prog.write_text(first + "import torch, torchgen_patch\nprint(len(torchgen_patch.installed_ops()))\n"
+                    "import hmac\nprint(hmac.OWN)\n")
+    r = tgp_run("--backend", "python", "--op", "aten::_cummax_helper", "--", PY, prog)
+    assert (r.returncode, r.stdout) == (0, "1\nTrue\n"), r.stderr
+    assert "NOT active" not in r.stderr and "1 kernels active (python)" in r.stderr, r.stderr
+
+
 def _tiny_overlay(path, default_plan, keep: str) -> None:
     """An overlay that leaves one kernel in the plan: a build of a few seconds."""
     path.write_text("".join(f"{k.op}:\n  action: skip\n  reason: a one-kernel plan\n\n"
@@ -210,6 +274,7 @@ def test_stderr_redirected_to_a_write_only_sink_during_a_build(tmp_path, default
     ("{bad", "JSONDecodeError: Expecting property name enclosed in double quotes"),
     ('{"roots": {"torchgen_patch": "%s"}}' % ROOT, "'backend' is NoneType"),
     ("[]", "TypeError: list indices must be integers or slices, not str"),
+    ("[" * 100_000, "RecursionError: maximum recursion depth exceeded"),
 ])
 def test_a_malformed_launch_spec_stops_the_program_at_import_torch_with_one_line(value, why):
     r = subprocess.run([PY, "-c", "import torch; print('went on')"], capture_output=True, text=True,

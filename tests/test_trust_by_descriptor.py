@@ -333,6 +333,30 @@ def test_without_proc_the_library_loads_from_a_private_copy(library):
     assert r.stdout.strip() == f"REGISTERED {len(library.ops)}"
 
 
+@as_root
+def test_without_proc_a_temporary_directory_of_another_account_is_named_as_the_problem(tmp_path, monkeypatch):
+    """The private copy is made in $TMPDIR: when that directory is another account's, the line names
+    TMPDIR as what to change, not the cache."""
+    import tempfile
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    os.chown(theirs, 65534, 65534)
+    monkeypatch.setattr(tempfile, "tempdir", str(theirs))
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"\x7fELF")
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        with pytest.raises(cache.EnvironmentProblem) as e:
+            with cache.private_copy(fd, str(lib)):
+                pass
+    finally:
+        os.close(fd)
+    assert e.value.message.startswith(f"{theirs} is owned by nobody (uid 65534), not by you or root: ")
+    assert e.value.hint == "set TMPDIR to a directory of your own" and os.listdir(theirs) == []
+
+
 def test_no_free_descriptor_is_said_as_such_never_as_a_damaged_build(library):
     before = ("import torchgen_patch.runtime.install, torchgen_patch.runtime.build, torchgen_patch.codegen.render\n"
               "import resource, os\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nheld = []\n"
@@ -344,6 +368,68 @@ def test_no_free_descriptor_is_said_as_such_never_as_a_damaged_build(library):
     [line] = r.stderr.splitlines()
     assert "no free file descriptor" in line and "ulimit -n" in line, line
     assert "build again" not in line and "not a complete" not in line and "missing" not in line, line
+
+
+DEEP = b"[" * 100_000  # JSON nested far deeper than the decoder recurses
+
+
+def test_a_build_record_nested_too_deeply_is_one_line(tmp_path):
+    """install(library=) of a build whose build-info.json is nested 100,000 deep: one line naming the
+    library, exit 2, never a RecursionError."""
+    build = tmp_path / "build"
+    build.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    (build / "lib.so").write_bytes(b"\x7fELF not really a library")
+    (build / "build-info.json").write_bytes(DEEP)
+    r = subprocess.run([sys.executable, "-c", LOAD.format(root=ROOT, lib=str(build / "lib.so"), before="")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr == (f"{build / 'lib.so'}: error: not a complete torchgen-patch build (build-info.json: nested "
+                        "more than 64 levels deep: line 1 column 65 (char 64))\n"), r.stderr
+
+
+def test_cache_entries_and_leases_nested_too_deeply_are_ignored(tmp_path, monkeypatch):
+    """A proven entry (the same account can sign) and a temporary build's lease holding JSON nested
+    deeper than the decoder recurses: the entry is ignored (a -v note), the lease judged as unreadable,
+    never a RecursionError."""
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    cache.write("scan-deep.json", {"x": 1})
+    assert cache.read("scan-deep.json") == {"x": 1}
+    with cache.open_root() as r:
+        k = r.read(cache.KEY_FILE)
+        r.replace("scan-deep.json", cache.sign("scan-deep.json", DEEP, k))
+        with r.mkdtemp("tmp-") as t:
+            os.write(os.open(cache.LEASE, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=t.fd), DEEP[:4096])
+            os.utime(t.fd, (0, 0))  # old enough for a lease that died while starting
+        notes = []
+        with cache.notes_to(notes.append):
+            assert cache.read("scan-deep.json") is None
+            assert len(cache.sweep(r, ("tmp-",))) == 1
+    assert notes[0].endswith("scan-deep.json ignored: damaged (JSONDecodeError)"), notes
+
+
+EXHAUST = ("import resource, os\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nheld = []\nwhile True:\n"
+           "    try:\n        held.append(os.open('/dev/null', os.O_RDONLY))\n    except OSError:\n        break\n")
+
+
+@pytest.mark.parametrize("entry", ["install", "cli"])
+def test_no_free_descriptor_at_the_first_call_is_one_line_exit_3(entry, tmp_path):
+    """Nothing of the tool imported yet but its package: the first install() (or a command) meets the
+    exhaustion at a lazy import, never as an OSError traceback."""
+    native = tmp_path / "native_functions.yaml"
+    native.write_text("- func: f(Tensor a) -> Tensor\n")
+    call = "rep = torchgen_patch.install(library='/nonexistent/lib.so')" if entry == "install" else \
+        f"from torchgen_patch.cli import main\n    sys.exit(main(['lint', {str(native)!r}]))"
+    code = (f"import sys\nsys.path.insert(0, {ROOT!r})\nimport torch, torchgen_patch\n"
+            "from torchgen_patch.errors import InputError\n" + EXHAUST +
+            f"try:\n    {call}\nexcept InputError as e:\n    print(e.render(), file=sys.stderr)\n"
+            "    sys.exit(e.exit_code)\n")
+    if entry == "cli":
+        code = code.replace("import torch, torchgen_patch\n", "import torchgen_patch.cli\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith("torchgen-patch: error: cannot open ") and "no free file descriptor (EMFILE" in line, line
 
 
 # ---- a library states its own build; torch's refusal is one line ------------------------------------------

@@ -1,15 +1,17 @@
 """torchgen-patch: ADInplaceOrView (version-counter) kernels for the PyTorch
 ops that mutate arguments and return nothing."""
 
+from .errors import descriptors_said
 from .version import __version__
 
 __all__ = ["__version__", "check_saved", "evidence", "install", "installed_ops", "uninstall"]
 
 
 def install(*args, **kwargs):
-    from .runtime.install import install as _install
+    with descriptors_said():  # a process out of descriptors: one EnvironmentProblem, whichever open met it
+        from .runtime.install import install as _install
 
-    return _install(*args, **kwargs)
+        return _install(*args, **kwargs)
 
 
 def installed_ops():

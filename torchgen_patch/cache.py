@@ -31,12 +31,15 @@ import contextlib
 import errno
 import functools
 import hashlib
+import hmac  # bound here, when the package is imported (under run, from the standard library's own directory)
 import json
 import os
 import stat
 import time
 
 from .errors import EnvironmentProblem, InputError
+from .errors import no_descriptor as _descriptors
+from .files import MAX_LINKS, loads, may_follow, owner_name
 from .version import __version__
 
 ENV = "TORCHGEN_PATCH_CACHE"
@@ -45,7 +48,6 @@ _ABSOLUTE: dict[str, str] = {}  # $TORCHGEN_PATCH_CACHE as given -> made absolut
 _NOTES: list = []  # callables that receive the -v notes (the CLI adds one with -v)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
-_MAX_LINKS = 40  # symlinks followed on one path, as the kernel's own limit
 
 
 def _base() -> str:
@@ -129,15 +131,6 @@ def _trusted(me: int, named: str) -> frozenset[int]:
     return frozenset(uids)
 
 
-def owner_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
@@ -178,21 +171,10 @@ def _link_problem(link: str, st: os.stat_result, parent: os.stat_result, uids, r
     why = problem(link, st, False, uids, *refusal)
     if why:
         return why
-    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
-    if shared and st.st_uid not in (os.geteuid(), parent.st_uid):
+    if not may_follow(parent, st):
         return (f"{link} is a symlink of {owner_name(st.st_uid)} in the shared directory {os.path.dirname(link)}: "
                 f"torchgen-patch follows none there (as the kernel's protected_symlinks rule does not)",
                 f"point {ENV} at a directory of your own")
-    return None
-
-
-def _descriptors(e: OSError, what: str) -> EnvironmentProblem | None:
-    """Descriptor exhaustion said as what it is, never as a damaged build."""
-    if e.errno in (errno.EMFILE, errno.ENFILE):
-        where = "this process" if e.errno == errno.EMFILE else "the system"
-        return EnvironmentProblem(f"cannot open {what}: {where} has no free file descriptor "
-                                  f"({errno.errorcode[e.errno]}, {e.strerror})",
-                                  "close descriptors the program does not need, or raise the limit (ulimit -n)")
     return None
 
 
@@ -504,7 +486,7 @@ def open_dir(path: str, refusal: tuple[str, str] | None = None, create: bool = F
             if stat.S_ISLNK(lst.st_mode):
                 links += 1
                 why = _link_problem(p, lst, st, uids, refusal)
-                if why or links > _MAX_LINKS:
+                if why or links > MAX_LINKS:
                     raise EnvironmentProblem(*(why or (f"{p}: too many symlinks", None)))
                 target = os.readlink(name, dir_fd=fd)
                 if target.startswith(os.sep):
@@ -633,8 +615,6 @@ def _entry_key(r: Dir, create: bool) -> bytes | None:
 
 
 def _proof(k: bytes, name: str, body: bytes) -> bytes:
-    import hmac
-
     return hmac.new(k, name.encode() + b"\0" + body, hashlib.sha256).hexdigest().encode()
 
 
@@ -660,8 +640,6 @@ def read(name: str):
         except OSError as e:
             note(f"cache entry {r.join(name)} ignored: {e.strerror}")
             return None
-        import hmac
-
         k = _entry_key(r, create=False)
         head, _, body = raw.partition(b"\n")
         if k is None or not head.startswith(_PROOF) or not hmac.compare_digest(head[len(_PROOF):],
@@ -670,7 +648,7 @@ def read(name: str):
                  "(edited, damaged or from elsewhere)")
             return None
         try:
-            return json.loads(body)
+            return loads(body)
         except ValueError as e:
             note(f"cache entry {r.join(name)} ignored: damaged ({type(e).__name__})")
             return None
@@ -773,7 +751,7 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
         except OSError:
             return False, ""  # held: the build is alive
         try:
-            info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            info = loads(os.pread(fd, 4096, 0) or b"{}")
         except ValueError:
             info = {}
         if not isinstance(info, dict) or "pid" not in info:
@@ -832,7 +810,12 @@ def private_copy(fd: int, name: str):
     import tempfile
 
     base = tempfile.gettempdir()
-    with open_dir(base, library_refusal(name), strict=False) as tmp:
+    try:
+        tmp = open_dir(base, library_refusal(name), strict=False)
+    except EnvironmentProblem as e:  # the temporary directory is the problem, not the cache
+        raise EnvironmentProblem(f"{e.message} (without /proc the library is loaded from a private copy made in "
+                                 f"the temporary directory {base})", "set TMPDIR to a directory of your own") from None
+    with tmp:
         with tmp.mkdtemp("torchgen-patch-load-") as d:
             out = os.open("lib.so", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o500,
                           dir_fd=d.fd)

@@ -10,6 +10,8 @@ its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 from typing import NamedTuple
@@ -57,6 +59,30 @@ class EnvironmentProblem(InputError):
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(None, None, message, hint)
+
+
+def no_descriptor(e: BaseException, what: str | None = None) -> EnvironmentProblem | None:
+    """Descriptor exhaustion (EMFILE, ENFILE) said as what it is, or None for any other error: never a
+    damaged build, a missing file or a traceback of whichever open (or import) met it first."""
+    if not isinstance(e, OSError) or e.errno not in (errno.EMFILE, errno.ENFILE):
+        return None
+    where = "this process" if e.errno == errno.EMFILE else "the system"
+    return EnvironmentProblem(f"cannot open {what or e.filename or 'a file'}: {where} has no free file descriptor "
+                              f"({errno.errorcode[e.errno]}, {e.strerror})",
+                              "close descriptors the program does not need, or raise the limit (ulimit -n)")
+
+
+@contextlib.contextmanager
+def descriptors_said():
+    """An entry point's block (install(), the command line): no free descriptor, met anywhere in it (a
+    lazy import included), is one EnvironmentProblem."""
+    try:
+        yield
+    except OSError as e:
+        problem = no_descriptor(e)
+        if problem is None:
+            raise
+        raise problem from None
 
 
 def unknown_names(what: str, unknown: list[str], known) -> InputError:

@@ -47,6 +47,43 @@ def read_text(path: str, what: str) -> str:
     return decode(path, read_bytes(path, what), what)
 
 
+MAX_JSON_DEPTH = 64  # the tool's own JSON nests 4 levels; named where a document nests too deeply to decode
+
+
+def loads(data: bytes | str):
+    """``json.loads`` whose every failure is a ``ValueError`` (a ``json.JSONDecodeError`` with the line):
+    a document nested deeper than the decoder's recursion allows (``[[[[...``, 100,000 deep) is one too,
+    at the line where it passes MAX_JSON_DEPTH levels, never a RecursionError."""
+    import json
+
+    try:
+        return json.loads(data)
+    except RecursionError:
+        pass
+    import re
+
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    depth, pos = 0, 0
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', text):
+        if m.group() in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                pos = m.start()
+                break
+        elif m.group() in "]}":
+            depth -= 1
+    raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", text, pos) from None
+
+
+def load_json(data: bytes | str, path: str, what: str, hint: str | None = None):
+    """The JSON document ``data`` read from ``path``, or an InputError at its line."""
+    try:
+        return loads(data)
+    except ValueError as e:
+        raise InputError(path, getattr(e, "lineno", None), f"{what} is not valid JSON: "
+                         f"{getattr(e, 'msg', None) or one_line(e)}", hint) from None
+
+
 def private_dirs(path: str) -> None:
     """``os.makedirs`` where every directory it creates is private to this user (0700):
     caches hold code this tool loads, so no other account may put anything in them."""
@@ -107,9 +144,13 @@ MAX_LINKS = 40  # symlinks in one lookup, the kernel's own limit
 def may_follow(dir_st: os.stat_result, link_st: os.stat_result) -> bool:
     """The kernel's ``fs.protected_symlinks`` rule: a symlink in a sticky directory that others can
     write (``/tmp``) is followed only by its owner, or when the directory's owner owns it; anyone
-    could have planted any other link there."""
+    could have planted any other link there. ``fs.protected_regular`` is the same rule for a file
+    opened to be written (``may_replace``)."""
     shared = stat.S_ISVTX | stat.S_IWOTH
     return dir_st.st_mode & shared != shared or link_st.st_uid in (os.geteuid(), dir_st.st_uid)
+
+
+may_replace = may_follow  # a regular file there is replaced only when it is yours or the directory owner's
 
 
 @dataclasses.dataclass
@@ -118,9 +159,10 @@ class Found:
     is its path); ``rest``: the components below it (``rest[0]`` an entry of ``dir_fd``; more than one:
     ``rest[0]`` and those below it are missing); ``path``: the final entry's absolute path (symlinks
     resolved); ``st``: that entry (never a symlink), None when it is missing; ``blocked``: the path of
-    a non-directory met on the way (what follows it cannot exist); ``through``: the entry is a device
-    or FIFO a symlink leads to, to be opened through that link (``/dev/stdout`` leads to
-    ``/proc/self/fd/1``, which names no path)."""
+    a non-directory met on the way (what follows it cannot exist); ``through``: the entry is a link of
+    /proc to a device or FIFO (``/dev/stdout`` leads to ``/proc/self/fd/1``, whose target names no
+    path), to be opened through that one link; every other chain of links is followed hop by hop to
+    the device, FIFO or file at its end."""
 
     dir_fd: int
     where: str
@@ -133,6 +175,16 @@ class Found:
     @property
     def name(self) -> str:
         return self.rest[0]
+
+    def check_replace(self, path: str, what: str) -> None:
+        """Refuse to replace a regular file another account owns in a sticky directory others can
+        write (``fs.protected_regular``, whatever the sysctl says here): anyone could have planted it
+        there, and the file that replaces it keeps its owner and mode (as root, theirs)."""
+        st = self.st
+        if st is not None and stat.S_ISREG(st.st_mode) and not may_replace(os.fstat(self.dir_fd), st):
+            raise InputError(path, None, f"{what}: not replacing {display(self.path)}: {owner_name(st.st_uid)} "
+                             f"owns it, in {display(self.where)}, a sticky directory others can write",
+                             "write to a path of your own, or remove the file")
 
     @property
     def missing_dirs(self) -> bool:
@@ -203,9 +255,9 @@ def find(path: str, what: str = "output") -> Found:
             if stat.S_ISLNK(st.st_mode):
                 if not may_follow(os.fstat(f.dir_fd), st):
                     raise InputError(path, None, f"{what}: not following the symlink {display(here)}: "
-                                     f"{_owner(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
+                                     f"{owner_name(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
                                      "others can write", "write to a path of your own, or remove the link")
-                if last:
+                if last and _in_proc(f.dir_fd):  # /proc/self/fd/1: its target names no path
                     try:
                         to = os.stat(comp, dir_fd=f.dir_fd)
                     except OSError:
@@ -236,6 +288,15 @@ def find(path: str, what: str = "output") -> Found:
         raise
 
 
+def _in_proc(dir_fd: int) -> bool:
+    """Whether the open directory is one of /proc's (where a process's descriptors are links whose
+    targets, ``pipe:[N]``, name no path: they are opened as links, and nobody can plant one there)."""
+    try:
+        return os.fstat(dir_fd).st_dev == os.stat("/proc/self/fd").st_dev
+    except OSError:
+        return False
+
+
 def _named(f: Found) -> Found:
     """``f`` ends in the directory it has entered (a path ending in ``.``, ``..`` or ``/``): the same
     directory as an entry of its parent."""
@@ -252,7 +313,8 @@ def _named(f: Found) -> Found:
     return f
 
 
-def _owner(uid: int) -> str:
+def owner_name(uid: int) -> str:
+    """An account as messages name it: ``name (uid N)``, or ``uid N`` for one this machine does not know."""
     import pwd
 
     try:
@@ -403,6 +465,7 @@ def check_output_file(path: str, what: str = "output", create_dir: bool = False,
         return
     with find(path, what) as f:
         st, target, missing = f.st, f.path, f.missing_dirs
+        f.check_replace(path, what)
     mode = st.st_mode if st is not None else None
     if mode is not None and stat.S_ISDIR(mode):
         raise InputError(path, None, f"{what} is a directory, expected a file name")
@@ -450,6 +513,7 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
                     raise InputError(path, None, f"cannot write {what}: directory "
                                      f"{display(os.path.dirname(f.path))} does not exist")
                 f.make_dirs()
+            f.check_replace(path, what)
             if if_changed and f.st is not None and _holds(f.dir_fd, f.name, data):
                 return False
             replace_at(f.dir_fd, f.name, data)
@@ -460,13 +524,13 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
 
 def _write_through(f: Found, data: bytes, path: str, what: str) -> bool:
     """A device or FIFO, written as a shell's ``>`` would (opened without O_CREAT or O_TRUNC, so
-    whatever the name holds by then is never replaced), once the opened file is one."""
+    whatever the name holds by then is never replaced), once the opened file is the one ``find`` found."""
     fd = os.open(f.name, os.O_WRONLY | os.O_CLOEXEC | (0 if f.through else os.O_NOFOLLOW), dir_fd=f.dir_fd)
     with os.fdopen(fd, "wb") as fh:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
-            raise InputError(path, None, f"cannot write {what}: it changed into a regular file while it was "
-                             "checked; nothing was written")
+        st = os.fstat(fd)
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) or not os.path.samestat(st, f.st):
+            raise InputError(path, None, f"cannot write {what}: {display(f.path)} changed while it was checked; "
+                             "nothing was written")
         fh.write(data)
     return True
 

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import InputError
+from ..errors import InputError, descriptors_said
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .parser import no_command, parser, unrecognized
+    try:
+        with descriptors_said():
+            from .parser import no_command, parser, unrecognized
+    except InputError as e:  # no free descriptor, before the arguments are known
+        print(e.render(), file=sys.stderr)
+        return e.exit_code
 
     hook = sys.modules.get("_torchgen_patch_hook")  # an enabled environment's (or run's): not in the tool itself
     if hook is not None:
@@ -32,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     if program is not None:
         args.program = program
     try:
-        from .commands import COMMANDS, notes
+        with descriptors_said():
+            from .commands import COMMANDS, notes
 
-        with notes(args):
-            return COMMANDS[args.cmd](args)
+            with notes(args):
+                return COMMANDS[args.cmd](args)
     except InputError as e:
         if getattr(args, "format", None) == "lintrunner":  # lintrunner's protocol: a message, exit 0
             from ..diagnostics.render import lintrunner_failure

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from ..errors import InputError
-from ..files import read_text
+from ..files import load_json, read_text
 from . import Finding, rules
 
 VERSION = 1
@@ -33,12 +33,7 @@ def render(fs: list[Finding]) -> str:
 def load(path: str) -> list[tuple[str, str, int]]:
     """(op, rule, line) of every accepted finding."""
     text = read_text(path, "baseline")
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise InputError(path, getattr(e, "lineno", None), f"baseline is not valid JSON: {e.msg}") from None
-    except RecursionError:
-        raise InputError(path, None, "baseline is not valid JSON: nested too deeply") from None
+    doc = load_json(text, path, "baseline")
     if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("accepted"), list):
         raise InputError(path, 1, f"not a torchgen-patch baseline (version {VERSION})",
                          "create one with --write-baseline")

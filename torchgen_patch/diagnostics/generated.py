@@ -3,7 +3,6 @@ is missing, or differs from what `gen` renders now, is a finding."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -12,7 +11,7 @@ from ..codegen.output import snapshot
 from ..codegen.render import MAX_SHARDS
 from . import Finding, rules
 from ..errors import InputError
-from ..files import decode
+from ..files import decode, load_json
 from ..plan import Plan
 
 _KERNEL = re.compile(r"^// (aten::\S+)  \(", re.M)
@@ -38,15 +37,17 @@ def check(plan: Plan, directory: str) -> list[Finding]:
     if not os.path.isdir(directory):
         raise InputError(directory, None, "--generated is not a directory")
     files = snapshot(directory)
+    manifest = os.path.join(directory, MANIFEST)
     try:
-        doc = json.loads(files.get(MANIFEST))
+        text = files.get(MANIFEST)
+        doc = load_json(text, manifest, MANIFEST, "generate it again with `torchgen-patch gen --out DIR`") \
+            if text is not None else None
         shards = doc["shards"]
         if isinstance(shards, bool) or not isinstance(shards, int):
             raise TypeError(shards)
     except (ValueError, KeyError, TypeError):
         raise InputError(directory, None, f"no readable {MANIFEST}: not a torchgen-patch output directory",
                          "generate it with `torchgen-patch gen --out DIR`") from None
-    manifest = os.path.join(directory, MANIFEST)
     if not 1 <= shards <= MAX_SHARDS:
         raise InputError(manifest, None, f"'shards' is {shards}, not between 1 and {MAX_SHARDS}",
                          "regenerate the directory with `torchgen-patch gen --out DIR`")

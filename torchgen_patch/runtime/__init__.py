@@ -8,11 +8,11 @@ command and the Python API register from. Nothing else sequences those steps."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 
 from ..errors import EnvironmentProblem, InputError
+from ..files import loads
 from ..sources import Options
 
 __all__ = ["Artifact", "library", "artifact_at", "build_there"]
@@ -203,6 +203,6 @@ def _checked_json(d, name: str, library: str):
     except OSError as e:
         raise InputError(library, None, f"not a complete torchgen-patch build ({name}: {e.strerror})") from None
     try:
-        return json.loads(data)
+        return loads(data)
     except ValueError as e:
         raise InputError(library, None, f"not a complete torchgen-patch build ({name}: {e})") from None

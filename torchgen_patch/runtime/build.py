@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from .. import cache
+from .. import files as _files
 from ..codegen import compiled_sources
 from ..errors import EnvironmentProblem, InputError, require_torch
 from ..vocabulary import plural
@@ -178,7 +179,7 @@ def _complete(builds: cache.Dir, final: str, key: str, library: str | None = Non
         return False
     with d:
         try:
-            data = json.loads(d.read(RECORD))
+            data = _files.loads(d.read(RECORD))
         except (cache.Missing, EnvironmentProblem, OSError, ValueError):  # damaged: rebuilt in its place
             return False
     return isinstance(data, dict) and data.get("key") == key and data.get("format") == RECORD_FORMAT
@@ -367,7 +368,7 @@ def build_problem(stated: str | bytes | None, key: str | None, path: str) -> str
         return (f"{path} does not say which torch it was built against (made by an older torchgen-patch, or "
                 "not by torchgen-patch)")
     try:
-        info = json.loads(stated)
+        info = _files.loads(stated)
         said, headers = info["stated"], info["headers"]
     except (ValueError, KeyError, TypeError):
         return f"{path} states its build in a form this torchgen-patch does not read"
@@ -491,7 +492,7 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
     for name in names:
         try:
             with builds.sub(name) as d:
-                info = json.loads(d.read(RECORD))  # a record is input like any cache entry
+                info = _files.loads(d.read(RECORD))  # a record is input like any cache entry
         except (cache.Missing, EnvironmentProblem, OSError, ValueError):
             continue
         if not isinstance(info, dict) or not isinstance(info.get("unit_times"), dict):

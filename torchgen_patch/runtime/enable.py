@@ -79,6 +79,10 @@ def check_writable(site: str) -> None:
         raise EnvironmentProblem(f"{site} belongs to {owner_name(st.st_uid)}: this account does not enable an "
                                  "environment it does not own", "run torchgen-patch enable as that account, or in "
                                                                 "an environment of your own")
+    if st.st_mode & 0o002:
+        raise EnvironmentProblem(f"{site} is writable by others (mode {st.st_mode & 0o7777:04o}): any account could "
+                                 "replace the file enable writes there, which every Python of this environment runs",
+                                 f"chmod o-w {site}")
     if not os.access(site, os.W_OK):
         raise EnvironmentProblem(f"cannot write into {site}: " + (
             "it is on a read-only file system" if _read_only(site) else "permission denied"),
@@ -130,6 +134,7 @@ def state(site: str | None = None) -> State:
     try:
         with open(path, "rb") as fh:
             data = fh.read(1 << 20)
+            uid = os.fstat(fh.fileno()).st_uid
     except FileNotFoundError:
         return State(site, path, False, recorded=recorded)
     except OSError as e:
@@ -138,8 +143,8 @@ def state(site: str | None = None) -> State:
         text = data.decode()
         version, spec, hook, named = _parse(text)
     except (ValueError, SyntaxError, AttributeError, IndexError, TypeError, UnicodeDecodeError):
-        return State(site, path, True, problem="it is not as torchgen-patch writes it (edited?): what it does "
-                                               "is its own", recorded=recorded)
+        return State(site, path, True, problem=f"it is not as torchgen-patch writes it ({_by(uid)}): what it "
+                                               "does is its own", recorded=recorded)
     problem = None
     if version != __version__:
         problem = f"written by torchgen-patch {version}; this is {__version__}"
@@ -148,13 +153,19 @@ def state(site: str | None = None) -> State:
     elif hook != HOOK:
         problem = f"it loads the hook of another torchgen-patch install ({hook})"
     elif render(spec, named, version, hook) != text or named != path:
-        problem = "it was edited since torchgen-patch wrote it"
+        problem = "it was edited since torchgen-patch wrote it" + ("" if uid == os.geteuid() else f" ({_by(uid)})")
     else:
         try:
             checked_spec(json.dumps(spec))
         except ValueError as e:  # said once, after the file's name
             problem = str(e)
     return State(site, path, True, spec, version, problem, recorded)
+
+
+def _by(uid: int) -> str:
+    from ..cache import owner_name
+
+    return "edited?" if uid == os.geteuid() else f"{owner_name(uid)} owns it: replaced by that account?"
 
 
 def enable(spec: dict, site: str) -> State:

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .. import saved
-from ..errors import EnvironmentProblem, InputError, one_line, require_torch, unknown_names
+from ..errors import EnvironmentProblem, InputError, descriptors_said, one_line, require_torch, unknown_names
 from ..sources import Options
 from ..vocabulary import plural
 
@@ -143,9 +143,10 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
         raise TypeError(f"install() got unexpected keyword arguments: {', '.join(unknown)}")
     how = dataclasses.replace(how or InstallOptions(), **keywords)
     mode = None if how.check_saved is None else saved.mode_of(how.check_saved)  # refused before anything is built
-    rep = _install(ops, backend, options or Options(**sources), plan, how)
-    if mode is not None:
-        rep.check_saved = saved.enable(mode).mode
+    with descriptors_said():  # no free descriptor, at an open or at a lazy import: one line, exit 3
+        rep = _install(ops, backend, options or Options(**sources), plan, how)
+        if mode is not None:
+            rep.check_saved = saved.enable(mode).mode
     return rep
 
 

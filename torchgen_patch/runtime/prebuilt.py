@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .. import cache
 from ..errors import EnvironmentProblem, InputError
+from ..files import loads
 from ..sources import Options, overlay_path
 from ..version import __version__
 from .build import torch_identity  # noqa: F401  (re-exported: what the wheel records)
@@ -192,6 +193,7 @@ def _publish(made: str, target: str, out_dir: str) -> None:
         try:
             if f.st is not None and not stat.S_ISREG(f.st.st_mode):
                 raise InputError(target, None, "cannot write the wheel: not a regular file")
+            f.check_replace(target, "wheel")
             f.make_dirs()
             files.replace_at(f.dir_fd, f.name, data)
         except OSError as e:
@@ -249,7 +251,7 @@ def _read_record(d: cache.Dir, name: str) -> dict | str:
     """The wheel's record from its checked package directory (a regular file of a trusted owner that
     nobody else can write, no symlink followed), or why not."""
     try:
-        rec = json.loads(d.read(RECORD))
+        rec = loads(d.read(RECORD))
         torch, lib, digest, kernels = rec["torch"], rec["library"], rec["sha256"], rec["plan"]["kernels"]
         fmt = rec["format"]
         _ = [(k["op"], k["schema"]) for k in kernels]

@@ -12,8 +12,10 @@ the interpreter has loaded already: the rest waits for the first ``import torch`
   ``os.exec*``, ``os.posix_spawn``, ``os.system``): a Python child whose command line or environment
   drops the hook is named in one line, since nothing of this tool will run in it.
 - The tool's own imports in the program's process (``_Own``) come from where the tool is installed
-  (its package and its dependencies, by name), never from the program's own directory, and leave
-  ``sys.path`` and the program's view of ``sys.modules`` as they were.
+  (its package and its dependencies, by name) and, for a module of the standard library's name,
+  from the standard library's own directories, never from the program's own directory or an entry
+  of PYTHONPATH; a module of such a name the program imported from elsewhere is out of the tool's
+  sight. They leave ``sys.path`` and the program's view of ``sys.modules`` as they were.
 """
 
 import _thread
@@ -76,10 +78,8 @@ def _watched():
     if _spec is None or '"imports": []' in _spec:  # the common case: no JSON parsed at start
         return {"torch"}
     try:
-        import json
-
-        return {"torch", *json.loads(_spec).get("imports", [])}
-    except (ValueError, TypeError, AttributeError):
+        return {"torch", *_std("json").loads(_spec).get("imports", [])}
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return {"torch"}  # said at `import torch`, where the spec is read
 
 
@@ -239,8 +239,6 @@ def _work(name):
 def _roots():
     """The directories the tool's package and dependencies come from, named in the spec; a spec
     that is not one stops the process (one line, exit 2), as every bad input does."""
-    import json
-
     global _finished
     if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
         _finished = True
@@ -248,12 +246,12 @@ def _roots():
              f"this one left it out of its environment) (hint: {HINT})")
         return None
     try:
-        spec = json.loads(_spec)
+        spec = _std("json").loads(_spec)
         roots = spec["roots"]
         if not isinstance(roots, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                   for k, v in roots.items()) or "torchgen_patch" not in roots:
             raise ValueError("no roots")
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
         _fail(f"{_source}: not a launch spec of torchgen-patch ({type(e).__name__}: {e})",
               "torchgen-patch run sets it: unset it" if _source.startswith("$") else
               "torchgen-patch enable writes it again")
@@ -270,8 +268,7 @@ def _fail(message, hint):
 
 def _exit(code):
     """Stop the process: the kernels cannot be had, and it must not go on unpatched."""
-    import threading
-
+    threading = _std("threading")
     if threading.current_thread() is not threading.main_thread():
         os._exit(code)  # SystemExit would end this thread only, and the program go on unpatched
     raise SystemExit(code)
@@ -279,11 +276,12 @@ def _exit(code):
 
 class _Own:
     """The tool's own imports, in this thread, while the block runs: its package and dependencies
-    (``roots``: name -> directory) from where the tool is installed, every other top-level module from
-    the program's path less its own directory (the script's folder, the current directory); modules
-    of those names the program imported from elsewhere are out of sight meanwhile. Afterwards a module
-    the tool imported stays in ``sys.modules`` only where the program's own import would find that
-    same file, so the program imports what it imported before."""
+    (``roots``: name -> directory) from where the tool is installed, a module of the standard library's
+    name from the standard library (``_std_spec``), every other top-level module from the program's
+    path less its own directory (the script's folder, the current directory); modules of those names
+    the program imported from elsewhere (a ``hmac.py`` beside it, first on PYTHONPATH) are out of sight
+    meanwhile. Afterwards a module the tool imported stays in ``sys.modules`` only where the program's
+    own import would find that same file, so the program imports what it imported before."""
 
     _kept = {}  # the tool's modules the program could not have imported: the next block uses them again
     active = None  # the block running now
@@ -293,17 +291,16 @@ class _Own:
 
     def __enter__(self):
         self.outer, _Own.active = _Own.active, self
-        from importlib.machinery import PathFinder
-
-        self.finder = PathFinder
+        self.finder = _PathFinder
         self.thread = _thread.get_ident()
         self.own = {"", "."}
         if sys.path and sys.path[0] not in _start_path:
             self.own.add(sys.path[0])
         self.hidden = {}
-        for n in list(sys.modules):
+        for n, m in list(sys.modules.items()):
             top = n.partition(".")[0]
-            if top in self.roots and top != "torchgen_patch" and not _under(sys.modules[n], self.roots[top]):
+            if top in self.roots and top != "torchgen_patch" and not _under(m, self.roots[top]) or \
+                    top in sys.stdlib_module_names and top not in self.roots and _planted(m):
                 self.hidden[n] = sys.modules.pop(n)
         self.before = set(sys.modules)
         for n, m in self._kept.items():
@@ -312,13 +309,13 @@ class _Own:
         return self
 
     def __exit__(self, *exc):
+        import importlib.util  # while the block's routing holds: the standard library's
+
         _Own.active = self.outer
         try:
             sys.meta_path.remove(self)
         except ValueError:
             pass
-        import importlib.util
-
         for top in sorted(n for n in set(sys.modules) - self.before if "." not in n):
             if top in ("torch", "torchgen_patch"):
                 continue
@@ -345,6 +342,11 @@ class _Own:
                 raise ModuleNotFoundError(f"No module named {name!r} where torchgen-patch is installed ({where})",
                                           name=name)
             return spec
+        if name in sys.stdlib_module_names:
+            spec = _std_spec(name)
+            if spec is None:
+                raise ModuleNotFoundError(f"No module named {name!r} in the standard library", name=name)
+            return spec
         spec = self.finder.find_spec(name, [p for p in sys.path if p not in self.own])
         if spec is not None:
             return spec
@@ -356,6 +358,59 @@ class _Own:
             if spec is not None:
                 return spec
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+_PathFinder = sys.modules["_frozen_importlib_external"].PathFinder  # importlib.machinery's, loaded at start
+_STD_FINDERS = (sys.modules["_frozen_importlib"].BuiltinImporter, sys.modules["_frozen_importlib"].FrozenImporter)
+_std_dirs = []  # the standard library's directories on sys.path, once known
+
+
+def _stdlib_dirs():
+    """Where this interpreter's standard library lives: the entries of sys.path at start that are its
+    library directory (or below it: lib-dynload, but no site-packages) or its zip beside it."""
+    if not _std_dirs:
+        lib = os.path.abspath(getattr(sys, "_stdlib_dir", None) or os.path.dirname(os.__file__))
+        for p in _start_path or sys.path:
+            a = os.path.abspath(p) if isinstance(p, str) and p else ""
+            below = a[len(lib):].split(os.sep) if a.startswith(lib + os.sep) else None
+            if a == lib or below and not {"site-packages", "dist-packages"} & set(below) or \
+                    a.endswith(".zip") and os.path.dirname(a) == os.path.dirname(lib):
+                _std_dirs.append(a)
+        if lib not in _std_dirs:
+            _std_dirs.extend((lib, os.path.join(lib, "lib-dynload")))
+    return _std_dirs
+
+
+def _std_spec(name):
+    """The spec of the standard library's top-level module ``name`` (built in, frozen, or a file of its
+    directories), or None."""
+    for finder in _STD_FINDERS:
+        spec = finder.find_spec(name)
+        if spec is not None:
+            return spec
+    return _PathFinder.find_spec(name, _stdlib_dirs())
+
+
+def _planted(module):
+    """Whether ``module`` (of a standard library's name) is a file from outside the standard library."""
+    spec = getattr(module, "__spec__", None)
+    if getattr(spec, "loader", None) in _STD_FINDERS:
+        return False
+    f = getattr(module, "__file__", None)
+    if not isinstance(f, str):
+        return False  # made in memory by the program itself, not a file another account could plant
+    f = os.path.abspath(f)
+    return not any(f.startswith(os.path.join(d, "")) for d in _stdlib_dirs())
+
+
+def _std(name):
+    """The standard library's module ``name`` for the hook's own use outside a block of the tool's."""
+    module = sys.modules.get(name)
+    if module is not None and not _planted(module):
+        return module
+    with _Own({}):
+        __import__(name)
+        return sys.modules[name]
 
 
 def program_import(name):
@@ -436,11 +491,12 @@ def dropped(argv, env=None, executable=None, enabled=False, check_env=True):
         elif _is_python(name):
             break
         else:
-            line = _shebang(_which(prog, env))
+            script = _which(prog, env)
+            line = _shebang(script)
             if line is None:
                 return None
             parts = line.split(None, 1)
-            argv = parts + [_which(prog, env)] + argv[1:]
+            argv = parts + [script] + argv[1:]
             prog = parts[0]
     else:
         return None
@@ -448,7 +504,7 @@ def dropped(argv, env=None, executable=None, enabled=False, check_env=True):
     for flag, why in BLOCKING.items():
         if flag in flags:
             return f"{name} -{flag}: {why}"
-    if enabled and os.path.dirname(os.path.abspath(_which(prog, env))) == \
+    if enabled and os.path.dirname(os.path.abspath(_which(prog, env) or prog)) == \
             os.path.dirname(os.path.abspath(sys.executable)):
         return None  # this environment's own Python: the enabled environment patches it
     if check_env:
@@ -463,9 +519,14 @@ def dropped(argv, env=None, executable=None, enabled=False, check_env=True):
 
 
 def _is_python(name):
-    import re
-
-    return re.match(r"^python(\d+(\.\d+)?)?t?$", name) is not None
+    """python, python3, python3.12, python3.13t (a free-threaded build)."""
+    if not name.startswith("python"):
+        return False
+    version = name[len("python"):]
+    if version.endswith("t"):
+        version = version[:-1]
+    major, dot, minor = version.partition(".")
+    return version == "" or major.isdigit() and (minor.isdigit() or not dot)
 
 
 def interpreter_flags(argv):
@@ -529,10 +590,8 @@ def _simple_command(text, env):
     or not), as (argv, env); None for anything a shell would expand, redirect or chain."""
     if any(c in text for c in "|&;<>()$`\\\n*?[{~"):
         return None
-    import shlex
-
     try:
-        words = shlex.split(text)
+        words = _std("shlex").split(text)
     except ValueError:
         return None
     env = dict(env)
@@ -543,22 +602,40 @@ def _simple_command(text, env):
 
 
 def _which(prog, env):
+    """The file ``prog`` names as ``execvp`` finds it: a name with a slash as it is, any other the first
+    executable regular file of that name on PATH; None when there is none (the exec fails: nothing runs,
+    and a file of that name in the working directory is not it)."""
     if os.sep in prog:
         return prog
     for d in env.get("PATH", os.defpath).split(os.pathsep):
         p = os.path.join(d or ".", prog)
         if os.path.isfile(p) and os.access(p, os.X_OK):
             return p
-    return prog
+    return None
 
 
 def _shebang(path):
-    """The interpreter line of a script (``#!`` and what follows, up to the line's end), or None."""
+    """The interpreter line of a script (``#!`` and what follows, up to the line's end), or None. Only a
+    regular file is read (a symlink to one is followed), and nothing here can block: a FIFO or a device
+    (another account's, planted under the program's name) is opened with O_NONBLOCK, if at all, and not read."""
+    import stat
+
+    if path is None:
+        return None
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(256)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, 256)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if not head.startswith(b"#!"):
         return None
     line = head[2:].split(b"\n", 1)[0].strip()
