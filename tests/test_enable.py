@@ -164,6 +164,12 @@ def test_a_damaged_file_leaves_every_program_running_unpatched_and_says_so(env):
     r = env.tool("status")
     assert (r.returncode, r.stdout) == (1, f"{env.pth}: unknown backend 'pyth0n' (`torchgen-patch enable` writes it "
                                            "again, `torchgen-patch disable` removes it)\n")
+    with open(env.pth, "w") as fh:  # the spec no longer one: the hook's own reading of it, the same rule
+        fh.write(text.replace('"roots"', '"rootz"'))
+    r = env.run("-c", PROBE)
+    assert (r.returncode, r.stdout) == (0, "active 0\n"), r.stderr
+    assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(env.pth)}: not a launch spec of "
+                        rf"torchgen-patch \(KeyError: 'roots'\) {re.escape(hint)}\n", r.stderr), r.stderr
     r = env.tool("enable", "--op", "aten::_cummin_helper")
     assert r.returncode == 0 and re.search(r"\(cpp: 1 kernel, (from the cached build|built now)\)", r.stdout), r.stdout
     assert env.tool("status").returncode == 0

@@ -237,8 +237,10 @@ def _work(name):
 
 
 def _roots():
-    """The directories the tool's package and dependencies come from, named in the spec; a spec
-    that is not one stops the process (one line, exit 2), as every bad input does."""
+    """The directories the tool's package and dependencies come from, named in the spec. A spec of
+    ``run`` that is not one stops the process (one line, exit 2), as every bad input does; an enabled
+    environment's file that is not one leaves the program unpatched, said in one line (as when it
+    names what cannot be had)."""
     global _finished
     if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
         _finished = True
@@ -252,9 +254,13 @@ def _roots():
                                                   for k, v in roots.items()) or "torchgen_patch" not in roots:
             raise ValueError("no roots")
     except (ValueError, TypeError, KeyError, RecursionError) as e:
-        _fail(f"{_source}: not a launch spec of torchgen-patch ({type(e).__name__}: {e})",
-              "torchgen-patch run sets it: unset it" if _source.startswith("$") else
-              "torchgen-patch enable writes it again")
+        what = f"{_source}: not a launch spec of torchgen-patch ({type(e).__name__}: {e})"
+        if _source.startswith("$"):
+            _fail(what, "torchgen-patch run sets it: unset it")
+        else:  # an enabled environment's file, damaged: every program of it goes on, unpatched, and says why
+            _finished = True
+            _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {what} (hint: `torchgen-patch enable` writes "
+                 "it again, `torchgen-patch disable` removes it)")
         return None
     return roots
 
