@@ -408,6 +408,21 @@ def test_cache_entries_and_leases_nested_too_deeply_are_ignored(tmp_path, monkey
     assert notes[0].endswith("scan-deep.json ignored: damaged (JSONDecodeError)"), notes
 
 
+def test_a_cache_reached_through_a_symlink_names_its_builds_where_they_are(tmp_path, monkeypatch):
+    """$TORCHGEN_PATCH_CACHE a link of one's own to the real root: a build path under the root the walk
+    reached is one of this cache (as under the root as named); one beside it, or not normalised, is not."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    os.symlink(real, tmp_path / "link")
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "link"))
+    monkeypatch.setattr(cache, "_WALKED", {})
+    cache.write("x.json", {"x": 1})  # the root exists
+    assert cache.names_a_build(str(real / "builds" / "build-1" / "lib.so"))
+    assert cache.names_a_build(str(tmp_path / "link" / "builds" / "build-1" / "lib.so"))
+    assert not cache.names_a_build(str(tmp_path / "builds" / "build-1" / "lib.so"))
+    assert not cache.names_a_build(str(real / "builds" / ".." / "x.json"))
+
+
 EXHAUST = ("import resource, os\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nheld = []\nwhile True:\n"
            "    try:\n        held.append(os.open('/dev/null', os.O_RDONLY))\n    except OSError:\n        break\n")
 

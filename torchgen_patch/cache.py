@@ -547,9 +547,29 @@ def library_dir(path: str, refusal: tuple[str, str] | None = None):
 
 def names_a_build(path: str) -> bool:
     """Whether ``path`` (an index entry's) names a file of a build of this cache: a normalised absolute
-    path inside ``<root>/builds/`` (whether it is one is for the build's own checks to say)."""
-    builds = os.path.join(directory(), "builds") + os.sep
-    return os.path.normpath(path) == path and path.startswith(builds)
+    path inside ``<root>/builds/``, the root as named or as the walk from ``/`` reached it (a root
+    reached through a symlink names its builds by where they are); whether it is one is for the
+    build's own checks to say."""
+    if os.path.normpath(path) != path:
+        return False
+    return any(path.startswith(os.path.join(r, "builds") + os.sep) for r in {directory(), _walked_root()} if r)
+
+
+_WALKED: dict = {}  # the root as named -> as the walk reached it (kept once it could be opened)
+
+
+def _walked_root() -> str | None:
+    d = directory()
+    if d not in _WALKED:
+        try:
+            root = open_root()
+        except InputError:
+            return None
+        if root is None:
+            return None
+        _WALKED[d] = root.path
+        root.close()
+    return _WALKED[d]
 
 
 # ---- the root, entries, proofs --------------------------------------------------------------------
