@@ -28,6 +28,7 @@ a tensor's contents are not read (sparse, nested, meta, no storage of its own).
 from __future__ import annotations
 
 import ctypes
+import threading
 import zlib
 from typing import NamedTuple
 
@@ -346,31 +347,43 @@ def _position_weights(start: int, n: int, device):
 
 
 _KERNELS: dict = {}  # device -> the Triton kernel, once its probe matched; None where it is not used
+_UNPROBED = object()
+_KERNEL_LOCK = threading.RLock()
 _SLOTS: dict = {}  # device -> [zeroed int64 buffer, next free slot]
 _KERNEL_BLOCK = 4096
 _KERNEL_MIN = 1 << 18  # elements: below, torch's two kernels (launched faster than Triton's) read little
 
 
 def _kernel_for(device):
-    """The Triton kernel for ``device``, or None (no Triton, or its probe did not match torch's sum)."""
-    if device in _KERNELS:
+    """The Triton kernel for ``device``, or None (no Triton, or its probe did not give torch's sum);
+    probed once, by one thread, before any fingerprint uses it."""
+    kernel = _KERNELS.get(device, _UNPROBED)
+    if kernel is not _UNPROBED:
+        return kernel
+    with _KERNEL_LOCK:
+        if device not in _KERNELS:
+            _KERNELS[device] = _probed(device)
         return _KERNELS[device]
-    _KERNELS[device] = None
+
+
+def _probed(device):
+    """The kernel, if on ``device`` it gives exactly torch's own sum for words of 4, 2 and 1 bytes over
+    full blocks and a partial one; else None."""
     try:
         kernel = _make_kernel()
         import torch
 
         g = torch.Generator().manual_seed(7)
-        n = 3 * _KERNEL_BLOCK + 5  # blocks that are full and one that is not
-        probe = torch.randint(-(1 << 31), (1 << 31) - 1, (n,), generator=g, dtype=torch.int32).to(device)
-        _KERNELS[device] = kernel
-        got = _kernel_sum(probe)
-        want = (probe.to(torch.int64) * _position_weights(0, n, device)).sum()
-        if not bool(got == want):
-            _KERNELS[device] = None
+        n = 3 * _KERNEL_BLOCK + 5
+        for dtype in (torch.int32, torch.int16, torch.int8):
+            info = torch.iinfo(dtype)
+            probe = torch.randint(info.min, info.max, (n,), generator=g, dtype=dtype).to(device)
+            want = (probe.to(torch.int64) * _position_weights(0, n, device)).sum()
+            if not bool(_launch(kernel, probe) == want):
+                return None
+        return kernel
     except Exception:  # noqa: BLE001 — no Triton, no compiler for it, a kernel that fails: torch's ops instead
-        _KERNELS[device] = None
-    return _KERNELS[device]
+        return None
 
 
 def _make_kernel():
@@ -394,15 +407,21 @@ def _make_kernel():
 
 
 def _kernel_sum(words):
-    """The weighted sum of the contiguous ``words`` (int8/16/32) by the kernel: a 0-d int64 view of a
-    slot of a zeroed buffer (one kernel launch; a new buffer every 65,536 slots)."""
+    """The weighted sum of the contiguous ``words`` (int8/16/32) by the kernel ``_kernel_for`` gave."""
+    return _launch(_KERNELS[words.device], words)
+
+
+def _launch(kernel, words):
+    """``kernel`` run on ``words``: a 0-d int64 view of a slot of a zeroed buffer (one kernel launch; a
+    new buffer every 65,536 slots; slots handed out under the lock, so two threads never share one)."""
     import torch
 
-    slots = _SLOTS.get(words.device)
-    if slots is None or slots[1] == slots[0].numel():
-        slots = _SLOTS[words.device] = [torch.zeros(1 << 16, dtype=torch.int64, device=words.device), 0]
-    out = slots[0][slots[1]]
-    slots[1] += 1
+    with _KERNEL_LOCK:
+        slots = _SLOTS.get(words.device)
+        if slots is None or slots[1] == slots[0].numel():
+            slots = _SLOTS[words.device] = [torch.zeros(1 << 16, dtype=torch.int64, device=words.device), 0]
+        out = slots[0][slots[1]]
+        slots[1] += 1
     n = words.numel()
-    _KERNELS[words.device][(-(-n // _KERNEL_BLOCK),)](words.reshape(-1), out, n, _seed(), BLOCK=_KERNEL_BLOCK)
+    kernel[(-(-n // _KERNEL_BLOCK),)](words.reshape(-1), out, n, _seed(), BLOCK=_KERNEL_BLOCK)
     return out
