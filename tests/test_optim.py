@@ -354,6 +354,11 @@ def test_a_module_of_optimizers_alone_needs_no_operator_in_its_namespace(run_cli
     assert rules_ and all(r.startswith("optimizer-") for r in rules_) and doc["optimizers"]["probed"] == 16
     rc, out, err = run_cli("lint", "--runtime", "--import", "json", "--namespace", "optim_fixtures")
     assert rc == 2 and "--namespace 'optim_fixtures': no operator of the live registry is in it" in err
+    # a misspelt namespace beside a module of optimizers is refused still (torch's own optimizers count too)
+    for imports in (["tests.optim_fixtures"], ["torch"]):
+        rc, out, err = run_cli("lint", "--runtime", *[a for m in imports for a in ("--import", m)], "--namespace",
+                               "optim_fixturez")
+        assert rc == 2 and "--namespace 'optim_fixturez': no operator of the live registry is in it" in err, imports
 
 
 def test_an_entry_that_names_no_optimizer_class_is_a_finding_at_its_line(run_cli, tmp_path):

@@ -224,6 +224,36 @@ def test_a_file_another_account_planted_in_a_sticky_directory_is_not_replaced(ct
 
 
 @needs_root
+def test_a_fifo_another_account_planted_in_a_sticky_directory_gets_nothing(ctx, sticky, run_cli):
+    """The kernel's protected_fifos rule: root's `lint -o /tmp/f` into a FIFO another account made (and
+    reads) would hand them the report; refused before it is opened. One's own FIFO there is written."""
+    import threading
+
+    planted = sticky / "fifo"
+    os.mkfifo(planted, 0o666)
+    os.chown(planted, NOBODY, NOBODY)
+    listening = os.open(planted, os.O_RDONLY | os.O_NONBLOCK)  # their reader, there all along
+    try:
+        rc, _, err = run_cli("lint", ctx["native"], "-o", planted, "--format", "json")
+        try:
+            leaked = os.read(listening, 1 << 16)
+        except BlockingIOError:
+            leaked = b""
+    finally:
+        os.close(listening)
+    assert leaked == b"", leaked[:200]
+    _one_error(rc, err)
+    assert f"not writing into the FIFO {planted}: nobody (uid 65534) owns it" in err, err
+    os.chown(planted, os.geteuid(), os.getegid())
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(planted, "rb").read()))
+    reader.start()
+    assert run_cli("lint", ctx["native"], "-o", planted, "--format", "json")[0] == 1
+    reader.join(30)
+    assert got and got[0].startswith(b"{")
+
+
+@needs_root
 def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_replaced_its_file(tmp_path):
     """enable's file in a directory any account can write is theirs to replace (and every Python of the
     environment runs it): refused in one line; a file of another account's there is named as theirs."""
@@ -235,6 +265,7 @@ def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_re
     os.chmod(site, 0o777)
     with pytest.raises(EnvironmentProblem, match=r"site-packages is writable by others \(mode 0777\): any account "):
         enable.check_writable(str(site))
+    enable.check_writable(str(site), removing=True)  # disable may remove what is there
     os.chmod(site, 0o755)
     enable.check_writable(str(site))
     pth = site / enable.FILE
@@ -243,6 +274,9 @@ def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_re
     os.chown(pth, NOBODY, NOBODY)
     assert enable.state(str(site)).problem == ("it is not as torchgen-patch writes it (nobody (uid 65534) owns it: "
                                                "replaced by that account?): what it does is its own")
+    os.chown(pth, os.geteuid(), os.getegid())  # a file in the writer's form whose spec is nested 100,000 deep
+    pth.write_text(enable.render({"x": "Q"}, str(pth)).replace('{"x": "Q"}', "[" * 100000 + "]" * 100000))
+    assert enable.state(str(site)).problem.startswith("it is not as torchgen-patch writes it")  # no RecursionError
 
 
 def test_a_directory_swapped_for_a_link_after_the_lookup_gets_nothing(ctx, run_cli, monkeypatch):

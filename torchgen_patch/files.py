@@ -177,12 +177,15 @@ class Found:
         return self.rest[0]
 
     def check_replace(self, path: str, what: str) -> None:
-        """Refuse to replace a regular file another account owns in a sticky directory others can
-        write (``fs.protected_regular``, whatever the sysctl says here): anyone could have planted it
-        there, and the file that replaces it keeps its owner and mode (as root, theirs)."""
+        """Refuse to replace a regular file, or write into a FIFO, another account owns in a sticky
+        directory others can write (``fs.protected_regular`` and ``fs.protected_fifos``, whatever the
+        sysctls say here): anyone could have planted it there, to read what is written (a FIFO), or to
+        have the file that replaces it keep their owner and mode (as root, theirs)."""
         st = self.st
-        if st is not None and stat.S_ISREG(st.st_mode) and not may_replace(os.fstat(self.dir_fd), st):
-            raise InputError(path, None, f"{what}: not replacing {display(self.path)}: {owner_name(st.st_uid)} "
+        if st is not None and (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)) and not self.through \
+                and not may_replace(os.fstat(self.dir_fd), st):
+            verb = "replacing" if stat.S_ISREG(st.st_mode) else "writing into the FIFO"
+            raise InputError(path, None, f"{what}: not {verb} {display(self.path)}: {owner_name(st.st_uid)} "
                              f"owns it, in {display(self.where)}, a sticky directory others can write",
                              "write to a path of your own, or remove the file")
 
@@ -507,6 +510,7 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
     with find(path, what) as f:
         try:
             if f.st is not None and not stat.S_ISREG(f.st.st_mode):
+                f.check_replace(path, what)
                 return _write_through(f, data, path, what)
             if f.missing_dirs:
                 if not create_dir or f.blocked:

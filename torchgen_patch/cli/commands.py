@@ -433,7 +433,7 @@ def disable(args) -> int:
     if not before.present:
         _say(args, f"disable: not enabled ({before.path} does not exist)")
         return 0
-    en.check_writable(site)
+    en.check_writable(site, removing=True)
     en.disable(site)
     print(f"disabled: removed {before.path}" + (" and its line in pip's RECORD" if before.recorded else ""))
     if args.verbose:

@@ -107,8 +107,10 @@ def _runtime(req: Request) -> tuple[list[Finding], Summary]:
     overlay = runtime_overlay(req.options)  # its skip entries for runtime operators are accepted findings
     registry.import_modules(list(req.imports))
     optimizers = optimizer_classes(list(req.imports)) if req.imports else []
-    if not optimizers:  # --namespace filters the operators; modules of optimizers alone need none in it
-        registry.check_namespaces(req.namespaces)
+    # --namespace filters the operators: a name of an imported module that defines optimizers (deepspeed
+    # or lion, for --import deepspeed.ops.lion) may have none; any other name must
+    named = {p for m in req.imports if optimizer_classes([m]) for p in m.split(".")} if optimizers else set()
+    registry.check_namespaces([ns for ns in req.namespaces or [] if ns not in named])
     ops = registry.uncovered(req.namespaces)
     fs = [rules.missing_at_runtime(o) for o in ops if not overlay.skipped(o.name)]
     left_out = len(ops) - len(fs)

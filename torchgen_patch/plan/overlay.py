@@ -130,14 +130,15 @@ def _cached_optimizers(data) -> dict[str, OptimizerEntry]:
     return out
 
 
-def _cached_entries(data, scan: Scan, templates: set[str]) -> dict[str, Entry]:
+def _cached_entries(data, scan: Scan | None, templates: set[str]) -> dict[str, Entry]:
     """The entries of a cached overlay, each field checked as the parser would have (a cache is input)."""
     if not isinstance(data, dict) or data.get("overlay") != 2:
         raise ValueError("not an overlay entry of this version")
     out = {}
     for e in data["entries"]:
         entry = Entry(**dict(e, devices=tuple(e["devices"])))
-        ok = (isinstance(entry.op, str) and (scan.get(entry.op) is not None or not entry.op.startswith("aten::"))
+        ok = (isinstance(entry.op, str)
+              and ((scan is not None and scan.get(entry.op) is not None) or not entry.op.startswith("aten::"))
               and type(entry.line) is int
               and entry.action in ACTIONS and (entry.template is None or entry.template in templates)
               and all(d in DEVICES for d in entry.devices)
@@ -152,8 +153,23 @@ def _cached_entries(data, scan: Scan, templates: set[str]) -> dict[str, Entry]:
 def load_runtime(path: str) -> Overlay:
     """Only the overlay's entries for runtime operators (any namespace but aten) and optimizers, for
     ``install()``'s optimizer hooks, ``install(runtime_ops=...)`` and ``lint --runtime``, which read
-    no yaml."""
-    return _parse(path, read_text(path, "overlay"), None, set(), shipped=False)
+    no yaml; cached by the overlay's bytes (a cached ``install()`` imports no yaml parser)."""
+    import hashlib
+
+    text = read_text(path, "overlay")
+    name = f"overlay-runtime-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+    cached = cache.read(name)
+    if cached is not None:
+        try:
+            return Overlay(path, _cached_entries(cached, None, set()), _cached_optimizers(cached))
+        except (TypeError, KeyError, ValueError, AttributeError) as e:  # damaged or edited: parse again
+            cache.invalid(name, f"{type(e).__name__}: {e}")
+    result = _parse(path, text, None, set(), shipped=False)
+    from dataclasses import asdict
+
+    cache.write(name, {"overlay": 2, "entries": [asdict(e) for e in result.entries.values()],
+                       "optimizers": [asdict(e) for e in result.optimizers.values()]})
+    return result
 
 
 MAX_BYTES = 128 * 1024  # about 1,500 entries, a hundred times the shipped overlay

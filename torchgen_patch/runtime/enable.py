@@ -66,9 +66,10 @@ def site_dir() -> str:
     return d
 
 
-def check_writable(site: str) -> None:
+def check_writable(site: str, removing: bool = False) -> None:
     """Refuse, before any work, a site-packages directory this account may not write into: another
-    account's (the file would be this account's in an environment it does not own), a read-only one."""
+    account's (the file would be this account's in an environment it does not own), a read-only one,
+    and for a file to be written (not ``removing`` one: ``disable``), one others can write."""
     from ..cache import owner_name
 
     try:
@@ -79,7 +80,7 @@ def check_writable(site: str) -> None:
         raise EnvironmentProblem(f"{site} belongs to {owner_name(st.st_uid)}: this account does not enable an "
                                  "environment it does not own", "run torchgen-patch enable as that account, or in "
                                                                 "an environment of your own")
-    if st.st_mode & 0o002:
+    if st.st_mode & 0o002 and not removing:
         raise EnvironmentProblem(f"{site} is writable by others (mode {st.st_mode & 0o7777:04o}): any account could "
                                  "replace the file enable writes there, which every Python of this environment runs",
                                  f"chmod o-w {site}")
@@ -142,7 +143,8 @@ def state(site: str | None = None) -> State:
     try:
         text = data.decode()
         version, spec, hook, named = _parse(text)
-    except (ValueError, SyntaxError, AttributeError, IndexError, TypeError, UnicodeDecodeError):
+    except (ValueError, SyntaxError, AttributeError, IndexError, TypeError, UnicodeDecodeError, RecursionError,
+            MemoryError):  # the last two: nested deeper than the parsers go
         return State(site, path, True, problem=f"it is not as torchgen-patch writes it ({_by(uid)}): what it "
                                                "does is its own", recorded=recorded)
     problem = None

@@ -16,7 +16,6 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from .. import saved
 from ..errors import EnvironmentProblem, InputError, descriptors_said, one_line, require_torch, unknown_names
 from ..sources import Options
 from ..vocabulary import plural
@@ -142,7 +141,10 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
     if unknown:
         raise TypeError(f"install() got unexpected keyword arguments: {', '.join(unknown)}")
     how = dataclasses.replace(how or InstallOptions(), **keywords)
-    mode = None if how.check_saved is None else saved.mode_of(how.check_saved)  # refused before anything is built
+    saved = None
+    if how.check_saved is not None:  # the stage imported only for it (a plain install() stays light)
+        from .. import saved
+    mode = None if saved is None else saved.mode_of(how.check_saved)  # refused before anything is built
     with descriptors_said():  # no free descriptor, at an open or at a lazy import: one line, exit 3
         rep = _install(ops, backend, options or Options(**sources), plan, how)
         if mode is not None:

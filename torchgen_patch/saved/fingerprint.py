@@ -18,8 +18,9 @@ the threads or kernels.
   reads them once, making each position's weight from the position itself (a bijection of it, made
   odd) and adding its blocks' sums into a slot of a zeroed buffer; the kernel is used on a device
   only after it gave, on a probe tensor, exactly the sum torch's own integer ops give with the same
-  weights. Elsewhere (smaller tensors, no Triton, a failed probe, gaps in the words): two torch
-  kernels per chunk of 4 M words (the product and its sum), the same number.
+  weights. Elsewhere (smaller tensors, no Triton, a failed probe, gaps in the words): torch's ops on
+  chunks of 4 M words (the product and its sum; after the first chunk, its positions' weights made
+  too), the same number.
 
 ``fingerprint(t)`` is a tuple of parts (ints, or 0-d device tensors), or a ``Skip`` that says why
 a tensor's contents are not read (sparse, nested, meta, no storage of its own).
@@ -27,6 +28,7 @@ a tensor's contents are not read (sparse, nested, meta, no storage of its own).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import zlib
@@ -423,5 +425,7 @@ def _launch(kernel, words):
         out = slots[0][slots[1]]
         slots[1] += 1
     n = words.numel()
-    kernel[(-(-n // _KERNEL_BLOCK),)](words.reshape(-1), out, n, _seed(), BLOCK=_KERNEL_BLOCK)
+    with torch.cuda.device(words.device) if words.is_cuda else contextlib.nullcontext():
+        # Triton launches on the current device and its stream: the tensor's own, as torch's ops would
+        kernel[(-(-n // _KERNEL_BLOCK),)](words.reshape(-1), out, n, _seed(), BLOCK=_KERNEL_BLOCK)
     return out
