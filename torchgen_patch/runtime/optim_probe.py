@@ -93,18 +93,22 @@ def unknown_entries(entries: dict) -> list[tuple]:
 def optimizer_classes(modules: list[str]) -> list[type]:
     """The subclasses of torch.optim.Optimizer defined in ``modules`` or their imported submodules,
     sorted by path."""
+    import warnings
+
     import torch
 
     base, found = torch.optim.Optimizer, {}
-    for name in sorted(sys.modules):
-        if not any(name == m or name.startswith(m + ".") for m in modules):
-            continue
-        for obj in list(getattr(sys.modules.get(name), "__dict__", {}).values()):
-            try:
-                if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == name:
-                    found[path_of(obj)] = obj
-            except TypeError:  # a class whose metaclass refuses issubclass
+    with warnings.catch_warnings():  # a deprecated name looked at (torch.distributed.reduce_op) is not the user's
+        warnings.simplefilter("ignore")
+        for name in sorted(sys.modules):
+            if not any(name == m or name.startswith(m + ".") for m in modules):
                 continue
+            for obj in list(getattr(sys.modules.get(name), "__dict__", {}).values()):
+                try:
+                    if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.__module__ == name:
+                        found[path_of(obj)] = obj
+                except TypeError:  # a class whose metaclass refuses issubclass
+                    continue
     return [found[k] for k in sorted(found)]
 
 
