@@ -303,8 +303,9 @@ def _on_device(t):
     mod 2**64 of word i of ``t`` (in its elements' order) times the weight of position i, by the
     kernel or by torch's ops (the same number). A change of one word always changes it (an odd
     weight times a nonzero difference below 2**32 is never 0 mod 2**64); changes of several are
-    missed as the CPU sum's are. Every position has a weight of its own (a bijection of it), so a
-    value moved from one word to another does not cancel."""
+    missed as the CPU sum's are. Each position's weight is made from a bijection of it (made odd, two
+    positions share one with a chance of about 2**-63 a pair), so a value moved from one word to
+    another does not cancel."""
     import torch
 
     bits = _bits(t.detach())
@@ -323,7 +324,8 @@ def _on_device(t):
 
 
 # The weight of word i: a bijection of i and the process's seed (a multiply by an odd constant and
-# two xorshifts, each invertible mod 2**64), made odd. torch's int64 ops and the kernel's wrap alike.
+# two xorshifts, each invertible mod 2**64), made odd (so two values that differ in the lowest bit
+# only give one weight). torch's int64 ops and the kernel's wrap alike.
 _M1, _M2 = -4658895280553007687, -7723592293110705685  # 0xBF58476D1CE4E5B9, 0x94D049BB133111EB as int64
 _SEED: list = []  # the process's seed, made once
 
