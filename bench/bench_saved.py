@@ -219,6 +219,19 @@ def memory(name: str, repeats: int = 3) -> dict:
     return out
 
 
+def _verdict(t: dict) -> str:
+    return "" if t["target"] is None else f"  [target <= {t['target']}: {'met' if t['met'] else 'NOT MET'}]"
+
+
+def _written(results: dict, json_path: str | None, report, device: str, rendered) -> dict:
+    """``results`` saved as JSON and rendered into the report, where asked for; returned."""
+    if json_path:
+        save([results], json_path)
+    if report:
+        _write_report(report, device, rendered())
+    return results
+
+
 def main(rounds: int = 15, report=False, json_path: str | None = None, device: str = "cpu") -> dict:
     """``report``: True for reports/saved-check-DEVICE-torch<version>.md, or a path."""
     if device == "cuda":
@@ -241,18 +254,14 @@ def _main(rounds: int, report: bool, json_path: str | None) -> dict:
         t["memory"] = memory(name)
         results["models"].append(t)
         m = t["memory"]
-        verdict = "" if t["target"] is None else f"  [target <= {t['target']}: {'met' if t['met'] else 'NOT MET'}]"
+        verdict = _verdict(t)
         print(f"{name}: CPU time off {t['off_ms']:.1f} ms, on {t['on_ms']:.1f} ms, ratio {t['ratio']:.3f} "
               f"(p25-p75 {t['p25']:.3f}-{t['p75']:.3f}; wall {t['wall_ratio']:.3f}; reading nothing "
               f"{t['hooks_ratio']:.3f}){verdict}; {t['bytes_per_step'] / 1e6:.0f} MB read a step, "
               f"{t['saved_tensors_per_step']} saved tensors a step; peak {m['off']['peak_mib']:.0f} -> "
               f"{m['on']['peak_mib']:.0f} MiB ({m['extra_peak']:+.1%}), the step's own "
               f"{m['off']['step_peak_mib']:.1f} -> {m['on']['step_peak_mib']:.1f} MiB", flush=True)
-    if json_path:
-        save([results], json_path)
-    if report:
-        _write_report(report, "cpu", render(results, rounds))
-    return results
+    return _written(results, json_path, report, "cpu", lambda: render(results, rounds))
 
 
 def _write_report(report, device: str, text: str) -> None:
@@ -455,18 +464,14 @@ def main_cuda(rounds: int, report, json_path: str | None, device: str = "cuda") 
         t = timing_cuda(name, rounds, device)
         results["models"].append(t)
         c = t["counted"]
-        verdict = "" if t["target"] is None else f"  [target <= {t['target']}: {'met' if t['met'] else 'NOT MET'}]"
+        verdict = _verdict(t)
         print(f"{name}: off {t['off_ms']:.1f} ms, on {t['on_ms']:.1f} ms, ratio {t['ratio']:.3f} "
               f"(p25-p75 {t['p25']:.3f}-{t['p75']:.3f}; reading nothing {t['hooks_ratio']:.3f}){verdict}; "
               f"{c['saved_tensors']} saved tensors a step; synchronisations a step off/on: "
               f"{c['off']['sync_debug_mode']}/{c['on']['sync_debug_mode']} (sync debug mode), "
               f"{c['off']['profiler_synchronize']}/{c['on']['profiler_synchronize']} (profiler); kernel launches "
               f"{c['off']['kernel_launches']}/{c['on']['kernel_launches']}; peak allocated {_peak(t)}", flush=True)
-    if json_path:
-        save([results], json_path)
-    if report:
-        _write_report(report, device, render_cuda(results, rounds))
-    return results
+    return _written(results, json_path, report, device, lambda: render_cuda(results, rounds))
 
 
 def _peak(t: dict) -> str:
