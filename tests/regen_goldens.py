@@ -41,6 +41,7 @@ def format_goldens() -> dict[str, bytes]:
 
     from tests.yaml_fixtures import golden_yaml
     from tests.support import scan_of
+    from torchgen_patch.checks import render as vr
     from torchgen_patch.checks import verify as v
     from torchgen_patch.diagnostics import Finding, rules
     from torchgen_patch.diagnostics.lint import findings
@@ -94,9 +95,9 @@ def format_goldens() -> dict[str, bytes]:
     }
     meta = {"torch": "2.13.0+cpu", "device": "cpu", "python": "3.11.7", "ops": 2,
             "command": "torchgen-patch verify --both"}
-    out["formats/verify.text"] = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items()).encode()
-    out["formats/verify.json"] = v.to_json(runs, meta).encode()
-    out["formats/verify.markdown"] = v.markdown(runs, meta).encode()
+    out["formats/verify.text"] = "".join(f"== {name}\n" + vr.table(rs) for name, rs in runs.items()).encode()
+    out["formats/verify.json"] = vr.to_json(runs, meta).encode()
+    out["formats/verify.markdown"] = vr.markdown(runs, meta).encode()
     return out
 
 

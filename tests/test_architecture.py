@@ -191,6 +191,77 @@ def test_vocabulary_is_typed():
     assert spelled == []
 
 
+# the names under which the package carries a word of the vocabulary (a field, a variable, a key of a
+# spec, a flag's destination)
+_CARRIERS = {"kind", "form", "verdict", "action", "outcome", "backend", "format", "mode", "autograd_gap", "gap",
+             "check_saved", "writer"}
+
+
+def _carrier(node) -> str | None:
+    """The name ``node`` reads a value by (``x.kind``, ``kind``, ``spec["backend"]``, ``getattr(a, "format")``)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.slice.value
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2 \
+            and isinstance(node.args[1], ast.Constant):
+        return node.args[1].value
+    return None
+
+
+def _strings(node) -> list:
+    """The string constants ``node`` is, or a literal tuple, list or set of."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [v for e in node.elts for v in _strings(e)]
+    return []
+
+
+def words_spelled(source: str, words: set[str]) -> list[str]:
+    """Where ``source`` spells words of the vocabulary as strings: a value that carries one compared
+    with a string of them (``kind == "out"``, ``backend in ("cpp", "python")``), and a literal that
+    lists two or more of them (a tuple, list or set of them, a table keyed by them), the enum again."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(v in words for s in sides for v in _strings(s)) and any(_carrier(s) in _CARRIERS for s in sides):
+                out.append(f"{node.lineno}: {ast.unparse(node)}")
+        keys = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(node, (ast.Tuple, ast.List,
+                                                                                         ast.Set)) else []
+        if len(keys) >= 2 and all(isinstance(k, ast.Constant) and k.value in words for k in keys):
+            out.append(f"{node.lineno}: {ast.unparse(node)[:80]}")
+    return out
+
+
+def _words() -> set[str]:
+    from torchgen_patch import vocabulary as vc
+
+    return {m.value for e in vars(vc).values() if isinstance(e, type) and issubclass(e, vc.Word) for m in e} - {""}
+
+
+def test_the_vocabulary_is_used_as_enums_not_strings():
+    """No module compares a kind, form, verdict, action, outcome, backend, format, mode or gap with a
+    string, nor lists the words again (``classify.KINDS`` once did): each is its enum's member."""
+    words = _words()
+    found = [f"{os.path.relpath(path, PKG)}:{where}" for mod, path in _modules().items()
+             if mod != "torchgen_patch.vocabulary"
+             for where in words_spelled(open(path, encoding="utf-8").read(), words)]
+    assert found == []
+
+
+def test_the_check_of_spelled_words_finds_them():
+    words = _words()
+    spelled = 'if f.kind == "functional" or spec["backend"] != "cpp": pass\nKINDS = ("out", "inplace")\n' \
+              'T = {"json": 1, "markdown": 2}\nok = getattr(args, "format", None) in ("text", "lintrunner")\n'
+    assert len(words_spelled(spelled, words)) == 6
+    fine = 'if name == "out": pass\nif f.kind == Kind.OUT: pass\nd = {"text": message}\n'
+    assert words_spelled(fine, words) == []
+
+
 # ---- the cache and the builds: touched by name in one module only ------------------------------------
 
 # Calls that open, create, rename, remove, list or look at a path by its name (the package's own

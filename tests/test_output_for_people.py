@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
-from torchgen_patch.checks import verify
+from torchgen_patch.checks import render, verify
 from torchgen_patch.scan.model import VERDICTS
 
 
@@ -20,8 +20,8 @@ def test_verify_report_starts_with_the_legend_and_the_failing_ops_then_every_op(
                               _r("aten::c.out", verify.EXTRA, 0, 2), _r("aten::d_", verify.MISS, 0, 0)],
             "with patch (cpp)": [_r(op, verify.PASS, patched=True) for op in ("aten::a.out", "aten::b_",
                                                                               "aten::c.out", "aten::d_")]}
-    text = verify.markdown(runs, {"torch": "x"})
-    legend = [text.index(f"- **{v}**: ") for v in verify.LEGEND]
+    text = render.markdown(runs, {"torch": "x"})
+    legend = [text.index(f"- **{v}**: ") for v in render.LEGEND]
     failing = text.index("## Failing ops")
     table = text.index("| op |")
     assert max(legend) < failing < table
@@ -33,7 +33,7 @@ def test_verify_report_starts_with_the_legend_and_the_failing_ops_then_every_op(
 
 
 def test_verify_report_says_when_nothing_failed():
-    text = verify.markdown({"with patch (cpp)": [_r("aten::a.out", verify.PASS, patched=True)]}, {})
+    text = render.markdown({"with patch (cpp)": [_r("aten::a.out", verify.PASS, patched=True)]}, {})
     head = text[text.index("## Failing ops"):text.index("| op |")]
     assert "- none:" in head
 
@@ -42,7 +42,7 @@ def test_help_defines_every_word_of_the_output():
     out = subprocess.run([sys.executable, "-m", "torchgen_patch", "--help"], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     epilog = out[out.index("words used in the output:"):]
-    for word in (*VERDICTS, *verify.LEGEND, "drift", "finding", "plan", "overlay", "runtime op"):
+    for word in (*VERDICTS, *render.LEGEND, "drift", "finding", "plan", "overlay", "runtime op"):
         assert f"\n  {word} " in epilog, word
 
 

@@ -3,6 +3,7 @@ ops that mutate arguments and return nothing."""
 
 from .errors import descriptors_said
 from .version import __version__
+from .vocabulary import CheckMode
 
 __all__ = ["__version__", "check_saved", "evidence", "install", "installed_ops", "uninstall"]
 
@@ -33,7 +34,7 @@ def evidence():
     return _evidence()
 
 
-def check_saved(mode="warn"):
+def check_saved(mode=CheckMode.WARN):
     """A check of every tensor autograd saves for backward: a write that changed its contents without
     moving its version is a finding (``mode="warn"``: one line each on stderr; ``"raise"``: an
     exception). A context manager (``with torchgen_patch.check_saved("raise"):``), or for the rest

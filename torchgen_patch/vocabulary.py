@@ -27,6 +27,15 @@ class Word(str, enum.Enum):
     def __repr__(self) -> str:  # argparse quotes choices with repr(): 'cpp', as before
         return str.__repr__(str.__str__(self))
 
+    @classmethod
+    def parse(cls, text):
+        """The member spelled ``text`` (what a cache or a launch spec holds); ValueError for any other
+        value. One dict look-up: a cached scan reads thousands of words, and ``cls(text)`` costs ten."""
+        try:
+            return cls._value2member_map_[text]
+        except (KeyError, TypeError):
+            raise ValueError(f"{text!r} is not a {cls.__name__}") from None
+
 
 class Verdict(Word):
     """What the scan says of one function, in the order they are reported."""

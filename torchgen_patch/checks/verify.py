@@ -4,6 +4,8 @@ it writes ends exactly one version higher.
 Verdicts: PASS (+1 each), MISS (some tensor not bumped), EXTRA (some tensor
 bumped more than once), ERROR (the call raised), NOT_RUN (no sample on this
 device, with the reason), and XFAIL/XPASS for ops the overlay expects to fail.
+The results are data; ``render.py`` writes every report of them (and the
+verdicts' legend for people).
 
 The requires-grad check (``run_grad``): run an out= op of the plan on its sample with every floating
 input (not the tensors it writes) requiring grad, in grad mode, and see whether it refuses: REFUSE
@@ -13,8 +15,7 @@ are lost), ERROR (another failure), NOT_RUN (no sample here, or no floating inpu
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..runtime.pykernel import OUT_REQUIRES_GRAD
 from ..vocabulary import Outcome
@@ -22,16 +23,6 @@ from ..vocabulary import Outcome
 PASS, MISS, EXTRA, ERROR, NOT_RUN, XFAIL, XPASS = (Outcome.PASS, Outcome.MISS, Outcome.EXTRA, Outcome.ERROR,
                                                    Outcome.NOT_RUN, Outcome.XFAIL, Outcome.XPASS)
 FAILING = {MISS, EXTRA, ERROR}
-# What each verdict means, for people: the report's legend and the CLI's --help say it from here.
-LEGEND = {
-    PASS: "every tensor the op writes went up by exactly one version",
-    MISS: "some written tensor kept its version: autograd cannot see the write",
-    EXTRA: "some written tensor went up by more than one version",
-    ERROR: "the call raised (the message says why)",
-    NOT_RUN: "no sample can run here (another device, a missing state); the reason is given",
-    XFAIL: "failed, as the overlay expects",
-    XPASS: "passed, although the overlay expects a failure",
-}
 
 
 @dataclass
@@ -46,7 +37,7 @@ class OpResult:
     op: str
     device: str
     patched: bool
-    verdict: str
+    verdict: Outcome
     tensors: list[TensorResult] = field(default_factory=list)
     message: str = ""
     subclass: str = "plain"  # the tensor subclass every tensor argument was wrapped in
@@ -120,92 +111,12 @@ def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None, 
         return [OpResult(op, device, patched, NOT_RUN, message=str(e), subclass=subclass) for op in sorted(ops)]
 
 
-def counts(results: list[OpResult]) -> dict[str, int]:
-    c: dict[str, int] = {}
+def counts(results: list[OpResult] | list[GradResult]) -> dict[Outcome, int]:
+    """How many results of each verdict, by verdict."""
+    c: dict[Outcome, int] = {}
     for r in results:
         c[r.verdict] = c.get(r.verdict, 0) + 1
     return dict(sorted(c.items()))
-
-
-def _versions(r: OpResult) -> str:
-    return " ".join(f"{t.arg} {t.before}->{t.after}" for t in r.tensors) or "-"
-
-
-def count_text(results: list[OpResult]) -> str:
-    """The verdict counts of one run, as the reports write them: ``MISS 20, PASS 154``."""
-    return ", ".join(f"{k} {v}" for k, v in counts(results).items())
-
-
-def summary(runs: dict[str, list[OpResult]]) -> str:
-    """One line per run: its verdict counts."""
-    return "\n".join(f"{name}: {count_text(rs)}" for name, rs in runs.items())
-
-
-def table(results: list[OpResult]) -> str:
-    w = max([len(r.op) for r in results] + [2])
-    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  versions (per written argument: before->after)"]
-    for r in results:
-        lines.append(f"{r.op:<{w}}  {r.device:<6}  {'yes' if r.patched else 'no':<5}  {r.verdict:<7}  "
-                     f"{_versions(r)}{('  ' + r.message) if r.message else ''}")
-    lines.append("counts: " + count_text(results))
-    return "\n".join(lines) + "\n"
-
-
-def _failing(results_by_run: dict[str, list[OpResult]]) -> list[str]:
-    """The markdown list of every op that failed, per run and verdict (or a line saying none did)."""
-    lines = []
-    for name, rs in results_by_run.items():
-        for verdict in (MISS, EXTRA, ERROR):
-            ops = [r.op for r in rs if r.verdict == verdict]
-            if ops:
-                lines.append(f"- {name}, {verdict} ({len(ops)}): " + ", ".join(f"`{op}`" for op in ops))
-    return lines or ["- none: no op missed a bump, bumped twice or raised"]
-
-
-def markdown(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
-    """The report for people: what was run, the legend, the failing ops, then every op's row."""
-    runs = list(results_by_run)
-    lines = ["# torchgen-patch verify report", ""]
-    for k, v in meta.items():
-        lines.append(f"- {k}: `{v}`")
-    lines.append("")
-    lines += ["- " + line for line in summary(results_by_run).splitlines()]
-    lines += ["", "Every op here lacks the ADInplaceOrView kernel that bumps versions; many still bump because "
-                  "their backend kernel does it by itself, so only some MISS without the patch. Each op runs once on "
-                  "a small sample; the cells show, for every tensor it writes, its version before and after the "
-                  "call (`0->1`).", ""]
-    lines += [f"- **{k}**: {v}" for k, v in LEGEND.items()]
-    lines += ["", "## Failing ops", ""] + _failing(results_by_run)
-    lines += ["", "## Every op", "", "| op | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
-    by_op = _by_op(results_by_run)
-    for op in sorted(by_op):
-        cells = []
-        for run_name in runs:
-            r = by_op[op].get(run_name)
-            if r is None:
-                cells.append("")
-                continue
-            cell = f"{r.verdict} {_versions(r)}" if r.tensors else r.verdict
-            if r.message:
-                cell += f" ({r.message.replace('|', '/')[:100]})"
-            cells.append(cell)
-        lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _by_op(results_by_run: dict[str, list]) -> dict[str, dict]:
-    """op -> run name -> its result."""
-    by_op: dict[str, dict] = {}
-    for run_name, rs in results_by_run.items():
-        for r in rs:
-            by_op.setdefault(r.op, {})[run_name] = r
-    return by_op
-
-
-def to_json(results_by_run: dict[str, list[OpResult]], meta: dict) -> str:
-    doc = {"meta": meta, "runs": {k: {"counts": counts(v), "results": [asdict(r) for r in v]}
-                                  for k, v in results_by_run.items()}}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +131,7 @@ class GradResult:
     op: str
     device: str
     patched: bool
-    verdict: str
+    verdict: Outcome
     message: str = ""
     unwritten: bool | None = None  # REFUSE: the written tensors are unchanged (None: not refused)
 
@@ -289,30 +200,3 @@ def run_grad_op(op: str, device: str, patched: bool, outputs: bool = False) -> G
 
 def run_grad(ops: list[str], device: str, patched: bool, outputs: bool = False) -> list[GradResult]:
     return [run_grad_op(op, device, patched, outputs) for op in sorted(ops)]
-
-
-def grad_counts(results: list[GradResult]) -> str:
-    return ", ".join(f"{k} {n}" for k, n in counts(results).items())
-
-
-def grad_table(runs: dict[str, list[GradResult]], meta: dict) -> str:
-    out = []
-    for name, rs in runs.items():
-        w = max([len(r.op) for r in rs] + [2])
-        out += [f"== {name}", f"{'op':<{w}}  {'device':<6}  {'verdict':<7}  message"]
-        out += [f"{r.op:<{w}}  {r.device:<6}  {r.verdict:<7}  {r.message}" for r in rs]
-        out.append(f"counts: {grad_counts(rs)}")
-    return "\n".join(out) + "\n"
-
-
-def grad_markdown(runs: dict[str, list[GradResult]], meta: dict) -> str:
-    names = list(runs)
-    lines = ["# torchgen-patch verify --check requires-grad", ""] + [f"- {k}: `{v}`" for k, v in meta.items()]
-    lines += [""] + [f"- {n}: {grad_counts(rs)}" for n, rs in runs.items()]
-    lines += ["", "| op | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    by_op = _by_op(runs)
-    for op in sorted(by_op):
-        cells = [by_op[op][n].verdict + (f" ({by_op[op][n].message[:80]})" if by_op[op][n].verdict in (ERROR, NOT_RUN)
-                                         else "") if n in by_op[op] else "" for n in names]
-        lines.append(f"| `{op}` | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import InputError, descriptors_said
+from ..vocabulary import Format
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             with notes(args):
                 return COMMANDS[args.cmd](args)
     except InputError as e:
-        if getattr(args, "format", None) == "lintrunner":  # lintrunner's protocol: a message, exit 0
+        if getattr(args, "format", None) == Format.LINTRUNNER:  # lintrunner's protocol: a message, exit 0
             from ..diagnostics.render import lintrunner_failure
 
             sys.stdout.write(lintrunner_failure(e))

@@ -12,7 +12,7 @@ import sys
 from ..errors import InputError, printable
 from ..files import STDOUT, check_output_dir, check_output_file, write_output
 from ..sources import Options, resolve
-from ..vocabulary import plural
+from ..vocabulary import Format, Gap, plural
 from .parser import options, qualified
 
 
@@ -121,7 +121,7 @@ def scan(args) -> int:
     i = pipeline.inputs(dataclasses.replace(options(args), no_overlay=True))
     _inputs_note(args, i.sources)
     verdicts = set(args.verdict) if args.verdict else None
-    _emit(args, scan_json(i.scan, verdicts) if args.format == "json" else scan_text(i.scan, verdicts), "scan report")
+    _emit(args, scan_json(i.scan, verdicts) if args.format == Format.JSON else scan_text(i.scan, verdicts), "scan report")
     return _drifts(i.scan) if args.against_runtime else 0
 
 
@@ -172,10 +172,10 @@ def lint(args) -> int:
         print(f"wrote {len(fs)} finding(s) to {args.write_baseline}", file=sys.stderr)
         return 0
     report = RENDERERS[args.format](fs, rep.summary)
-    if args.output or args.format not in ("text", "lintrunner"):  # the text report's last line, for people
+    if args.output or args.format not in (Format.TEXT, Format.LINTRUNNER):  # the text report's last line, for people
         _summary(args, "lint: " + summary_line(fs, rep.summary), bool(args.output))
     _emit(args, report, "lint report")
-    if args.format == "lintrunner":
+    if args.format == Format.LINTRUNNER:
         return 0
     rc = 1 if fs else 0
     for sc, drifts in rep.drifts:
@@ -278,6 +278,7 @@ def verify(args) -> int:
     import platform
 
     from .. import pipeline
+    from ..checks import render as vr
     from ..checks import verify as v
     from ..checks.subclass import SUBCLASSES
     from ..errors import EnvironmentProblem, require_torch
@@ -311,12 +312,12 @@ def verify(args) -> int:
             "ops": len(ops), "command": "torchgen-patch verify " + " ".join(sys.argv[2:])}
     if refused:
         meta["refused"] = "; ".join(f"{k}: {r}" for k, r in sorted(refused.items()))
-    if args.format == "json":
-        text = v.to_json(runs, meta)
-    elif args.format == "markdown":
-        text = v.markdown(runs, meta)
+    if args.format == Format.JSON:
+        text = vr.to_json(runs, meta)
+    elif args.format == Format.MARKDOWN:
+        text = vr.markdown(runs, meta)
     else:
-        text = "".join(f"== {name}\n" + v.table(rs) for name, rs in runs.items())
+        text = "".join(f"== {name}\n" + vr.table(rs) for name, rs in runs.items())
     # the exit code is the deciding run's: the run with the patch, or the one run --without-patch makes (a
     # detector of missing kernels); with --both the run without the patch is evidence: the "before" column
     before = [name for name in runs if args.both and not name.startswith("with patch")]
@@ -325,12 +326,12 @@ def verify(args) -> int:
         print(f"verify: {r.op}{_on(r.subclass)}: {r.verdict} {r.message}", file=sys.stderr)
     label = {name: ("before, " if name in before else "after, ") if args.both else "" for name in runs}
     if args.output:
-        _summary(args, "\n".join(f"verify ({args.device}) {label[name]}{name}: {v.count_text(rs)}"
+        _summary(args, "\n".join(f"verify ({args.device}) {label[name]}{name}: {vr.count_text(rs)}"
                                  for name, rs in runs.items()), True)
     elif before:
-        _say(args, "\n".join(f"verify: {label[name]}{name}: {v.count_text(runs[name])} (evidence; the exit code is "
+        _say(args, "\n".join(f"verify: {label[name]}{name}: {vr.count_text(runs[name])} (evidence; the exit code is "
                              "the run with the patch's)" for name in before))
-    if not (args.quiet and args.format == "text" and not args.output):  # -q: the failing rows only, no table
+    if not (args.quiet and args.format == Format.TEXT and not args.output):  # -q: the failing rows only, no table
         _emit(args, text, "report")
     return 1 if bad else 0
 
@@ -338,6 +339,7 @@ def verify(args) -> int:
 def _verify_requires_grad(args, plan, ops: list[str], torch) -> int:
     """verify --check requires-grad: the plan's out= ops whose kernels refuse requires_grad, given inputs
     that require it in grad mode, without and then with the kernels."""
+    from ..checks import render as vr
     from ..checks import verify as v
     from ..runtime.install import install as install_kernels
 
@@ -354,12 +356,12 @@ def _verify_requires_grad(args, plan, ops: list[str], torch) -> int:
         install_kernels(ops, backend=args.backend, plan=plan, verbose=args.verbose)
         runs[f"with patch ({args.backend})"] = v.run_grad(ops, args.device, True)
     meta = {"torch": torch.__version__, "device": args.device, "check": "requires-grad", "ops": len(ops)}
-    text = {"json": v.to_json, "markdown": v.grad_markdown}.get(args.format, v.grad_table)(runs, meta)
+    text = {Format.JSON: vr.to_json, Format.MARKDOWN: vr.grad_markdown}.get(args.format, vr.grad_table)(runs, meta)
     bad = [r for rs in runs.values() for r in rs if r.patched and r.verdict not in (v.REFUSE, v.NOT_RUN)]
     for r in bad:
         print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
     if args.output:
-        _say(args, "\n".join(f"verify --check requires-grad ({args.device}) {name}: {v.grad_counts(rs)}"
+        _say(args, "\n".join(f"verify --check requires-grad ({args.device}) {name}: {vr.count_text(rs)}"
                              for name, rs in runs.items()))
     _emit(args, text, "report")
     return 1 if bad else 0
@@ -524,7 +526,7 @@ def _pr_body(root: str) -> str:
 
     devices = ["cpu"] + (["cuda"] if require_torch("--pr-body").cuda.is_available() else [])
     return pr_body.render(pr_body.missing_by_kind(checkout.scan), checkout.sources.torch_version,
-                          [pr_body.measure(plan, d) for d in devices], len(checkout.scan.with_gap("out")))
+                          [pr_body.measure(plan, d) for d in devices], len(checkout.scan.with_gap(Gap.OUT)))
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
             "run": run, "enable": enable, "disable": disable, "status": status, "diff": diff, "wheel": wheel}

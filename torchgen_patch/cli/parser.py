@@ -8,7 +8,7 @@ import textwrap
 
 from ..scan.model import VERDICTS
 from ..sources import Options
-from ..vocabulary import LINT_FORMATS, SCAN_FORMATS, VERIFY_FORMATS, Backend, CheckMode
+from ..vocabulary import LINT_FORMATS, SCAN_FORMATS, VERIFY_FORMATS, Backend, CheckMode, Format, Verdict, Word
 
 DESCRIPTION = """Find and generate the ADInplaceOrView (version-counter) kernels PyTorch's codegen leaves out.
 
@@ -18,17 +18,17 @@ Exit codes: 0 success/clean, 1 findings (lint) or failures (verify), 2 bad input
 
 def glossary() -> str:
     """The words of the output, defined once: the top-level --help epilog (and so docs/cli.md)."""
-    from ..checks.verify import LEGEND
+    from ..checks.render import LEGEND
 
     scan = {
-        "covered": "PyTorch's autograd codegen already emits its ADInplaceOrView kernel",
-        "missing": "writes an argument and returns nothing, so the codegen emits no kernel: a finding, fixed by "
-                   "the plan's kernel",
-        "unsupported": "the same, but a generated kernel cannot serve it (a view, metadata only, scratch space): a "
-                       "finding, skipped by the shipped overlay",
-        "composite": "writes and returns, no kernel of its own: it decomposes into ops that bump (or is written by "
-                     "hand)",
-        "not_mutating": "writes no argument: nothing to bump",
+        Verdict.COVERED: "PyTorch's autograd codegen already emits its ADInplaceOrView kernel",
+        Verdict.MISSING: "writes an argument and returns nothing, so the codegen emits no kernel: a finding, fixed "
+                         "by the plan's kernel",
+        Verdict.UNSUPPORTED: "the same, but a generated kernel cannot serve it (a view, metadata only, scratch "
+                             "space): a finding, skipped by the shipped overlay",
+        Verdict.COMPOSITE: "writes and returns, no kernel of its own: it decomposes into ops that bump (or is "
+                           "written by hand)",
+        Verdict.NOT_MUTATING: "writes no argument: nothing to bump",
     }
     words = {
         "finding": "one op lint reports (missing or unsupported), at its native_functions.yaml line",
@@ -103,7 +103,7 @@ def _inputs(p: argparse.ArgumentParser, checkout: bool, overlay: bool = True) ->
 
 
 def _output(p: argparse.ArgumentParser, output: str | None = None, formats: tuple[str, ...] | None = None,
-            default_format: str = "text", compiles: bool = False) -> None:
+            default_format: Format = Format.TEXT, compiles: bool = False) -> None:
     """The flags every subcommand shares: -q/-v, and where it writes (-o/--output) in which --format."""
     g = p.add_argument_group("output")
     if formats:
@@ -129,8 +129,20 @@ class _CMakeDir(argparse.Action):
         parser.exit(0)
 
 
-def _format(value: str) -> str:
-    return "text" if value == "table" else value  # 'table': verify's older name for 'text'
+def _member(words: type[Word]):
+    """The ``type=`` of a flag whose choices are the members of ``words``: a word given as its member;
+    any other string left as it is, for argparse's choices to refuse (with the closest one)."""
+    def member(value: str):
+        try:
+            return words.parse(value)
+        except ValueError:
+            return value
+
+    return member
+
+
+def _format(value: str):
+    return _member(Format)(Format.TEXT if value == "table" else value)  # 'table': verify's older name for 'text'
 
 
 def qualified(ops: list[str] | None) -> list[str] | None:
@@ -148,10 +160,14 @@ def options(args: argparse.Namespace) -> Options:
 BACKEND = "cpp: the compiled kernels (default); python: torch.library kernels, no compiler needed"
 
 
+def _backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=tuple(Backend), default=Backend.CPP, type=_member(Backend), help=BACKEND)
+
+
 def _patching(p: argparse.ArgumentParser) -> None:
     """What `run` and `enable` install in each process: the inputs, the backend, the ops."""
     _inputs(p, checkout=False)
-    p.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
+    _backend(p)
     p.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
 
 
@@ -171,7 +187,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scan", help="classify every function of native_functions.yaml")
     _inputs(s, checkout=True, overlay=False)
     _output(s, "FILE write the table here instead of stdout", SCAN_FORMATS)
-    s.add_argument("--verdict", action="append", choices=VERDICTS, help="show only these verdicts (repeatable)")
+    s.add_argument("--verdict", action="append", choices=VERDICTS, type=_member(Verdict),
+                   help="show only these verdicts (repeatable)")
     s.add_argument("--against-runtime", action="store_true",
                    help="cross-check with the running torch's dispatcher (needs torch)")
 
@@ -228,7 +245,7 @@ def parser() -> argparse.ArgumentParser:
                                    "command's own process, which then exits. To patch a program, use "
                                    "`torchgen-patch run -- PROGRAM` or call torchgen_patch.install() in it.")
     _inputs(i, checkout=False)
-    i.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
+    _backend(i)
     i.add_argument("--op", action="append", help="install only these ops (repeatable)")
     i.add_argument("--no-build", action="store_true",
                    help="never compile: use the installed prebuilt kernels (torchgen-patch wheel) or fail")
@@ -251,7 +268,7 @@ def parser() -> argparse.ArgumentParser:
     m = v.add_mutually_exclusive_group()
     m.add_argument("--without-patch", action="store_true", help="run without installing the kernels")
     m.add_argument("--both", action="store_true", help="run without, then with the patch, in one report")
-    v.add_argument("--backend", choices=tuple(Backend), default="cpp", help=BACKEND)
+    _backend(v)
     v.add_argument("--op", action="append", help="only these ops (repeatable)")
     v.add_argument("--subclass", choices=("plain", "wrapper", "dtensor", "all"), default="plain",
                    help="wrap every tensor argument: a __torch_dispatch__ wrapper subclass, DTensor on a one-rank "
@@ -278,7 +295,8 @@ def parser() -> argparse.ArgumentParser:
                         "repeatable), defined by the modules of --import; checked before the program starts")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
-    r.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), metavar="warn|raise",
+    r.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), type=_member(CheckMode),
+                   metavar="warn|raise",
                    help="also check every tensor autograd saves for backward, in each process: a write that changed "
                         "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
                         "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import Location
+from ..vocabulary import StepOutcome
 from . import Finding
 
 
@@ -131,7 +132,7 @@ def missing_at_runtime(op) -> Finding:
 def optimizer_probe(probe) -> Finding:
     """An optimizer class whose probe step (runtime.optim_probe.StepProbe) wrote unseen, or could not tell."""
     given = f" (probed with {', '.join(probe.given)})" if probe.given else ""
-    if probe.outcome != "unseen":
+    if probe.outcome != StepOutcome.UNSEEN:
         return _make(OPTIMIZER_NOT_PROBED, probe.loc, probe.cls, f"{probe.cls}: not probed{given}: {probe.detail}")
     fix = (f"install(runtime_ops=[{', '.join(repr(o) for o in probe.through)}]) or run --runtime-op serves "
            + ("it" if len(probe.through) == 1 else "them")) if probe.through else \

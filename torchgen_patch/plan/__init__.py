@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError, Location, printable, unknown_names
 from ..scan.model import COVERED, MISSING, OUT_UNCHECKED, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
+from ..vocabulary import Action
 from .overlay import Overlay
 
 DEFAULT_TEMPLATE = "kernel.cpp.j2"
@@ -113,7 +114,7 @@ def make_plan(scan: Scan, overlay: Overlay, strict: bool = False, requires_grad_
     kernels, left_out = [], []
     for r in sorted(scan.by_verdict(MISSING) + scan.by_verdict(UNSUPPORTED), key=lambda r: r.name):
         entry = overlay.get(r.name)
-        if entry is not None and entry.action == "skip":
+        if entry is not None and entry.action == Action.SKIP:
             left_out.append(LeftOut(r.name, r.loc, f"skipped by the overlay: {entry.reason}"))
             continue
         if r.verdict == UNSUPPORTED:
@@ -240,7 +241,7 @@ def _kernel(r: OpRecord, entry, sig: CppSig, requires_grad_check: bool = True) -
         refuse_args = tuple(rename.get(n, n) for n in asked)
     xfail_devices = None
     xfail_reason = None
-    if entry is not None and entry.action == "xfail":
+    if entry is not None and entry.action == Action.XFAIL:
         xfail_devices, xfail_reason = tuple(entry.devices), entry.reason
     return Kernel(
         op=r.name,
@@ -291,7 +292,7 @@ def plan_runtime(names: list[str], overlay: Overlay, live, installed: set[str]) 
         if "::" not in name:
             raise InputError(None, None, f"runtime op '{name}' needs its namespace ('ns::op.overload')")
         entry = overlay.get(name)
-        if entry is not None and entry.action == "skip":
+        if entry is not None and entry.action == Action.SKIP:
             refused[name] = f"skipped by the overlay ({os.path.basename(overlay.path)}:{entry.line}): {entry.reason}"
             continue
         if name in installed:

@@ -40,6 +40,7 @@ from ..vocabulary import Action
 from ..sources import Sources
 
 ACTIONS = tuple(Action)
+_WITH_REASON = (Action.SKIP, Action.XFAIL)  # the actions that need a reason (and all a runtime operator takes)
 KEYS = {"action", "reason", "template", "devices", "requires_grad"}
 REQUIRES_GRAD = ("refuse", "allow")  # an out= op's kernel refuses inputs/outputs that require grad, or not
 DEVICES = ("cpu", "cuda")
@@ -53,7 +54,7 @@ _CLASS_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 class Entry:
     op: str
     line: int
-    action: str = "generate"
+    action: Action = Action.GENERATE
     reason: str | None = None
     template: str | None = None
     devices: tuple[str, ...] = ()
@@ -81,7 +82,7 @@ class Overlay:
 
     def skipped(self, op: str) -> bool:
         e = self.entries.get(op)
-        return e is not None and e.action == "skip"
+        return e is not None and e.action == Action.SKIP
 
 
 def empty() -> Overlay:
@@ -136,11 +137,11 @@ def _cached_entries(data, scan: Scan | None, templates: set[str]) -> dict[str, E
         raise ValueError("not an overlay entry of this version")
     out = {}
     for e in data["entries"]:
-        entry = Entry(**dict(e, devices=tuple(e["devices"])))
+        entry = Entry(**dict(e, devices=tuple(e["devices"]), action=Action.parse(e["action"])))
         ok = (isinstance(entry.op, str)
               and ((scan is not None and scan.get(entry.op) is not None) or not entry.op.startswith("aten::"))
               and type(entry.line) is int
-              and entry.action in ACTIONS and (entry.template is None or entry.template in templates)
+              and (entry.template is None or entry.template in templates)
               and all(d in DEVICES for d in entry.devices)
               and (entry.reason is None or isinstance(entry.reason, str))
               and getattr(entry, "requires_grad", "refuse") in REQUIRES_GRAD)
@@ -292,7 +293,7 @@ def _runtime_entry(path, op, line, node) -> Entry:
     """An operator of the live registry (an extension's custom op): no yaml to check it
     against, so only a decision not to patch it, with its reason, is accepted."""
     e = _fields(path, op, line, node)
-    if e.action not in ("skip", "xfail") or e.template is not None:
+    if e.action not in _WITH_REASON or e.template is not None:
         raise InputError(path, line, f"'{op}' is a runtime operator: only 'action: skip' or 'action: xfail' "
                                      "(with a reason) apply to it", "its kernel is the boxed one, not a template")
     return e
@@ -338,11 +339,13 @@ def _fields(path, op, line, node, templates: set[str] | None = None) -> Entry:
             if not isinstance(v, yaml.ScalarNode) or v.tag != "tag:yaml.org,2002:str":
                 raise InputError(path, kl, f"'{key}' must be a string")
             fields[key] = v.value
-    action = fields.get("action", "generate")
-    if action not in ACTIONS:
-        raise InputError(path, lines["action"], f"action must be one of {', '.join(ACTIONS)}, not '{action}'")
+    try:
+        action = Action.parse(fields.get("action", Action.GENERATE))
+    except ValueError:
+        raise InputError(path, lines["action"], f"action must be one of {', '.join(ACTIONS)}, "
+                                                f"not '{fields['action']}'") from None
     reason = fields.get("reason")
-    if action in ("skip", "xfail") and not (isinstance(reason, str) and reason.strip()):
+    if action in _WITH_REASON and not (isinstance(reason, str) and reason.strip()):
         raise InputError(path, line, f"'{op}': action '{action}' needs a non-empty 'reason'")
     template = fields.get("template")
     if template is not None and templates is not None and template not in templates:
@@ -350,7 +353,7 @@ def _fields(path, op, line, node, templates: set[str] | None = None) -> Entry:
         raise InputError(path, lines["template"], f"no template '{template}' in templates/",
                          f"did you mean '{close[0]}'?" if close else None)
     devices = fields.get("devices", ())
-    if devices and action != "xfail":
+    if devices and action != Action.XFAIL:
         raise InputError(path, lines["devices"], "'devices' applies to action 'xfail' only")
     for d in devices:
         if d not in DEVICES:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import EnvironmentProblem
 from ..version import __version__
-from ..vocabulary import plural
+from ..vocabulary import Backend, plural
 from . import launch
 from .process import checked_spec
 
@@ -284,7 +284,7 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
     import sys
 
     library = None
-    if backend == "cpp":
+    if backend == Backend.CPP:
         from . import library as compose
 
         art = compose(opts, verbose=verbose, log=log or sys.stderr)

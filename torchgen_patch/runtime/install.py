@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..errors import EnvironmentProblem, InputError, descriptors_said, one_line, require_torch, unknown_names
 from ..sources import Options
-from ..vocabulary import plural
+from ..vocabulary import Backend, CheckMode, plural
 
 _LOCK = threading.Lock()
 
@@ -30,7 +30,7 @@ def _reset_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_lock_in_child)
-_INSTALLED: dict[str, str] = {}  # op -> backend
+_INSTALLED: dict[str, Backend] = {}  # op -> backend
 _HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
 _CDLLS: dict[tuple[int, int], ctypes.CDLL] = {}  # (st_dev, st_ino) of the file loaded -> its handle
 _EVIDENCE = None  # pykernel.Evidence of the runtime ops installed with evidence=True
@@ -38,7 +38,7 @@ _EVIDENCE = None  # pykernel.Evidence of the runtime ops installed with evidence
 
 @dataclass
 class InstallReport:
-    backend: str
+    backend: Backend
     library: str | None = None
     registered: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)  # installed earlier by torchgen-patch
@@ -46,7 +46,7 @@ class InstallReport:
     prebuilt: str | None = None  # the installed prebuilt kernels used (their version), if any
     prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used
     optimizers: list[str] = field(default_factory=list)  # the overlay's optimizer entries active (runtime/optim.py)
-    check_saved: str | None = None  # the saved-tensor check's mode, when install() turned it on
+    check_saved: CheckMode | None = None  # the saved-tensor check's mode, when install() turned it on
 
     def summary(self) -> str:
         lines = [f"torchgen-patch install ({self.backend}): {len(self.registered)} registered, "
@@ -102,13 +102,13 @@ class InstallOptions:
     evidence: bool = False  # runtime ops, Python backend: record which written arguments each call changed
     boxed_library: str | None = None  # a built boxed library (run's children): checked, never rebuilt
     build: bool = True  # False: no usable prebuilt kernels is an error, nothing compiles
-    check_saved: str | None = None  # "warn" or "raise": also turn on the saved-tensor check (saved.enable)
+    check_saved: CheckMode | None = None  # WARN or RAISE (or its word): the saved-tensor check too (saved.enable)
 
 
 _SOURCE_KEYWORDS = ("native_functions", "tags", "overlay", "no_overlay", "no_cache", "requires_grad_check")
 
 
-def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Options | None = None, plan=None,
+def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, options: Options | None = None, plan=None,
             how: InstallOptions | None = None, **keywords) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset).
 
@@ -152,11 +152,13 @@ def install(ops: list[str] | None = None, backend: str = "cpp", *, options: Opti
     return rep
 
 
-def _install(ops, backend: str, opts: Options, plan, how: InstallOptions) -> InstallReport:
-    if backend not in ("cpp", "python"):
-        raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'")
+def _install(ops, backend: Backend, opts: Options, plan, how: InstallOptions) -> InstallReport:
+    try:
+        backend = Backend.parse(backend)
+    except ValueError:
+        raise InputError(None, None, f"unknown backend '{backend}'", "use 'cpp' or 'python'") from None
     if how.runtime_ops is not None and ops is None and how.library is None:
-        if how.evidence and backend != "python":
+        if how.evidence and backend != Backend.PYTHON:
             raise InputError(None, None, "evidence=True records in the Python kernel", "use backend='python'")
         from ..plan import plan_runtime
 
@@ -165,7 +167,7 @@ def _install(ops, backend: str, opts: Options, plan, how: InstallOptions) -> Ins
                                 set(_INSTALLED))
             return _with_optimizers(opts, _install_runtime(todo, backend, how))
     with _LOCK:
-        if backend == "python":
+        if backend == Backend.PYTHON:
             if plan is None:
                 from ..pipeline import plan as make
 
@@ -188,10 +190,10 @@ def _with_optimizers(opts: Options, rep: InstallReport) -> InstallReport:
     return rep
 
 
-def register(artifact, ops: list[str] | None = None, backend: str = "cpp") -> InstallReport:
+def register(artifact, ops: list[str] | None = None, backend: Backend = Backend.CPP) -> InstallReport:
     """Register the kernels of ``artifact`` (runtime.Artifact; ``ops``: a subset), from the library
     loaded from the very descriptor its checks ran on (trust.check_library)."""
-    if backend != "cpp":
+    if backend != Backend.CPP:
         raise InputError(None, None, f"an artifact is a compiled library: backend '{backend}' does not load one",
                          "use install(backend='python') for the Python kernels")
     rep = _install_cpp(artifact.path, _select([Candidate(op, schema) for op, schema in artifact.kernels], ops),
@@ -324,7 +326,7 @@ def _python_kernel(op: str, written, evidence=None, refuse=None) -> object:
 
 def _install_cpp(path: str, cands: list[Candidate], load=None) -> InstallReport:
     """``load``: () -> the checked, loaded library (default: a torchgen-patch build at ``path``)."""
-    rep = InstallReport("cpp", library=path)
+    rep = InstallReport(Backend.CPP, library=path)
     ok, rep.already, rep.refused = check(cands)
     if not ok:
         return rep
@@ -337,17 +339,17 @@ def _install_cpp(path: str, cands: list[Candidate], load=None) -> InstallReport:
     if n < 0:
         raise _refused_by_torch(dll, path, "torchgen_patch_error")
     for c in ok:
-        _INSTALLED[c.op] = "cpp"
+        _INSTALLED[c.op] = Backend.CPP
         rep.registered.append(c.op)
     return rep
 
 
 def _install_python(cands: list[Candidate]) -> InstallReport:
-    rep = InstallReport("python")
+    rep = InstallReport(Backend.PYTHON)
     ok, rep.already, rep.refused = check(cands)
     for c in ok:
         _HANDLES.append(_python_kernel(c.op, [w.name for w in c.written], refuse=c.refuse))
-        _INSTALLED[c.op] = "python"
+        _INSTALLED[c.op] = Backend.PYTHON
         rep.registered.append(c.op)
     return rep
 
@@ -373,21 +375,21 @@ def live_op(name: str):
                   d.has_kernel(name, "ADInplaceOrView"))
 
 
-def _install_runtime(todo, backend: str, how: InstallOptions) -> InstallReport:
+def _install_runtime(todo, backend: Backend, how: InstallOptions) -> InstallReport:
     """Register the runtime plan ``todo`` (plan.RuntimePlan)."""
     global _EVIDENCE
 
     rep = InstallReport(backend, already=list(todo.already), refused=dict(todo.refused))
     if not todo.ops:
         return rep
-    if backend == "python":
+    if backend == Backend.PYTHON:
         if how.evidence:
             from .pykernel import Evidence
 
             _EVIDENCE = _EVIDENCE or Evidence()
         for op in todo.ops:
             _HANDLES.append(_python_kernel(op.name, list(op.written), _EVIDENCE if how.evidence else None))
-            _INSTALLED[op.name] = "python"
+            _INSTALLED[op.name] = Backend.PYTHON
             rep.registered.append(op.name)
         return rep
     from .build import build_boxed

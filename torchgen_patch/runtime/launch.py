@@ -27,6 +27,7 @@ import sys
 
 from .. import cache
 from ..errors import InputError
+from ..vocabulary import Backend
 from .process import build_log, resolve
 from .site import _torchgen_patch_hook as hook
 
@@ -240,7 +241,7 @@ def _check_main() -> None:
             import_modules(spec["imports"])
         ops = _check_runtime_ops(spec["runtime_ops"], Options(**spec["options"]))
         log = build_log(spec["quiet"])
-        boxed = build_boxed(verbose=spec["verbose"], log=log).path if spec["backend"] == "cpp" else None
+        boxed = build_boxed(verbose=spec["verbose"], log=log).path if spec["backend"] == Backend.CPP else None
         library, _ = resolve(spec, log)  # torch is imported here anyway: the processes skip the lookup
         answer = {"ops": ops, "boxed": boxed, "library": library}
     except InputError as e:

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..vocabulary import plural
+from ..vocabulary import Backend, plural
 
 _SPEC_TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
                "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
@@ -122,7 +122,7 @@ def checked_spec(text: str | None) -> dict:
         v = spec.get(k)
         if not isinstance(v, t) or (isinstance(v, list) and not all(isinstance(x, str) for x in v)):
             raise ValueError(f"not a launch spec of torchgen-patch ({k!r} is {type(v).__name__})")
-    if spec["backend"] not in ("cpp", "python"):
+    if spec["backend"] not in tuple(Backend):
         raise ValueError(f"unknown backend {spec['backend']!r}")
     try:
         Options(**spec["options"])
@@ -137,7 +137,7 @@ def resolve(spec: dict, log) -> tuple[str | None, str | None]:
     kernels that fit). ``spec["library"]``: the build an enabled environment made (or run's
     --runtime-op check found), used while it is this torch's; else found by the inputs' key, built
     under the cache's lock where the cache lacks it."""
-    if spec["backend"] != "cpp":
+    if spec["backend"] != Backend.CPP:
         return None, None
     from ..sources import Options
     from . import artifact_at, library as compose

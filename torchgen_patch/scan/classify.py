@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 
 from ..errors import Location
-from ..vocabulary import Form, Gap, Kind
+from ..sources.facts import kernel_candidate
+from ..vocabulary import Form, Gap, Kind, Verdict
 from .model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, Facts, OpRecord
 
 SUPPORTED_FORMS = {Form.TENSOR, Form.TENSOR_LIST, Form.OPTIONAL_TENSOR}
@@ -23,7 +24,7 @@ def record(f: Facts) -> OpRecord:
                     f.grad_name, f.grad_inputs)
 
 
-def verdict_of(f: Facts) -> tuple[str, str]:
+def verdict_of(f: Facts) -> tuple[Verdict, str]:
     if f.generates:
         return COVERED, "the autograd codegen emits an ADInplaceOrView kernel"
     if not f.written:
@@ -35,10 +36,10 @@ def verdict_of(f: Facts) -> tuple[str, str]:
     if f.returns == 0:
         if f.view:
             return UNSUPPORTED, "both a view and mutating: a view kernel must return the view"
-        if f.kind == "functional":
+        if f.kind == Kind.FUNCTIONAL:
             why = "handled by hand in VariableTypeManual.cpp" if f.manual else "writes only metadata, not tensor data"
             return UNSUPPORTED, f"schema marks '{f.written[0].name}' written but torchgen calls it functional; {why}"
-        if f.kind == "scratch":
+        if f.kind == Kind.SCRATCH:
             return UNSUPPORTED, "scratch-kind schema: the written arguments are scratch space, not outputs"
         bad = [w for w in f.written if w.form not in SUPPORTED_FORMS]
         if bad:
@@ -52,8 +53,6 @@ def verdict_of(f: Facts) -> tuple[str, str]:
 
 # ---- a scan read back from the cache is input: every field checked before any stage uses it ----
 
-KINDS = ("functional", "inplace", "out", "mutable", "scratch")
-FORMS = ("tensor", "tensor_list", "optional_tensor", "optional_tensor_list")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _OP = re.compile(r"[a-z_][a-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)?\Z")
 # the words of the C++ types torchgen's dispatcher API spells (torchgen/api/types); a type with any
@@ -90,21 +89,21 @@ def validate(records, cpp: dict, facts: list) -> None:
         _check(isinstance(r.schema, str) and r.schema.isprintable() and r.schema.startswith(r.name + "("),
                f"{r.name}: schema")
         _check(type(r.loc.line) is int and r.loc.line > 0, f"{r.name}: line")
-        _check(r.kind in KINDS and type(r.returns) is int and r.returns >= 0, f"{r.name}: kind or returns")
+        _check(isinstance(r.kind, Kind) and type(r.returns) is int and r.returns >= 0, f"{r.name}: kind or returns")
         _check(all(type(b) is bool for b in (r.composite_implicit, r.manual, *extra)) and len(extra) == 2,
                f"{r.name}: flags")
         for w in r.written:
-            _check(isinstance(w.name, str) and bool(_IDENT.match(w.name)) and w.form in FORMS,
+            _check(isinstance(w.name, str) and bool(_IDENT.match(w.name)) and isinstance(w.form, Form),
                    f"{r.name}: written argument")
         # the autograd facts name the op and arguments in the kernels' requires-grad refusal
-        _check(r.autograd_gap in tuple(Gap) and isinstance(r.grad_name, str)
+        _check(isinstance(r.autograd_gap, Gap) and isinstance(r.grad_name, str)
                and (r.grad_name == "" or bool(_IDENT.match(r.grad_name)))
                and all(isinstance(a, str) and _IDENT.match(a) for a in r.grad_inputs), f"{r.name}: autograd facts")
         f = Facts(r.name, r.schema, r.loc.path, r.loc.line, r.kind, r.written, r.returns, extra[0], extra[1],
                   r.composite_implicit, r.manual, None)
         _check(verdict_of(f) == (r.verdict, r.reason), f"{r.name}: verdict {r.verdict!r} is not what its facts give")
     candidates = {r.name for r, extra in zip(records, facts)
-                  if r.written and not r.returns and not extra[0] and r.kind in ("inplace", "out", "mutable")}
+                  if kernel_candidate(r.kind, r.written, r.returns, extra[0])}
     _check(set(cpp) == candidates, "the C++ signatures are not those of the kernel candidates")
     for op, sig in cpp.items():
         _check(isinstance(sig.formals, tuple) and all(len(x) == 2 and cpp_type_ok(x[0]) and isinstance(x[1], str)

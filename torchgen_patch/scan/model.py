@@ -8,7 +8,7 @@ from typing import NamedTuple
 from ..errors import Location
 from ..sources import Sources
 from ..sources.facts import CppSig, Facts, WrittenArg  # noqa: F401  (re-exported)
-from ..vocabulary import Gap, Verdict
+from ..vocabulary import Form, Gap, Kind, Verdict
 
 # Verdicts, in the order they are reported (the names the rest of the package imports).
 COVERED, MISSING, UNSUPPORTED, COMPOSITE, NOT_MUTATING = VERDICTS = tuple(Verdict)
@@ -21,14 +21,14 @@ class OpRecord(NamedTuple):
     name: str  # aten::split_with_sizes_copy.out
     schema: str  # aten::split_with_sizes_copy.out(Tensor self, ...) -> ()
     loc: Location
-    kind: str
+    kind: Kind
     written: tuple[WrittenArg, ...]
     returns: int
-    verdict: str
+    verdict: Verdict
     reason: str
     composite_implicit: bool = False
     manual: bool = False
-    autograd_gap: str = ""  # "" | OUT_UNCHECKED | INPLACE_UNCHECKED (what its VariableType kernel leaves out)
+    autograd_gap: Gap = Gap.NONE  # what its VariableType kernel leaves out (OUT_UNCHECKED, INPLACE_UNCHECKED)
     grad_name: str = ""  # OUT_UNCHECKED: the name PyTorch's out= refusal prints for it
     grad_inputs: tuple[str, ...] = ()  # OUT_UNCHECKED: its differentiable inputs
 
@@ -44,10 +44,10 @@ class OpRecord(NamedTuple):
 
     @staticmethod
     def from_json(d: dict, path: str) -> OpRecord:
-        return OpRecord(d["name"], d["schema"], Location(path, d["line"]), d["kind"],
-                        tuple(WrittenArg(**w) for w in d["written"]), d["returns"], d["verdict"], d["reason"],
-                        d["composite_implicit"], d["manual"], d.get("autograd_gap", ""),
-                        d.get("grad_name", ""), tuple(d.get("grad_inputs", ())))
+        return OpRecord(d["name"], d["schema"], Location(path, d["line"]), Kind.parse(d["kind"]),
+                        _written((w["name"], w["form"]) for w in d["written"]), d["returns"],
+                        Verdict.parse(d["verdict"]), d["reason"], d["composite_implicit"], d["manual"],
+                        Gap.parse(d.get("autograd_gap", "")), d.get("grad_name", ""), tuple(d.get("grad_inputs", ())))
 
     def to_row(self) -> list:
         """The compact form the cache keeps (no path: the cache is keyed by content)."""
@@ -57,8 +57,13 @@ class OpRecord(NamedTuple):
 
     @staticmethod
     def from_row(r: list, path: str) -> OpRecord:
-        return OpRecord(r[0], r[1], Location(path, r[2]), r[3], tuple(WrittenArg(*w) for w in r[4]), *r[5:12],
-                        tuple(r[12]))
+        return OpRecord(r[0], r[1], Location(path, r[2]), Kind.parse(r[3]), _written(r[4]), r[5],
+                        Verdict.parse(r[6]), *r[7:10], Gap.parse(r[10]), r[11], tuple(r[12]))
+
+
+def _written(pairs) -> tuple[WrittenArg, ...]:
+    """Written arguments read back as (name, form) pairs, each form parsed (ValueError for no Form)."""
+    return tuple(WrittenArg(name, Form.parse(form)) for name, form in pairs)
 
 
 @dataclass(frozen=True)
@@ -87,13 +92,13 @@ class Scan:
     def torch_version(self) -> str:
         return self.sources.torch_version
 
-    def by_verdict(self, verdict: str) -> list[OpRecord]:
+    def by_verdict(self, verdict: Verdict) -> list[OpRecord]:
         return [r for r in self.records if r.verdict == verdict]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[Verdict, int]:
         return dict(self._counts)
 
-    def with_gap(self, gap: str) -> list[OpRecord]:
+    def with_gap(self, gap: Gap) -> list[OpRecord]:
         """The ops whose VariableType kernel leaves out ``gap``'s check (OUT_UNCHECKED, INPLACE_UNCHECKED)."""
         return [r for r in self.records if r.autograd_gap == gap]
 
@@ -103,7 +108,7 @@ class Scan:
     def get(self, name: str) -> OpRecord | None:
         return self._index.get(name)
 
-    def verdict_of(self, name: str) -> str | None:
+    def verdict_of(self, name: str) -> Verdict | None:
         r = self._index.get(name)
         return None if r is None else r.verdict
 

@@ -8,10 +8,23 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..vocabulary import Form, Gap, Kind
+
+# the kinds of schema whose written arguments are outputs (functional and scratch ones write
+# metadata or scratch space)
+_KERNEL_KINDS = frozenset((Kind.INPLACE, Kind.OUT, Kind.MUTABLE))
+
+
+def kernel_candidate(kind: Kind, written: tuple, returns: int, view: bool) -> bool:
+    """Whether a generated ADInplaceOrView kernel could serve a function: it writes an argument,
+    returns nothing, is not a view, and is of a kind whose written arguments are outputs. The scan
+    asks torchgen's C++ API for the signatures of exactly these (the rule is here only)."""
+    return bool(written) and not returns and not view and kind in _KERNEL_KINDS
+
 
 class WrittenArg(NamedTuple):
     name: str
-    form: str  # tensor | tensor_list | optional_tensor | optional_tensor_list
+    form: Form
 
 
 class CppSig(NamedTuple):
@@ -39,7 +52,7 @@ class Facts(NamedTuple):
     schema: str
     file: str
     line: int
-    kind: str  # functional | inplace | out | mutable | scratch (torchgen's SchemaKind)
+    kind: Kind  # torchgen's SchemaKind
     written: tuple[WrittenArg, ...]
     returns: int
     view: bool  # the codegen's get_view_info
@@ -48,8 +61,8 @@ class Facts(NamedTuple):
     manual: bool  # in MANUAL_AUTOGRAD: kernels written by hand in VariableTypeManual.cpp
     cpp: CppSig | None  # for candidates of a generated kernel
     # What the autograd codegen's VariableType kernel for this op leaves out (gen_variable_type, asked):
-    # "out": an out= op with a differentiable input whose kernel never calls throw_error_out_requires_grad;
-    # "inplace": a void in-place op whose kernel never calls check_inplace; "" otherwise.
-    autograd_gap: str = ""
-    grad_name: str = ""  # "out": the name PyTorch's refusal prints (the codegen's get_base_name)
-    grad_inputs: tuple[str, ...] = ()  # "out": its differentiable inputs (torchgen's is_differentiable)
+    # Gap.OUT: an out= op with a differentiable input whose kernel never calls throw_error_out_requires_grad;
+    # Gap.INPLACE: a void in-place op whose kernel never calls check_inplace; Gap.NONE otherwise.
+    autograd_gap: Gap = Gap.NONE
+    grad_name: str = ""  # Gap.OUT: the name PyTorch's refusal prints (the codegen's get_base_name)
+    grad_inputs: tuple[str, ...] = ()  # Gap.OUT: its differentiable inputs (torchgen's is_differentiable)

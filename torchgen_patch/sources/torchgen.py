@@ -30,10 +30,11 @@ from typing import NamedTuple
 
 from ..errors import EnvironmentProblem, InputError, one_line, printable
 from ..files import check_depth, yaml_error
-from .facts import CppSig, Facts, WrittenArg
+from ..vocabulary import Form, Gap, Kind
+from .facts import CppSig, Facts, WrittenArg, kernel_candidate
 
 INSTALLED, CHECKOUT = "installed", "checkout"
-_GAP_KINDS = ("out", "inplace")  # the void ops whose VariableType kernel is asked what it checks
+_GAP_KINDS = (Kind.OUT, Kind.INPLACE)  # the void ops whose VariableType kernel is asked what it checks
 _OWNED = ("torchgen", "tools")
 
 
@@ -376,7 +377,8 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
         raw = {e["__line__"]: e["func"].strip() for e in es}
         try:
             return _Asker(tc, native_path, tags_path, parsed, autograd).all(list(parsed.native_functions), raw)
-        except (AttributeError, TypeError, KeyError) as e:  # a codegen of another shape than asked here
+        except (AttributeError, TypeError, KeyError, ValueError) as e:  # a codegen of another shape than asked
+            # here (ValueError: a SchemaKind of no Kind; TypeError: a write annotation on another type)
             where = os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")
             raise InputError(where, None, f"the {_whose(tc)} autograd codegen does not have the shape this tool "
                                           f"asks: {type(e).__name__}: {one_line(e)}",
@@ -424,17 +426,17 @@ class _Asker:
         gaps = self.autograd_gaps([f for f, w, v in zip(functions, written, views)
                                    if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS]
                                   if self.autograd else [])
-        none = ("", "", ())
+        none = (Gap.NONE, "", ())
         return [self.one(f, reg, w, v, raw)._replace(**dict(zip(("autograd_gap", "grad_name", "grad_inputs"),
                                                                 gaps.get(str(f.func.name), none))))
                 for f, reg, w, v in zip(functions, registers, written, views)]
 
-    def autograd_gaps(self, functions: list) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    def autograd_gaps(self, functions: list) -> dict[str, tuple[Gap, str, tuple[str, ...]]]:
         """Ask the tree's own ``gen_variable_type`` for the VariableType kernel of each void
         out= / in-place function, and read what it emits: an out= kernel with a differentiable
         input (torchgen's ``is_differentiable``) but no ``throw_error_out_requires_grad`` lets
-        inputs that require grad through silently ("out"); an in-place kernel without
-        ``check_inplace`` lets a leaf that requires grad be written ("inplace"). The text the
+        inputs that require grad through silently (``Gap.OUT``); an in-place kernel without
+        ``check_inplace`` lets a leaf that requires grad be written (``Gap.INPLACE``). The text the
         codegen writes decides, never its rule re-derived: a codegen that ``diff --mode fix``
         patched answers differently. For an out= op also the name PyTorch's own refusal prints
         (the codegen's ``get_base_name``: ``add`` for add.out) and its differentiable inputs."""
@@ -453,12 +455,12 @@ class _Asker:
                 continue  # foreach op of a partial yaml lacks the formula of its reference op): nothing to read
             body = "".join(line for k, v in written.items() if k.startswith("type_derived_method_definitions")
                            for line in v)
-            kind = f.func.kind().name
+            kind = Kind(f.func.kind().name)
             inputs = self.differentiable_inputs(fn)
-            if kind == "out" and "throw_error_out_requires_grad" not in body and inputs:
-                out[str(f.func.name)] = ("out", str(gvt.get_base_name(f)), inputs)
-            elif kind == "inplace" and "check_inplace" not in body:
-                out[str(f.func.name)] = ("inplace", "", ())
+            if kind == Kind.OUT and "throw_error_out_requires_grad" not in body and inputs:
+                out[str(f.func.name)] = (Gap.OUT, str(gvt.get_base_name(f)), inputs)
+            elif kind == Kind.INPLACE and "check_inplace" not in body:
+                out[str(f.func.name)] = (Gap.INPLACE, "", ())
         return out
 
     def gap_infos(self):
@@ -502,9 +504,9 @@ class _Asker:
 
     def one(self, f, reg: bool, written: tuple, view: bool, raw: dict[int, str]) -> Facts:
         name = str(f.func.name)
-        kind = f.func.kind().name
+        kind = Kind(f.func.kind().name)
         generates = reg and self.uses_derived(f)
-        candidate = bool(written) and not f.func.returns and not view and kind in ("inplace", "out", "mutable")
+        candidate = kernel_candidate(kind, written, len(f.func.returns), view)
         text = raw.get(f.loc.line)
         schema = f"aten::{text}" if text is not None and text.startswith(f"{name}(") else f"aten::{f.func}"
         return Facts(
@@ -567,18 +569,20 @@ class _Asker:
         return self.cpp.name(f.func) in self.manual
 
 
-def _form(t) -> str:
+def _form(t) -> Form:
+    """How a written argument of type ``t`` is passed. torchgen's schema parser puts a write annotation
+    on ``Tensor``, ``Tensor[]`` and ``Tensor?`` only; any other type is a torchgen of another shape."""
     from torchgen.model import BaseTy, BaseType, ListType, OptionalType
 
     if isinstance(t, BaseType) and t.name == BaseTy.Tensor:
-        return "tensor"
+        return Form.TENSOR
     if isinstance(t, ListType) and isinstance(t.elem, BaseType) and t.elem.name == BaseTy.Tensor:
-        return "tensor_list"
+        return Form.TENSOR_LIST
     if isinstance(t, OptionalType) and isinstance(t.elem, BaseType) and t.elem.name == BaseTy.Tensor:
-        return "optional_tensor"
+        return Form.OPTIONAL_TENSOR
     if isinstance(t, ListType) and isinstance(t.elem, OptionalType):
-        return "optional_tensor_list"
-    return f"unsupported type {t}"
+        return Form.OPTIONAL_TENSOR_LIST
+    raise TypeError(f"a written argument of type {t}")
 
 
 def derivative_signatures(path: str, bases: set[str] | None = None) -> frozenset[str]:

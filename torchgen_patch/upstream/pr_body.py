@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..checks import verify as v
+from ..checks.render import count_text
+from ..vocabulary import Backend, Kind, Verdict
 from .patch import TARGET, TEST_FILE, VT_TARGET
 
 ISSUE = "https://github.com/pytorch/pytorch/issues/132014"
@@ -23,7 +25,7 @@ SHOWN = ("aten::split_with_sizes_copy.out", "aten::_foreach_add.Scalar_out", "at
          "aten::_foreach_zero_", "aten::_fused_adam_", "aten::_fused_sgd_",
          "aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_cummax_helper")
 
-KIND_WORDS = {"out": "out=", "inplace": "in-place", "mutable": "mutable"}
+KIND_WORDS = {Kind.OUT: "out=", Kind.INPLACE: "in-place", Kind.MUTABLE: "mutable"}
 
 
 @dataclass(frozen=True)
@@ -49,18 +51,10 @@ def measure(plan, device: str) -> Measurement:
     refusing = [k.op for k in plan.kernels if k.refuse_name]
     before = v.run(ops, device, False, xfails)
     grad_before = v.run_grad(refusing, device, False)
-    report = install(ops, backend="cpp", plan=plan)
+    report = install(ops, backend=Backend.CPP, plan=plan)
     after = v.run(ops, device, True, xfails)
     grad_after = v.run_grad(refusing, device, True)
     return Measurement(torch.__version__, device, before, after, dict(report.refused), grad_before, grad_after)
-
-
-def _grad_counts(results) -> str:
-    return ", ".join(f"{k} {n}" for k, n in sorted(Counter(r.verdict for r in results).items()))
-
-
-def _counts(results: list[v.OpResult]) -> str:
-    return ", ".join(f"{k} {n}" for k, n in sorted(v.counts(results).items()))
 
 
 def _cell(r: v.OpResult | None) -> str:
@@ -79,7 +73,7 @@ def _table(m: Measurement) -> list[str]:
     for op in SHOWN:
         if op in before:
             lines.append(f"| `{op}` | {_cell(before[op])} | {_cell(after.get(op))} |")
-    lines.append(f"| all {len(m.before)} operators | {_counts(m.before)} | {_counts(m.after)} |")
+    lines.append(f"| all {len(m.before)} operators | {count_text(m.before)} | {count_text(m.after)} |")
     lines += ["", "PASS: every written tensor advanced by exactly one; MISS: one did not advance; EXTRA: one "
               "advanced by more; NOT_RUN: the call needs what this machine lacks."]
     if m.refused:
@@ -88,7 +82,7 @@ def _table(m: Measurement) -> list[str]:
         lines += ["", f"The {len(m.grad_before)} `out=` operators that return nothing, called in grad mode with "
                   "every floating input requiring grad:", "",
                   "| without the kernels | with the kernels |", "|---|---|",
-                  f"| {_grad_counts(m.grad_before)} | {_grad_counts(m.grad_after)} |", "",
+                  f"| {count_text(m.grad_before)} | {count_text(m.grad_after)} |", "",
                   "SILENT: the call went through and its outputs do not require grad; REFUSE: it raised "
                   "`<name>(): functions with out=... arguments don't support automatic differentiation, but one "
                   "of the arguments requires grad.` before writing anything."]
@@ -193,5 +187,5 @@ def render(missing_kinds: dict[str, int], checkout_version: str, measurements: l
     return "\n".join(out)
 
 
-def missing_by_kind(scan) -> dict[str, int]:
-    return dict(Counter(r.kind for r in scan.by_verdict("missing")))
+def missing_by_kind(scan) -> dict[Kind, int]:
+    return dict(Counter(r.kind for r in scan.by_verdict(Verdict.MISSING)))
