@@ -1,7 +1,9 @@
 """Regenerate the golden files under tests/golden/ (`make goldens`).
 
 The goldens are the codegen's output for a small yaml made from the installed
-torch's own entries (tests/yaml_fixtures.py), plus one kernel file per op.
+torch's own entries (tests/yaml_fixtures.py), plus one kernel file per op, and
+one file per output format: lint's, the scan's, verify's and the saved-tensor
+check's.
 """
 
 from __future__ import annotations
@@ -98,7 +100,42 @@ def format_goldens() -> dict[str, bytes]:
     out["formats/verify.text"] = "".join(f"== {name}\n" + vr.table(rs) for name, rs in runs.items()).encode()
     out["formats/verify.json"] = vr.to_json(runs, meta).encode()
     out["formats/verify.markdown"] = vr.markdown(runs, meta).encode()
+    out.update(saved_goldens())
     return out
+
+
+def saved_goldens() -> dict[str, bytes]:
+    """The saved-tensor check's renderers, one golden each: the stderr line of every finding
+    (``warn``), the exception's message of every finding (``raise``), the JSON of them all, and the
+    count at exit in its cases (none found, one, several with contents not read)."""
+    from torchgen_patch.saved import render as sr
+    from torchgen_patch.saved.finding import Finding, Frame
+    from torchgen_patch.vocabulary import Writer as W
+
+    findings = [
+        # a parameter an optimizer's step wrote outside the dispatcher, on a rank, saved inside a library
+        Finding((64, 64), "float32", "cuda:0", 3, "layers.0.weight", "GPT2Model", node="MmBackward0",
+                forward=Frame("train.py", 41, "forward"), site=Frame("lib/attn.py", 12, "attention"),
+                backward=Frame("train.py", 57, "main"), writers=(W.OPTIMIZER, W.DATA, W.ALIAS, W.KERNEL),
+                optimizer="bitsandbytes.optim.Adam8bit", rank=1),
+        # a view of a buffer given other storage
+        Finding((8,), "bfloat16", "cpu", 0, "ln.running_mean", "Block", view=True, node="MulBackward0",
+                forward=Frame("model.py", 9, "step"), backward=Frame("model.py", 20, "step"),
+                writers=(W.STORAGE, W.DATA, W.ALIAS, W.KERNEL)),
+        # a tensor of no module, from the program's own hooks, where no frame was found
+        Finding((2, 3), "float16", "cpu", 1, writers=(W.HOOKS, W.ALIAS, W.KERNEL, W.DATA)),
+        # a parameter of no known module, its name and frame with characters a terminal would obey
+        Finding((), "float64", "cpu", 2, "emb\x1b[2J.weight", node="SumBackward0",
+                forward=Frame("run\n.py", 3, "<module>"), backward=Frame("run\n.py", 4, "<module>"),
+                writers=(W.DATA, W.ALIAS, W.KERNEL)),
+    ]
+    summaries = [sr.summary(0, 0, 120, {}, ""),
+                 sr.summary(1, 1, 7, {}, " in pid 4242"),
+                 sr.summary(5, 2, 1031, {"nested tensors": 2, "meta tensors (no data)": 1}, " in pid 4242 (rank 1)")]
+    return {"formats/saved.line": "".join(sr.line(f) + "\n" for f in findings).encode(),
+            "formats/saved.message": "".join(sr.message(f) + "\n\n" for f in findings).encode(),
+            "formats/saved.json": sr.to_json(findings).encode(),
+            "formats/saved.summary": "".join(t + "\n" for t in summaries).encode()}
 
 
 def main() -> int:

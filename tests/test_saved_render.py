@@ -1,0 +1,40 @@
+"""The saved-tensor check's renderers against their goldens (tests/golden/formats/saved.*): the
+stderr line, the exception's message, the JSON and the count at exit, each as a person or a
+program reads it. The goldens are made from findings written out by hand, so unlike the codegen's
+they do not depend on the installed torch, and this test runs on every one."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.regen_goldens import GOLDEN, saved_goldens
+
+
+def _golden(name: str) -> bytes:
+    with open(os.path.join(GOLDEN, name), "rb") as fh:
+        return fh.read()
+
+
+def test_the_saved_checks_goldens_are_current():
+    """Fails when a saved-check renderer's output changed: run `make goldens` and review the diff."""
+    made = saved_goldens()
+    assert sorted(made) == sorted(f"formats/{n}" for n in os.listdir(os.path.join(GOLDEN, "formats"))
+                                  if n.startswith("saved."))
+    for name, data in made.items():
+        assert _golden(name) == data, f"stale golden: {name} (run `make goldens`)"
+
+
+def test_the_goldens_show_each_place_a_finding_shows():
+    lines = _golden("formats/saved.line").decode().splitlines()
+    assert len(lines) == 4 and all(line.startswith("torchgen-patch: saved tensor changed without a version bump")
+                                   for line in lines)
+    assert "[rank 1]" in lines[0] and "[rank" not in "".join(lines[1:])
+    # what a terminal would obey is shown escaped, in every renderer for people
+    assert "\x1b" not in _golden("formats/saved.line").decode() + _golden("formats/saved.message").decode()
+    findings = json.loads(_golden("formats/saved.json"))
+    assert [f["writers"][0] for f in findings] == ["optimizer", "storage", "hooks", "data"]
+    summary = _golden("formats/saved.summary").decode().splitlines()
+    assert [s.split(": ", 2)[2].split(" (")[0] for s in summary] == ["0 changed saved tensors",
+                                                                     "1 changed saved tensor",
+                                                                     "5 changed saved tensors"]
