@@ -173,6 +173,23 @@ def test_templates_use_strict_undefined():
         environment().from_string("{{ nope }}").render()
 
 
+def test_the_kernel_templates_branch_only_on_the_plans_refusal():
+    """Templates arrange text; Python decides (docs/design.md): the one ``{% if %}`` of each kernel
+    template tests ``k.refuse_name``, the requires-grad refusal the plan chose, never an op name."""
+    from jinja2 import nodes
+
+    from torchgen_patch.codegen.render import templates_dir
+
+    env = environment()
+    kernels = sorted(n for n in os.listdir(templates_dir()) if n.startswith("kernel") and n.endswith(".j2"))
+    assert kernels == ["kernel.cpp.j2", "kernel_always_bump.cpp.j2"]
+    for name in kernels:
+        tree = env.parse(env.loader.get_source(env, name)[0])
+        tests = [ifs.test for ifs in tree.find_all(nodes.If)]
+        assert [(type(t).__name__, getattr(t, "attr", None), getattr(getattr(t, "node", None), "name", None))
+                for t in tests] == [("Getattr", "refuse_name", "k")], name
+
+
 def test_includes_only_what_is_needed(default_plan):
     files = render(default_plan, 2)
     for name in ("ADInplaceOrViewPatch_0.cpp", "ADInplaceOrViewPatch_1.cpp", "RegisterADInplaceOrViewPatch.cpp",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ..errors import printable
-from ..vocabulary import Writer
+from ..vocabulary import Writer, plural
 from .finding import Finding, Frame
 
 PREFIX = "torchgen-patch: saved tensor changed without a version bump"
@@ -80,7 +80,7 @@ def to_json(findings: list[Finding]) -> str:
 
 def summary(found: int, distinct: int, checked: int, skipped: dict[str, int], where: str) -> str:
     """``warn``: the count at exit."""
-    text = (f"torchgen-patch: saved-tensor check{where}: {found} changed saved tensor{'s' if found != 1 else ''}"
+    text = (f"torchgen-patch: saved-tensor check{where}: {plural(found, 'changed saved tensor')}"
             f" ({distinct} distinct) in {checked} checked")
     if skipped:
         text += "; contents not read for " + ", ".join(f"{n} ({why})" for why, n in sorted(skipped.items()))
