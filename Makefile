@@ -61,7 +61,7 @@ clean:
 # check they are current).
 patches: setup
 	rm -rf build/tree && mkdir -p build
-	$(BIN)/python -c "from tests.upstream_tree import make_tree; make_tree('build/tree')"
+	$(BIN)/python -c "from testbed.upstream_tree import make_tree; make_tree('build/tree')"
 	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode fix -o patches/gen_inplace_or_view_type-fix-torch2.13.diff \
 		--pr-body patches/pr-body-torch2.13.md
 	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode error -o patches/gen_inplace_or_view_type-error-torch2.13.diff

@@ -2,7 +2,7 @@
 yaml, in both worlds, side by side (interleaved runs):
 
 - installed: the installed torch's torchgen and its packaged yaml;
-- checkout: a checkout-layout tree of the installed release (tests/trees.py),
+- checkout: a checkout-layout tree of the installed release (testbed/trees.py),
   linted with --pytorch-root, against the tree's own torchgen parsing the tree's yaml.
 
 Every run is a fresh interpreter timing itself from before its first import to
@@ -41,7 +41,7 @@ print(time.perf_counter() - t)
 
 def main(n: int = 7) -> list[dict]:
     sys.path.insert(0, ROOT)
-    from tests.trees import tree_from_installed
+    from testbed.trees import tree_from_installed
     from torchgen_patch.sources import Options, resolve
 
     src = resolve(Options())

@@ -56,8 +56,8 @@ def _hooks_alone(opt, entries) -> float:
     from torchgen_patch.runtime import optim
 
     def both():
-        optim._before(opt, (), {})
-        optim._after(opt, (), {})
+        optim.before_step(opt, (), {})
+        optim.after_step(opt, (), {})
 
     optim.activate(entries)
     try:

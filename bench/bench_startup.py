@@ -14,7 +14,7 @@ And the two ways every process gets the kernels without a change to the program:
 made by `torchgen-patch enable` (a fresh venv seeing this torch, this tool installed from its wheel,
 enabled) running a program of about 2 s against the same program in the same environment with the
 enabled file moved aside (target <= 1.03x), and `run --runtime-op 'tgp_test::*' --import
-tests.custom_ops` with the check's verdict cached against the plain program that imports that
+testbed.custom_ops` with the check's verdict cached against the plain program that imports that
 library itself (target: at most 0.2 s more). Both with one torch thread (OMP_NUM_THREADS=1 on
 either side, as the per-call benchmark runs): on a shared 2-core machine, threads that spin while
 they wait for a core make the wall and CPU times of a compute loop move by more than the target.
@@ -158,7 +158,7 @@ def main(rounds: int = 7) -> list[dict]:
             fh.write(PROGRAM_2S)
         prog_rt = os.path.join(work, "prog_rt.py")
         with open(prog_rt, "w") as fh:
-            fh.write("import tests.custom_ops\n" + PROGRAM_2S)
+            fh.write("import testbed.custom_ops\n" + PROGRAM_2S)
         launch = {  # name -> (under run, the plain program, environment[, before ours, before the plain one])
             "run -- python prog.py, warm build cache": (
                 [sys.executable, "-m", "torchgen_patch", "run", "-q", "--", sys.executable, prog],
@@ -171,10 +171,10 @@ def main(rounds: int = 7) -> list[dict]:
                                _env(PYTHONPATH=ROOT)),
             "enabled environment, python prog2s.py (about 2 s), one torch thread": (
                 [enabled_python, prog2], [enabled_python, prog2], _env(OMP_NUM_THREADS="1"), toggle.on, toggle.off_),
-            "run --runtime-op 'tgp_test::*' --import tests.custom_ops, check cached, -- python prog_rt.py, one torch "
+            "run --runtime-op 'tgp_test::*' --import testbed.custom_ops, check cached, -- python prog_rt.py, one torch "
             "thread": (
                 [sys.executable, "-m", "torchgen_patch", "run", "-q", "--runtime-op", "tgp_test::*", "--import",
-                 "tests.custom_ops", "--", sys.executable, prog_rt], [sys.executable, prog_rt],
+                 "testbed.custom_ops", "--", sys.executable, prog_rt], [sys.executable, prog_rt],
                 _env(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")),
         }
         launch_rows = _pairs(launch, rounds)

@@ -1,6 +1,6 @@
 """The anchor of the per-call benchmark: PyTorch's own kernels for the benchmarked ops, i.e. what
 upstream's autograd codegen emits once `torchgen-patch diff --mode fix` is applied to it, cut
-out of its output (tests/upstream_tree.py) and compiled as a library of their own, registered
+out of its output (testbed/upstream_tree.py) and compiled as a library of their own, registered
 and unregistered on demand (``pytorch_shaped_register`` / ``_unregister``), so that it can
 alternate with the unpatched op and this project's kernel in one process.
 
@@ -23,8 +23,8 @@ PREFIX = "pytorch_shaped"
 
 def _upstream_output(work: str) -> str:
     """Run the installed torch's autograd codegen, patched with this project's fix, into work/out."""
-    from tests.trees import tree_from_installed
-    from tests.upstream_tree import run_codegen
+    from testbed.trees import tree_from_installed
+    from testbed.upstream_tree import run_codegen
     from torchgen_patch.upstream import patch as up
 
     root = tree_from_installed(os.path.join(work, "tree"), git=False)  # patched in place: no git needed
@@ -41,7 +41,7 @@ def _upstream_output(work: str) -> str:
 
 
 def translation_unit(ops: list[str], work: str) -> str:
-    from tests.upstream_tree import kernels_tu, registrations
+    from testbed.upstream_tree import kernels_tu, registrations
 
     out = _upstream_output(work)
     regs = registrations(out)

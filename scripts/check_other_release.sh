@@ -11,8 +11,8 @@ DEV=${PYTHON:-$ROOT/.venv/bin/python}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 cd "$ROOT"
-PY=$("$DEV" -c "import os; from tests.notorch_venv import make_venv; print(make_venv(os.path.abspath('.cache/notorch-venv'), ['lintrunner']))")
-"$DEV" -c "from tests.trees import tree_from_wheel; tree_from_wheel('$WHEEL', '$W/pytorch')"
+PY=$("$DEV" -c "import os; from testbed.notorch_venv import make_venv; print(make_venv(os.path.abspath('.cache/notorch-venv'), ['lintrunner']))")
+"$DEV" -c "from testbed.trees import tree_from_wheel; tree_from_wheel('$WHEEL', '$W/pytorch')"
 T=$W/pytorch
 export PYTHONPATH=$ROOT TORCHGEN_PATCH_CACHE=$W/cache
 tgp() { "$PY" -m torchgen_patch "$@"; }

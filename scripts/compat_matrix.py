@@ -9,7 +9,7 @@ the test suite's results on each release where it was run (committed pytest repo
     python scripts/compat_matrix.py --source-build build/source-build --report   # a source build's row
 
 Static checks, per release, on the wheel (downloaded with `pip download --no-deps`, never
-installed, deleted after): a checkout-layout tree assembled from it (tests/trees.py) in a venv
+installed, deleted after): a checkout-layout tree assembled from it (testbed/trees.py) in a venv
 without torch (the checkout world): lint's five counts; `gen --strict`; the same scan and gen in
 the installed world (the wheel's own torchgen and packaged autograd codegen on PYTHONPATH), which
 must agree; `diff --mode fix` applied with git and the tree's own autograd codegen run before and
@@ -40,9 +40,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.notorch_venv import make_venv  # noqa: E402
-from tests.trees import find_torch_wheel, site_from_wheel, tree_from_wheel  # noqa: E402
-from tests.upstream_tree import registrations, run_codegen  # noqa: E402
+from testbed.notorch_venv import make_venv  # noqa: E402
+from testbed.trees import find_torch_wheel, site_from_wheel, tree_from_wheel  # noqa: E402
+from testbed.upstream_tree import registrations, run_codegen  # noqa: E402
 
 OLDEST = (2, 4)
 REPORTS = os.path.join(ROOT, "reports")
@@ -370,7 +370,7 @@ def report_md(data: dict) -> str:
            "root of its distribution, checked as a user's machine would be.", "",
            f"Index versions seen: {data['index_newest']} newest.", "",
            "## Summary", "", page_table(data), "## Static checks, in detail", "",
-           "Checkout world: a tree assembled from the wheel (`tests/trees.py`), in a venv without torch. "
+           "Checkout world: a tree assembled from the wheel (`testbed/trees.py`), in a venv without torch. "
            "Installed world: the wheel's own torchgen and packaged autograd codegen on `PYTHONPATH`. "
            "`upstream` counts the `m.impl` registrations in the tree's own `ADInplaceOrViewType_*.cpp`, "
            "from its own codegen, before and after `git apply` of `diff --mode fix`. `autograd`: `lint --autograd`'s "

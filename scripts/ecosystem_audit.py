@@ -53,16 +53,16 @@ def _checks(kind: str) -> dict[str, str]:
 
     warnings.filterwarnings("ignore")
     if kind == "bnb":
-        from tests.test_ecosystem import OPTIMIZERS, _optimizer
+        from testbed.ecosystem import bnb_optimizer, bnb_optimizers
 
         return {f"bnb.optim.{n}: step between forward and backward": _stale_optimizer(
-            lambda ps, n=n: _optimizer(n, ps)) for n in OPTIMIZERS}
+            lambda ps, n=n: bnb_optimizer(n, ps)) for n in bnb_optimizers()}
     if kind == "fbgemm":
-        from tests.test_ecosystem import FUSED, _embedding_then_lookup, _stale_lookup
+        from testbed.ecosystem import FUSED, embedding_then_lookup, stale_lookup
 
         out = {}
         for optim in FUSED:
-            tbe, w, penalty = _stale_lookup(optim)
+            tbe, w, penalty = stale_lookup(optim)
             try:
                 penalty.backward()
                 out[f"CPU TBE, fused {optim}: penalty on the table, lookup + backward, penalty backward"] = \
@@ -70,7 +70,7 @@ def _checks(kind: str) -> dict[str, str]:
             except RuntimeError:
                 out[f"CPU TBE, fused {optim}: penalty on the table, lookup + backward, penalty backward"] = "raises"
         try:
-            _embedding_then_lookup()
+            embedding_then_lookup()
             out["ids shared with F.embedding, then an fbgemm lookup"] = "runs"
         except RuntimeError:
             out["ids shared with F.embedding, then an fbgemm lookup"] = "raises (ids bumped by bounds_check_indices)"

@@ -61,7 +61,7 @@ def worker(device: str, patched: bool, out: str, check: str = "") -> None:
     import importlib
 
     sys.path.insert(0, ROOT)
-    from tests.support import fsdp2
+    from testbed.fsdp import fsdp2
 
     fully_shard = importlib.import_module(fsdp2()[0]).fully_shard
 

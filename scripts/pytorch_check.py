@@ -50,9 +50,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compat_matrix as cm  # noqa: E402
 from stack_dump import OURS, deadlock_excerpt, read_stuck  # noqa: E402,F401  (a dump, read by its frames)
 from stack_dump import thread_texts as _threads  # noqa: E402,F401
-from tests.debian_source import fetch_tarball, release_of, tree_from_tarball  # noqa: E402
-from tests.notorch_venv import make_venv  # noqa: E402
-from tests.support import entry_point  # noqa: E402
+from testbed.debian_source import fetch_tarball, release_of, tree_from_tarball  # noqa: E402
+from testbed.notorch_venv import entry_point, make_venv  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "pytorch-src")
 REPORTS = os.path.join(ROOT, "reports")

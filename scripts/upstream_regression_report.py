@@ -22,7 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.upstream_tree import ROOT, failed_tests, make_tree, run_test_file  # noqa: E402
+from testbed.upstream_tree import ROOT, failed_tests, make_tree, run_test_file  # noqa: E402
 from torchgen_patch.upstream.patch import TEST_FILE  # noqa: E402
 
 

@@ -3,7 +3,7 @@ a tuple, a list), as extension libraries' ops do; backends that do not bump."""
 
 import torch
 
-from tests.custom_ops import _quiet_copy
+from testbed.custom_ops import quiet_copy
 
 lib = torch.library.Library("tgp_ret", "DEF")
 lib.define("one(Tensor x, Tensor(a!) out) -> Tensor")
@@ -12,17 +12,17 @@ lib.define("many(Tensor x, Tensor(a!) out) -> Tensor[]")
 
 
 def one(x, out):
-    _quiet_copy(out, x)
+    quiet_copy(out, x)
     return x * 2
 
 
 def pair(x, out):
-    _quiet_copy(out, x)
+    quiet_copy(out, x)
     return x * 2, x * 3
 
 
 def many(x, out):
-    _quiet_copy(out, x)
+    quiet_copy(out, x)
     return [x * 2, x * 3, x * 4]
 
 

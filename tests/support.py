@@ -33,22 +33,6 @@ def torch_is(prefix: str) -> bool:
     return installed_torch_version().startswith(prefix)
 
 
-def fsdp2() -> tuple[str, list[str]]:
-    """FSDP2's module (`fully_shard`: torch.distributed.fsdp, or torch.distributed._composable.fsdp in
-    releases that lack it there) and the ``fsdp::`` ops that importing it defines (none in torch 2.4,
-    whose FSDP2 calls aten's ops directly)."""
-    import importlib
-
-    import torch
-    import torch.distributed.fsdp as public
-
-    name = public.__name__ if hasattr(public, "fully_shard") else "torch.distributed._composable.fsdp"
-    importlib.import_module(name)
-    ops = [f"fsdp::{n}" for n in ("split_with_sizes_copy", "chunk_cat", "copy_")
-           if hasattr(torch.ops.fsdp, n.split(".")[0])]
-    return name, ops
-
-
 def train_mlp(make_optimizer, steps: int, width: int = 64):
     """A small MLP (``width`` wide) trained on one fixed batch for ``steps`` steps with the optimizer
     ``make_optimizer(params)`` makes: (the losses, the model)."""
@@ -66,19 +50,6 @@ def train_mlp(make_optimizer, steps: int, width: int = 64):
         opt.step()
         losses.append(loss.item())
     return losses, model
-
-
-def entry_point(python: str, bin_dir: str) -> str:
-    """A `torchgen-patch` console script for ``python`` in ``bin_dir``, written as pip writes one
-    (its own folder first on sys.path, never the current directory); returns its path."""
-    import os
-
-    os.makedirs(bin_dir, exist_ok=True)
-    path = os.path.join(bin_dir, "torchgen-patch")
-    with open(path, "w") as fh:
-        fh.write(f"#!{python}\nimport sys\nfrom torchgen_patch.cli import main\nsys.exit(main())\n")
-    os.chmod(path, 0o755)
-    return path
 
 
 def script(name: str) -> types.ModuleType:

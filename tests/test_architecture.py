@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
@@ -409,3 +411,83 @@ def test_nothing_loads_a_library_by_path():
                 dlopens.append((rel, arg))
     assert loads == []
     assert {d for d in dlopens if d[1] != "None"} == {("runtime/install.py", "name")}  # None: the process itself
+
+
+# ---- the tools stand on their own -----------------------------------------------------------------
+
+_TOOLS = ("scripts", "bench", "testbed", "torchgen_patch")
+_IMPORTS_TESTS = re.compile(r"\b(from|import) tests\b|--import tests\.|^tests\.\w+$")
+
+
+def _tests_imported(path: str) -> list[str]:
+    """Where the file at ``path`` imports ``tests``: an import statement, or in code it hands on (a program
+    it writes, a ``python -c``, a ``--import`` of run or lint)."""
+    text = open(path, encoding="utf-8").read()
+    if not path.endswith(".py"):
+        return [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if _IMPORTS_TESTS.search(line)]
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+        out += [f"{node.lineno}: import {n}" for n in names if n == "tests" or n.startswith("tests.")]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _IMPORTS_TESTS.search(node.value):
+            out.append(f"{node.lineno}: {node.value.strip()[:60]!r}")
+    return out
+
+
+def test_nothing_outside_the_tests_imports_them():
+    """Scripts, benchmarks, the package and what they share with the tests (``testbed``) import nothing
+    from ``tests/``; the tests import ``testbed``."""
+    paths = [os.path.join(base, n) for top in _TOOLS for base, _, names in os.walk(os.path.join(ROOT, top))
+             for n in names if n.endswith((".py", ".sh"))] + [os.path.join(ROOT, "Makefile")]
+    found = [f"{os.path.relpath(p, ROOT)}:{w}" for p in paths for w in _tests_imported(p)]
+    assert found == []
+
+
+def test_the_check_of_imports_of_the_tests_finds_them(tmp_path):
+    for text, n in (("from tests.trees import x\nimport tests.custom_ops\n", 2),
+                    ("run(['--import', 'tests.custom_ops'])\nopen(f).write('import tests.custom_ops\\n')\n", 2),
+                    ("from testbed.trees import x\nprint('the tests pass')\n", 0)):
+        (tmp_path / "t.py").write_text(text)
+        assert len(_tests_imported(str(tmp_path / "t.py"))) == n, text
+    (tmp_path / "t.sh").write_text('"$PY" -c "from tests.trees import tree_from_wheel"\npython -m pytest tests\n')
+    assert len(_tests_imported(str(tmp_path / "t.sh"))) == 1
+
+
+def _private_names_reached(source: str) -> list[str]:
+    """The private names of the package that ``source`` reaches: ``from torchgen_patch… import _x``, or
+    ``m._x`` where ``m`` was imported from the package."""
+    tree = ast.parse(source)
+    ours, out = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torchgen_patch":
+            ours |= {a.asname or a.name for a in node.names}
+            out += [f"{node.lineno}: {a.name}" for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.Import):
+            ours |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("torchgen_patch")}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ours \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            out.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return out
+
+
+def _benchmarks() -> list:
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, "bench")) if n.endswith(".py"))
+    # bench_saved.py is being rewritten with the saved-tensor check; strict: this fails once it needs no mark
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="fingerprint._block, until its rewrite"))
+            if n == "bench_saved.py" else n for n in names]
+
+
+@pytest.mark.parametrize("name", _benchmarks())
+def test_benchmarks_use_public_names_only(name):
+    source = open(os.path.join(ROOT, "bench", name), encoding="utf-8").read()
+    assert _private_names_reached(source) == []
+
+
+def test_the_check_of_private_names_finds_them():
+    assert len(_private_names_reached("from torchgen_patch.runtime import optim\noptim._before(1)\n"
+                                      "from torchgen_patch.saved.fingerprint import _block\n"
+                                      "import torchgen_patch\ntorchgen_patch._x\n")) == 3
+    assert _private_names_reached("from torchgen_patch.runtime import optim\noptim.before_step(1)\n"
+                                  "import torch\ntorch._foreach_add_(x, 1)\n") == []

@@ -194,7 +194,7 @@ def test_no_traceback_in_a_real_process(tmp_path):
      "/etc/passwd: error: output path exists and is not a directory"),
 ])
 def test_every_output_path_is_checked_before_any_work(run_cli, tmp_path, argv, expected):
-    from tests.upstream_tree import make_tree
+    from testbed.upstream_tree import make_tree
 
     tree = make_tree(str(tmp_path / "tree")) if "TREE" in argv else None
     argv = [tree if a == "TREE" else str(tmp_path / "out") if a == "OUT" else a for a in argv]

@@ -1,7 +1,7 @@
 """The checkout world: a PyTorch source checkout (its own torchgen, tools/autograd
 and yaml) as the input, with no torch installed, next to the installed world.
 
-Trees are assembled from torch wheels (tests/trees.py): torch 2.13 (installed
+Trees are assembled from torch wheels (testbed/trees.py): torch 2.13 (installed
 here) and torch 2.14.1 (from the local package cache; its files only, nothing
 of it imported from site-packages)."""
 
@@ -16,9 +16,9 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.notorch_venv import make_venv
-from tests.trees import find_torch_wheel, site_from_wheel, tree_from_installed, tree_from_wheel
-from tests.upstream_tree import registrations, run_codegen
+from testbed.notorch_venv import make_venv
+from testbed.trees import find_torch_wheel, site_from_wheel, tree_from_installed, tree_from_wheel
+from testbed.upstream_tree import registrations, run_codegen
 
 WHEEL_2141 = find_torch_wheel("2.14.1")
 needs_2141 = pytest.mark.skipif(WHEEL_2141 is None, reason="the torch 2.14.1 wheel is not in the local package cache")
@@ -315,7 +315,7 @@ def test_real_lintrunner_in_a_checkout_without_torch(notorch, tmp_path, default_
     tree = tree_from_installed(str(tmp_path / "pytorch"), git=False)
     text = open(os.path.join(ROOT, "lintrunner.toml.example"), encoding="utf-8").read()
     block = text[text.index("# --- PyTorch's own repository"):]
-    from tests.support import entry_point
+    from testbed.notorch_venv import entry_point
 
     cfg = block.replace("'torchgen-patch'", repr(entry_point(notorch, str(tmp_path / "bin"))))
     assert cfg != block

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.trees import tree_from_installed
+from testbed.trees import tree_from_installed
 from tests.yaml_fixtures import subset_yaml
 from torchgen_patch.cli.parser import parser
 
@@ -189,12 +189,12 @@ def p_lint_runtime(run_cli, **_):
 
 
 def p_lint_import(run_cli, **_):
-    rc, out, _ = run_cli("lint", "--runtime", "--namespace", "tgp_test", "--import", "tests.custom_ops")
+    rc, out, _ = run_cli("lint", "--runtime", "--namespace", "tgp_test", "--import", "testbed.custom_ops")
     assert rc == 1 and "tgp_test::write_one" in out
 
 
 def p_lint_namespace(run_cli, **_):
-    import tests.custom_ops  # noqa: F401
+    import testbed.custom_ops  # noqa: F401
 
     everywhere = run_cli("lint", "--runtime")[1]
     only = run_cli("lint", "--runtime", "--namespace", "aten")[1]
@@ -412,9 +412,9 @@ def p_run_op(**_):
 
 
 def p_run_runtime_op(**_):
-    code = "import tests.custom_ops, torchgen_patch; print(sorted(torchgen_patch.installed_ops()))"
+    code = "import testbed.custom_ops, torchgen_patch; print(sorted(torchgen_patch.installed_ops()))"
     out = _run("--backend", "python", "--op", "aten::_cummax_helper", "--runtime-op", "tgp_test::write_one",
-               "--import", "tests.custom_ops", "--", sys.executable, "-c", code).stdout
+               "--import", "testbed.custom_ops", "--", sys.executable, "-c", code).stdout
     assert out.strip() == "['aten::_cummax_helper', 'tgp_test::write_one']"
 
 

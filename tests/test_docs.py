@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.trees import tree_from_installed
+from testbed.trees import tree_from_installed
 
 PAGES = sorted(["README.md", "SECURITY.md", "reports/README.md"] + [os.path.relpath(p, ROOT) for p in glob.glob(
     os.path.join(ROOT, "docs", "*.md"))])
@@ -363,7 +363,7 @@ def test_checkout_blocks_run_as_written(page, line, text, tmp_path):
     environment's torchgen-patch on PATH; `pip install .` is left out (tests/test_user_path.py
     installs the project as a user does). Every command succeeds (lint: 1 with findings), and a
     lint after `git apply` of the fix finds nothing."""
-    from tests.support import entry_point
+    from testbed.notorch_venv import entry_point
 
     tree_from_installed(str(tmp_path / "pytorch"), git=False)
     bin_dir = os.path.dirname(entry_point(sys.executable, str(tmp_path / "bin")))  # as pip writes it, for this Python
@@ -389,7 +389,7 @@ def test_checkout_blocks_run_as_written(page, line, text, tmp_path):
 def test_foreach_out_count_is_the_plans(default_plan):
     """The problem table's `_foreach_*.out` row counts the ops of the plan for the torch its first
     column is measured on (torch 2.13), counted here from that plan."""
-    from tests.trees import installed_version
+    from testbed.trees import installed_version
 
     if not installed_version().startswith("2.13."):
         pytest.skip(f"the table's counts are of torch 2.13's plan; this is torch {installed_version()}")

@@ -35,7 +35,7 @@ def test_fsdp_without_its_import_is_refused():
 
 @pytest.fixture
 def skipping_overlay(tmp_path):
-    import tests.custom_ops  # noqa: F401  (defines tgp_test::write_one and its siblings)
+    import testbed.custom_ops  # noqa: F401  (defines tgp_test::write_one and its siblings)
 
     ov = tmp_path / "o.yaml"
     ov.write_text("tgp_test::write_one:\n  action: skip\n  reason: probe\n")

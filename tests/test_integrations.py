@@ -208,7 +208,7 @@ def test_real_lintrunner_on_a_pytorch_like_checkout(tmp_path):
     root = str(tmp_path / "pytorch")
     native = _tree(root, FUNCS)
     text = open(os.path.join(ROOT, "lintrunner.toml.example")).read()
-    from tests.support import entry_point
+    from testbed.notorch_venv import entry_point
 
     block = text[:text.index("# --- PyTorch's own repository")]
     cfg = block.replace("'torchgen-patch'", repr(entry_point(sys.executable, str(tmp_path / "bin"))))

@@ -232,8 +232,8 @@ def test_uninstall_removes_the_hooks(entries):
 
     from torchgen_patch.runtime import optim
 
-    assert optim._before not in _global_optimizer_pre_hooks.values()
-    assert optim._after not in _global_optimizer_post_hooks.values()
+    assert optim.before_step not in _global_optimizer_pre_hooks.values()
+    assert optim.after_step not in _global_optimizer_post_hooks.values()
 
 
 def test_the_bump_takes_one_tensor_at_a_time_where_torch_takes_no_list(monkeypatch):

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from tests.conftest import ROOT
-from tests.trees import tree_from_installed
+from testbed.trees import tree_from_installed
 from tests.yaml_fixtures import subset_yaml
 from tests.test_cli_flags import _flags
 

@@ -1,5 +1,5 @@
 """The checkout world on PyTorch's real source tree (Debian's source package `pytorch`, fetched with apt
-into .cache/pytorch-src/ by tests/debian_source.py; skipped with the reason when it cannot be had), in a
+into .cache/pytorch-src/ by testbed/debian_source.py; skipped with the reason when it cannot be had), in a
 venv without torch; and the release check's report (scripts/pytorch_check.py): its rendering, its
 verdicts and the docs' table generated from it. PyTorch's own test files are the release check's, not CI's."""
 
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.debian_source import fetch_tarball, mirror, release_of, tree_from_tarball
+from testbed.debian_source import fetch_tarball, mirror, release_of, tree_from_tarball
 from tests.support import script
 
 pc = script("pytorch_check")

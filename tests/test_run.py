@@ -64,10 +64,10 @@ def test_torchrun_every_rank_is_patched_and_the_library_is_built_once(tmp_path):
 
 def test_runtime_ops_and_a_users_own_sitecustomize(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys; print('user sitecustomize ran', file=sys.stderr)\n")
-    code = ("import torch, tests.custom_ops, torchgen_patch; out = torch.empty(3); "
+    code = ("import torch, testbed.custom_ops, torchgen_patch; out = torch.empty(3); "
             "torch.ops.tgp_test.write_one(torch.ones(3), out); print('write_one version', out._version)")
     r = tgp_run("--backend", "python", "--op", "aten::_foreach_zero_", "--runtime-op", "tgp_test::*",
-                "--import", "tests.custom_ops", "--", sys.executable, "-c", code,
+                "--import", "testbed.custom_ops", "--", sys.executable, "-c", code,
                 env={"PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)])})
     assert r.returncode == 0, r.stderr
     assert "write_one version 1" in r.stdout

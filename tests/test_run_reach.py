@@ -303,7 +303,7 @@ def test_a_process_with_the_hook_but_no_launch_spec_says_so_and_goes_on():
 ])
 def test_runtime_op_names_are_checked_before_the_program_starts(tmp_path, op, message):
     marker = tmp_path / "ran"
-    r = tgp_run("--backend", "python", "--runtime-op", op, "--import", "tests.custom_ops", "--",
+    r = tgp_run("--backend", "python", "--runtime-op", op, "--import", "testbed.custom_ops", "--",
                 PY, "-c", f"open({str(marker)!r}, 'w')")
     assert (r.returncode, r.stderr) == (2, message + "\n") and not marker.exists()
 

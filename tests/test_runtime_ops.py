@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-import tests.custom_ops  # noqa: F401  (defines tgp_test::*)
+import testbed.custom_ops  # noqa: F401  (defines tgp_test::*)
 import torchgen_patch
 from tests.conftest import ROOT
-from tests.support import fsdp2
+from testbed.fsdp import fsdp2
 from torchgen_patch.runtime.dispatcher import registered_at
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -21,7 +21,7 @@ NO_FSDP2_OPS = pytest.mark.skipif(not FSDP2_OPS, reason=f"this torch's FSDP2 ({F
 
 
 def test_runtime_lint_finds_the_custom_ops(run_cli):
-    rc, out, _ = run_cli("lint", "--runtime", "--import", "tests.custom_ops", "--namespace", "tgp_test")
+    rc, out, _ = run_cli("lint", "--runtime", "--import", "testbed.custom_ops", "--namespace", "tgp_test")
     assert rc == 1
     lines = out.strip().splitlines()
     assert lines[-1] == "3 finding(s) in the live operator registry; left out by the overlay: 0"
@@ -33,7 +33,7 @@ def test_runtime_lint_finds_the_custom_ops(run_cli):
     # record of the library's creation, which torch 2.4 gets wrong ("/dev/null:241", an import
     # frame): there the location is unknown, never a wrong file
     recorded = os.path.isfile(registered_at("tgp_test::write_one")[0])
-    assert all((os.path.join("tests", "custom_ops.py") in line) == recorded for line in lines[:-1])
+    assert all((os.path.join("testbed", "custom_ops.py") in line) == recorded for line in lines[:-1])
 
 
 @NO_FSDP2_OPS

@@ -376,7 +376,7 @@ def test_a_version_move_inside_a_checkpointed_region_is_silent_patched_too(patch
 def test_an_operator_without_a_version_kernel_is_a_finding_and_the_runtime_op_patch_makes_it_raise():
     """A library's operator (torch.library ``define``) that writes an argument and has no ADInplaceOrView
     kernel: silent, a finding under the check, autograd's own error once patched as a runtime op."""
-    import tests.custom_ops  # noqa: F401 — defines tgp_test::write_one
+    import testbed.custom_ops  # noqa: F401 — defines tgp_test::write_one
 
     def write(w):
         with torch.no_grad():

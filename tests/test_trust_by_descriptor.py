@@ -295,7 +295,7 @@ def test_a_reused_descriptor_number_never_loads_another_library(library, tmp_pat
         import os, sys
         sys.path.insert(0, {ROOT!r})
         import torch, torchgen_patch
-        import tests.custom_ops  # noqa: F401
+        import testbed.custom_ops  # noqa: F401
         os.closerange(3, 4096)  # the kernels library's descriptor gets the first free number
         first = torchgen_patch.install(library={library.path!r})
         assert first.registered, first.summary()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, torch_is
-from tests.upstream_tree import failed_tests, kernels_tu, make_tree, registrations, run_codegen, run_test_file
+from testbed.upstream_tree import failed_tests, kernels_tu, make_tree, registrations, run_codegen, run_test_file
 from torchgen_patch.upstream import patch as up
 
 PATCHES = os.path.join(ROOT, "patches")

@@ -44,7 +44,8 @@ def activate(entries: dict) -> list[str]:
             from .dispatcher import version_bumper
 
             _TENSOR[:], _BUMP[:] = [torch.Tensor], [version_bumper()]
-            _HANDLES.extend((register_optimizer_step_pre_hook(_before), register_optimizer_step_post_hook(_after)))
+            _HANDLES.extend((register_optimizer_step_pre_hook(before_step),
+                             register_optimizer_step_post_hook(after_step)))
         return sorted(_ENTRIES)
 
 
@@ -85,7 +86,9 @@ def covering(entries: dict, cls):
     return entry
 
 
-def _before(optimizer, args, kwargs) -> None:
+def before_step(optimizer, args, kwargs) -> None:
+    """The hook before every optimizer step while an entry is active: what the step may write, and
+    its versions, kept when an entry covers the optimizer's class."""
     entry = _BY_CLASS.get(type(optimizer), _UNRESOLVED)
     if entry is _UNRESOLVED:
         entry = entry_for(type(optimizer))
@@ -93,7 +96,9 @@ def _before(optimizer, args, kwargs) -> None:
         _PENDING[id(optimizer)] = _snapshot(optimizer, entry.writes)
 
 
-def _after(optimizer, args, kwargs) -> None:
+def after_step(optimizer, args, kwargs) -> None:
+    """The hook after every optimizer step while an entry is active: each tensor kept before it
+    whose version did not move, bumped once (a parameter the step skipped is not)."""
     todo = _PENDING.pop(id(optimizer), None)
     if todo is None:
         return

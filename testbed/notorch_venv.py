@@ -1,5 +1,6 @@
 """A virtual environment without torch, for running a checkout-layout tree's codegen the way a
-PyTorch source build does (stdlib only; never imports torch or torchgen)."""
+PyTorch source build does, and the console script pip would write for the tool in one (stdlib
+only; never imports torch or torchgen)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def make_venv(path: str, packages: list[str]) -> str:
         raise RuntimeError(f"torch is importable in the venv at {path}; it must not be (installed as a "
                            f"dependency of {packages}?)")
     return python
+
+
+def entry_point(python: str, bin_dir: str) -> str:
+    """A `torchgen-patch` console script for ``python`` in ``bin_dir``, written as pip writes one
+    (its own folder first on sys.path, never the current directory); returns its path."""
+    os.makedirs(bin_dir, exist_ok=True)
+    path = os.path.join(bin_dir, "torchgen-patch")
+    with open(path, "w") as fh:
+        fh.write(f"#!{python}\nimport sys\nfrom torchgen_patch.cli import main\nsys.exit(main())\n")
+    os.chmod(path, 0o755)
+    return path

@@ -1,5 +1,5 @@
 """A PyTorch source-tree fixture assembled from the installed wheel (see
-tests/trees.py), and helpers to run its codegen and read what it generated."""
+testbed/trees.py), and helpers to run its codegen and read what it generated."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from tests.trees import tree_from_installed
+from testbed.trees import tree_from_installed
 from torchgen_patch.upstream.patch import TEST_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,6 +1,6 @@
-"""Custom operators for the runtime-lint tests, defined the way extensions
-define them (torch.library.Library(...).define), with backend kernels that
-write without bumping, like FSDP2's split_with_sizes_copy."""
+"""Custom operators (``tgp_test::*``) for the runtime tests and the start-up benchmark, defined the
+way extensions define them (torch.library.Library(...).define), with backend kernels that write
+without bumping, like FSDP2's split_with_sizes_copy. Importing the module defines them."""
 
 import torch
 
@@ -12,23 +12,24 @@ lib.define("write_opt(Tensor x, Tensor(a!)? out=None) -> ()")
 lib.define("read_only(Tensor x) -> Tensor")
 
 
-def _quiet_copy(dst, src):
+def quiet_copy(dst, src):
+    """``dst.copy_(src)`` with ``dst``'s version left where it was (a backend kernel that does not bump)."""
     with torch.autograd._unsafe_preserve_version_counter(dst):
         dst.copy_(src)
 
 
 def write_one(x, out):
-    _quiet_copy(out, x)
+    quiet_copy(out, x)
 
 
 def write_list(x, out):
     for t in out:
-        _quiet_copy(t, x)
+        quiet_copy(t, x)
 
 
 def write_opt(x, out=None):
     if out is not None:
-        _quiet_copy(out, x)
+        quiet_copy(out, x)
 
 
 def read_only(x):
