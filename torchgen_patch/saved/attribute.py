@@ -54,6 +54,14 @@ def _kind(code) -> int:
     return 1 if os.path.abspath(name).startswith(_LIBS) else 2
 
 
+def kind_of_code(code) -> int:
+    """2: the program's own code, 1: a library outside torch, 0: torch or this package (cached)."""
+    kind = _PROGRAM.get(code)
+    if kind is None:
+        kind = _PROGRAM[code] = _kind(code)
+    return kind
+
+
 def caller(depth: int = 2):
     """Where the current call came from, cheaply, to be made a Frame only if a finding needs it: the
     innermost frame of the program's own code and the innermost frame outside torch and this
@@ -191,14 +199,43 @@ STEPS = Steps()
 
 # --- writes that are the saver's own --------------------------------------------------------------
 
+_BATCH_NORM = ("NativeBatchNormBackward", "CudnnBatchNormBackward", "MiopenBatchNormBackward",
+               "BatchNormWithUpdateBackward")
 
-def written_by_its_saver(node, t) -> bool:
-    """Whether ``t`` is an argument the op that saved it writes itself, after saving it, by design:
-    batch norm's running statistics (``running_mean``, ``running_var``: 1-d, no grad), updated by
-    the op in place without a version bump (backward in training mode does not read them). Such a
-    change is no finding."""
-    return (node is not None and hasattr(node, "_raw_saved_running_mean") and t.dim() == 1
-            and not getattr(t, "requires_grad", False))
+
+def written_by_its_saver(node, t, quiet) -> bool:
+    """Whether ``t`` is what the op that saved it writes itself, after saving it, by design: batch
+    norm's running statistics (``running_mean``, ``running_var``), updated in place by the op in
+    training mode without a version bump (backward in training mode does not read them). Only there:
+    in eval mode backward reads them, and a frozen affine weight is no statistic. Such a change is
+    no finding."""
+    if node is None or t.dim() != 1:
+        return False
+    try:
+        return t.data_ptr() in saver_statistics(node, quiet)
+    except RuntimeError:  # no pointer of its own
+        return False
+
+
+def saver_statistics(node, quiet) -> tuple[int, ...]:
+    """The data pointers of the statistics ``node`` updates itself (batch norm in training mode, with
+    tracked statistics); () for any other node. ``quiet``: a context in which the check's hooks give
+    back what a node saved without checking it."""
+    name = node.name()
+    if not name.startswith(_BATCH_NORM):
+        return ()
+    if not name.startswith("BatchNormWithUpdate") and getattr(node, "_saved_training", False) is not True:
+        return ()
+    out = []
+    with quiet():
+        for attr in ("_saved_running_mean", "_saved_running_var"):
+            try:
+                stat = getattr(node, attr)
+            except RuntimeError:  # released after use
+                continue
+            if stat is not None:
+                out.append(stat.data_ptr())
+    return tuple(out)
 
 
 # --- rank and writers ---------------------------------------------------------------------------
