@@ -286,6 +286,97 @@ def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
             "findings": len(b.check.findings), "threads": b.torch.get_num_threads()}
 
 
+def hook_cost(device: str, path: str | None, ops: int = 1000, repeats: int = 5) -> dict:
+    """What one saved tensor costs the host, in microseconds: a chain of ``ops`` products of tiny tensors
+    (each saves both its inputs), forward and backward, with no hooks, identity hooks and the check;
+    beside it, what one such op costs itself (forward and backward), for scale."""
+    import contextlib
+
+    import torch
+
+    import torchgen_patch
+
+    x = torch.randn(4, 4, device=device, requires_grad=True)
+    w = torch.randn(4, 4, device=device, requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path=path)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def chain():
+        y = x
+        for _ in range(ops):
+            y = y * w
+        y.sum().backward()
+
+    def timed(ctx) -> float:
+        times = []
+        for _ in range(repeats):
+            with ctx():
+                sync()
+                t = time.perf_counter()
+                chain()
+                sync()
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    identity = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
+    chain()
+    off, ident, on = timed(contextlib.nullcontext), timed(identity), timed(lambda: _running(check))
+    saved = 2 * ops
+    return {"op_us": off / ops * 1e6, "identity_us": (ident - off) / saved * 1e6, "check_us": (on - off) / saved * 1e6}
+
+
+def kernel_bandwidth(check, device: str, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
+    """GB/s of one fingerprint of a tensor of ``nbytes`` by the check's own reading (the native kernel on
+    CUDA, the C++ code on CPU), dense and with gaps (a third of each row: q of a fused qkv), float32 and
+    bfloat16; beside it torch's sum of the same bytes."""
+    import torch
+
+    h = check._native
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    if h is None:
+        return out
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = nbytes // (3 * 1024 * dtype.itemsize)
+        fused = torch.zeros(rows, 3 * 1024, dtype=dtype, device=device)
+        for name, t in (("dense", fused), ("gaps", fused[:, :1024])):
+            size = t.numel() * t.element_size()
+            times = []
+            for _ in range(repeats + 1):
+                sync()
+                start = time.perf_counter()
+                h.fingerprint(t)
+                sync()
+                times.append(time.perf_counter() - start)
+            out[f"{name} {str(dtype).replace('torch.', '')}"] = size / statistics.median(times[1:]) / 1e9
+            if name == "gaps" and dtype == torch.bfloat16:
+                heads = fused.view(rows, 3, 16, 64).permute(1, 2, 0, 3)[0]  # q of a fused qkv, heads first
+                sync()
+                start = time.perf_counter()
+                h.fingerprint(heads)
+                sync()
+                out["heads bfloat16"] = heads.numel() * 2 / (time.perf_counter() - start) / 1e9
+        sync()
+        start = time.perf_counter()
+        fused.sum()
+        sync()
+        out[f"torch's sum {str(dtype).replace('torch.', '')}"] = nbytes / (time.perf_counter() - start) / 1e9
+        del fused
+    if device == "cuda":
+        small = torch.zeros(64, 256, device=device)
+        n = 2000
+        cost = h.launch_cost(small, n)
+        sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            small.zero_()
+        took = time.perf_counter() - start
+        sync()
+        out["launch_us"] = cost * 1e6 / n if cost is not None else None
+        out["torch_op_us"] = took * 1e6 / n
+    return out
+
+
 MEMORY = r"""
 import sys, json
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/bench")
@@ -348,6 +439,14 @@ def main(rounds: int = 11, report=False, json_path: str | None = None, device: s
         results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
                    "off": nothing_runs_when_off(), "models": []}
         print(f"with the check off: {results['off']}", flush=True)
+        results["hook_cost"] = hook_cost(device, path)
+        print("per saved tensor on the host: {identity_us:.2f} us with identity hooks, {check_us:.2f} us with the "
+              "check; one op of the chain (forward and backward) {op_us:.1f} us".format(**results["hook_cost"]),
+              flush=True)
+        import torchgen_patch
+
+        results["bandwidth"] = kernel_bandwidth(torchgen_patch.check_saved("warn", path=path), device)
+        print("one fingerprint: " + ", ".join(f"{k} {v:.1f}" for k, v in results["bandwidth"].items()), flush=True)
         for name in models or table:
             t = timing(name, device, rounds, path)
             if device == "cpu":
@@ -420,7 +519,10 @@ def render(results: dict, rounds: int, device: str) -> str:
              "- peak: " + ("`torch.cuda.max_memory_allocated` over one step" if device == "cuda" else
                            "a fresh process per mode, the peak resident size of three steps above the size before "
                            "the first (best of 3)"),
-             "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()), "",
+             "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()),
+             "- what one saved tensor costs the host (a chain of 1,000 products of 4 x 4 tensors, forward and backward, "
+             "each saving both inputs): {identity_us:.2f} us with identity hooks, {check_us:.2f} us with the check; one "
+             "op of that chain costs {op_us:.1f} us itself".format(**results["hook_cost"]), "",
              "| model | saved a step | off | on | on / off (p25-p75) | target | floor (identity hooks + two reads) | "
              "peak off / on | findings |", "|---|---|---|---|---|---|---|---|---|"]
     for t in results["models"]:

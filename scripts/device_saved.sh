@@ -17,8 +17,8 @@ from torchgen_patch.runtime import checklib
 print('not used:' if checklib.prepare('native') else 'loaded', checklib.nvrtc() or 'no NVRTC')
 " 2>&1 | tee -a "$OUT/log.txt"
 log "the check's CUDA tests"
-timeout ${TEST_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider tests/test_saved_cuda.py tests/test_saved.py -k "cuda" \
-  2>&1 | tail -25 | tee -a "$OUT/log.txt"
+timeout ${TEST_TIMEOUT:-300} $PY -m pytest -q -rf -p no:cacheprovider tests/test_saved_cuda.py tests/test_saved.py -k "cuda" \
+  > "$OUT/pytest-saved-cuda.txt" 2>&1; tail -15 "$OUT/pytest-saved-cuda.txt" | tee -a "$OUT/log.txt"
 log "the benchmark"
 timeout ${BENCH_TIMEOUT:-420} $PY bench/bench_saved.py --device cuda --report "$OUT/saved-check-cuda-torch$TV.md" \
   --json "$OUT/saved-check-cuda-torch$TV.json" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/log.txt"

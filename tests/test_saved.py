@@ -1243,3 +1243,149 @@ def test_an_in_place_collective_is_a_finding_naming_its_rank(library, tmp_path):
         lines = [line for line in err.splitlines() if line.startswith(head)]
         assert len(lines) == 1, err[-3000:]
         assert "saved by MmBackward0" in lines[0] and "collective.py" in lines[0]
+
+
+# --- exact answers: batch norm, the program's lossy hooks, ctx attributes --------------------------------
+
+
+def _bn_grad(train: bool, write=None, frozen: bool = False):
+    """x's gradient through a batch norm (train or eval mode), with ``write`` applied to the module between
+    forward and backward; the check's findings with it on."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(4)
+    bn.running_var.fill_(2.0)
+    if frozen:
+        bn.weight.requires_grad_(False)
+    bn.train(train)
+    x = torch.randn(8, 4, requires_grad=True)
+    with check_saved("warn") as c:
+        loss = (bn(x) * torch.arange(1.0, 5.0)).sum()
+        if write:
+            write(bn)
+        loss.backward()
+    return x.grad, c
+
+
+def test_batch_norm_in_training_mode_updates_its_own_statistics_and_nothing_is_found():
+    _, c = _bn_grad(True)
+    assert c.findings == [] and c.skipped == {hooks.SAVER: 2}
+
+
+def test_a_write_to_running_var_in_eval_mode_changes_the_gradient_and_is_found():
+    """In eval mode backward reads the running statistics: a `.data` write to them between forward and
+    backward changes x's gradient, so it is a finding (batch norm's exemption is its own update only)."""
+    clean, _ = _bn_grad(False)
+    written, c = _bn_grad(False, lambda bn: bn.running_var.data.mul_(4))
+    assert not torch.allclose(clean, written)
+    assert [(f.name, f.node) for f in c.findings] == [("running_var", "NativeBatchNormBackward0")]
+
+
+def test_a_write_to_a_frozen_affine_weight_in_training_mode_is_found():
+    clean, _ = _bn_grad(True, frozen=True)
+    written, c = _bn_grad(True, lambda bn: bn.weight.data.mul_(3), frozen=True)
+    assert not torch.allclose(clean, written)
+    assert [f.name for f in c.findings] == ["weight"]
+
+
+class _Compressing(torch.autograd.graph.saved_tensors_hooks):
+    """Activation compression as programs do it: pack to bfloat16, unpack back to float32 (lossy)."""
+
+    def __init__(self):
+        super().__init__(lambda t: (t.dtype, t.to(torch.bfloat16)), lambda p: p[1].to(p[0]))
+
+
+def test_lossy_hooks_of_the_program_give_no_finding_on_a_correct_program():
+    """The originals of the activations die after the forward (only the compressed copies live): what
+    the hooks return differs from what was saved by design, which is counted as not judged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    with check_saved("raise") as c:
+        with _Compressing():
+            loss = model(x).pow(2).sum()
+        loss.backward()
+    assert c.findings == [] and c.skipped.get(hooks.LOSSY, 0) >= 1
+
+
+def test_lossy_hooks_of_the_program_and_a_write_to_a_live_original_is_found():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8, requires_grad=True)
+    with check_saved("raise"):
+        with _Compressing():
+            loss = model(x).pow(2).sum()
+        model[2].weight.data.mul_(2)  # the weight itself lives: the check looks at it, not at the copy
+        with pytest.raises(SavedTensorChanged) as e:
+            loss.backward()
+    assert e.value.finding.name == "2.weight"
+
+
+class _Scale(torch.autograd.Function):
+    """A custom Function that keeps its input as a ``ctx`` attribute instead of ``save_for_backward``."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.w, None
+
+
+def test_a_ctx_attribute_of_a_custom_function_is_not_checked():
+    """What the check cannot cover (docs/unseen-writes.md): autograd never saves ``ctx.w = w``, so no hook
+    sees it; a write to it between forward and backward changes the gradient and is not found."""
+    w = torch.full((3,), 2.0)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        y = _Scale.apply(x, w).sum()
+        w.data.mul_(5)
+        y.backward()
+    assert torch.equal(x.grad, torch.full((3,), 10.0)) and c.findings == []  # the new value was used, unseen
+
+
+def test_two_copies_of_one_model_are_told_apart():
+    """A teacher and its student copy share every parameter path: a finding names which one by its id."""
+    import copy
+
+    torch.manual_seed(0)
+    student = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    teacher = copy.deepcopy(student)
+    x = torch.randn(3, 4)
+    with check_saved("warn") as c:
+        loss = (teacher(x) - student(x)).pow(2).sum()
+        teacher[2].weight.data.mul_(2)
+        loss.backward()
+    (f,) = c.findings
+    assert f.name == "2.weight" and f.owner == f"Sequential at 0x{id(teacher):x}"
+    del teacher, student, loss, f, c
+    import gc
+
+    gc.collect()
+    alone = torch.nn.Sequential(torch.nn.Linear(4, 1))
+    with check_saved("warn") as c:
+        loss = alone(torch.randn(2, 4, requires_grad=True)).sum()
+        alone[0].weight.data.mul_(2)
+        loss.backward()
+    assert c.findings[0].owner == "Sequential"  # one model of its class: its class alone
+
+
+# --- what the user sees -----------------------------------------------------------------------------------
+
+
+def _process(code: str):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_the_check_says_once_at_start_that_it_is_on_and_a_process_without_backward_prints_no_count():
+    start = "import torch, torchgen_patch.saved as s; from torchgen_patch.runtime.checklib import prepare; prepare(); "
+    r = _process(start + "s.enable('warn'); s.enable('warn'); torch.ones(3) * 2")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len([x for x in lines if x.startswith("torchgen-patch: saved-tensor check on (warn) in pid ")]) == 1
+    assert not any("changed saved tensor" in x for x in lines), lines  # no backward ran: no count
+    r = _process(start + "s.enable('warn'); x = torch.ones(3, requires_grad=True); (x * x).sum().backward()")
+    assert r.returncode == 0 and r.stderr.splitlines()[-1].startswith("torchgen-patch: saved-tensor check in pid "), \
+        r.stderr

@@ -31,7 +31,7 @@ def _sample(dtype, rows: int = 64, cols: int = 48):
 def _layouts(t):
     return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::3], "offset": t[:, 1:], "expanded":
             t[:1].expand(4, -1), "0-d": t[0, 0], "column": t[:1].t(), "heads": t.view(t.shape[0], 4, -1)[:, 1:3]
-            .transpose(0, 1)}
+            .transpose(0, 1), "columns": t[:, 16:48]}  # heads, columns: the rows kernel where 16-byte aligned
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_a_checked_backward_pass_synchronises_at_most_once_whatever_it_checks(pa
         saved = check.checked - before
     assert check.path == path
     # the native hooks wait on the stream with the driver (torch's sync debug mode does not count it)
-    assert saved >= 48 and plain <= checked <= plain + 1, (saved, plain, checked)
+    assert saved >= 48 and checked <= plain + 1, (saved, plain, checked)
     assert check.findings == []
 
 
@@ -151,9 +151,10 @@ def test_on_cuda_a_data_write_is_found_and_named(path, mode):
         assert mode == "warn" and len(check.findings) == 1
         finding = check.findings[0]
     assert finding.name == "2.weight" and finding.device == "cuda:0" and finding.node.startswith("Addmm")
+    before = len(check.findings)
     with check:  # the same without the write: nothing
         model(x).pow(2).sum().backward()
-    assert len(check.findings) == (1 if mode == "warn" else 0)
+    assert len(check.findings) == before
 
 
 @pytest.mark.cuda

@@ -127,15 +127,33 @@ def module_name(t, original=None) -> tuple[str | None, str | None, bool]:
     roots.sort(key=lambda m: -sum(1 for _ in m.parameters()))
     target = original if original is not None else t
     best = None
+    paths = {}  # id of a root -> its names of parameters and buffers
     for root in roots:
         named = list(root.named_parameters(remove_duplicate=False)) + list(root.named_buffers(remove_duplicate=False))
+        paths[id(root)] = {name for name, _ in named}
         for name, p in named:
             if p is target:
-                return name, type(root).__name__, False
+                return name, _owner(root, name, roots, paths), False
         for name, p in named:
             if best is None and _inside(t, p):
-                best = name, type(root).__name__, True
-    return best or (None, None, False)
+                best = name, root, True
+    if best is None:
+        return None, None, False
+    return best[0], _owner(best[1], best[0], roots, paths), True
+
+
+def _owner(root, name: str, roots, paths: dict) -> str:
+    """How a finding names the model that holds ``name``: its class, and its id where another model of
+    that class has a parameter or buffer of the same path (a teacher and its student copy)."""
+    cls = type(root).__name__
+    for other in roots:
+        if other is not root and type(other).__name__ == cls:
+            if id(other) not in paths:
+                paths[id(other)] = {n for n, _ in other.named_parameters(remove_duplicate=False)} | \
+                    {n for n, _ in other.named_buffers(remove_duplicate=False)}
+            if name in paths[id(other)]:
+                return f"{cls} at 0x{id(root):x}"
+    return cls
 
 
 def _inside(t, p) -> bool:
