@@ -1,19 +1,24 @@
-"""What the saved-tensor check costs a training step, on CPU: the same step (forward, backward,
-AdamW) with the check off and on, side by side in one process, interleaved round by round; and
-the step's extra peak memory, each mode in a fresh process. Targets: <= 1.1 on the small GPT-2,
-<= 1.3 on the MLP, extra peak memory <= 5 %. With the check off nothing of it runs: the hook
-stack is empty, torch's classes are as they were, no optimizer hook is registered (printed).
+"""What the saved-tensor check costs a training step, beside its floor: the same step (forward,
+backward, AdamW) with the check off, with it on, and with the floor's two parts, side by side in
+one process, interleaved round by round (the first mode alternating):
 
-On CUDA (``--device cuda``): the wall time of a step (synchronised at the ends of each block) of
-GPT-2 small on a batch that keeps the GPU busy (target <= 1.2), the same under bf16 autocast, and
-the CPU benchmark's small GPT-2, whose step is too short to hide the launch of the check's
-kernels (reported); for each, the host synchronisations of one step with the check off and on
-(counted twice: torch.cuda.set_sync_debug_mode's warnings, and the profiler's *Synchronize calls),
-its kernel launches, and the step's peak of allocated memory.
+- **off**: no hooks;
+- **on**: ``torchgen_patch.check_saved("warn")`` (the mode a training run leaves on);
+- **identity hooks**: a pair of saved-tensor hooks in Python that keep and return each tensor as it
+  is (what any saved-tensor hook costs);
+- **two reads**: reading the step's saved bytes twice on the device, one pass each (as many bytes as
+  the check's two fingerprints read), timed apart from the step.
 
-    .venv/bin/python bench/bench_saved.py [--device cpu|cuda] [--rounds N] [--json PATH] [--report [FILE]]
+The floor is the identity-hooks step plus the two reads; a row's target is a ratio to the step
+with the check off, and a row that misses it says by how much beside the floor. Peak memory: CUDA,
+``torch.cuda.max_memory_allocated`` over one step (each mode reset before it); CPU, a fresh process
+per mode, the steps' own peak resident size above the size before the first step.
 
-``--report`` writes reports/saved-check-DEVICE-torch<version>.md (or FILE).
+    python bench/bench_saved.py [--device cpu|cuda] [--rounds N] [--models a,b] [--path native|python]
+                                [--json PATH] [--report [FILE]]
+
+``--report`` writes reports/saved-check-DEVICE-torch<version>.md (or FILE). CPU time on CPU (torch on
+one thread, so it is the work done whatever else the machine runs), wall time on CUDA.
 """
 
 from __future__ import annotations
@@ -33,33 +38,78 @@ from common import ROOT, save  # noqa: E402
 
 sys.path.insert(0, ROOT)
 
-# name -> (what it is, target)
-MODELS = {
-    "gpt2": ("small GPT-2 (transformers; GPT-2 small's width: 768 wide, 12 heads; 2 layers, vocabulary 8192, "
-             "batch 2 x 128 tokens)", 1.1),
-    "gpt2-narrow": ("narrow GPT-2 (4 layers, 256 wide, 4 heads, vocabulary 4096, batch 4 x 128 tokens: reported)",
-                    None),
-    "mlp": ("MLP, 4 x Linear(1024, 1024) + ReLU, batch 64", 1.3),
-    "mlp-deep": ("MLP, 16 x Linear(256, 256) + ReLU, batch 64 (deep and narrow: reported)", None),
+# name -> (what it is, target); the configurations are in build()
+CPU_MODELS = {
+    "gpt2": ("small GPT-2 (transformers; 768 wide, 12 heads, 2 layers, vocabulary 8192), batch 2 x 128 tokens", 1.10),
+    "prenorm": ("pre-norm transformer (SDPA), 4 layers, 256 wide, 4 heads, batch 4 x 128 tokens", 1.10),
+    "conv": ("conv net with batch norm, 8 convolutions of 32 channels, batch 8 x 3 x 32 x 32", 1.20),
+    "mlp-deep": ("deep narrow MLP, 16 x Linear(256) + ReLU, batch 64", 1.30),
 }
-# on CUDA: name -> (what it is, target); GPT2 holds each one's configuration
 CUDA_MODELS = {
-    "gpt2-small": ("GPT-2 small (transformers: 12 layers, 768 wide, 12 heads, vocabulary 50257), batch 8 x 512 "
-                   "tokens, float32", 1.2),
-    "gpt2-small-bf16": ("the same under bf16 autocast (reported)", None),
-    "gpt2": ("the CPU benchmark's small GPT-2 (2 layers, 768 wide, vocabulary 8192, batch 2 x 128 tokens): a step "
-             "too short to hide the launches of the check's kernels (reported)", None),
+    "gpt2-small": ("GPT-2 small (transformers: 12 layers, 768 wide, 12 heads, vocabulary 50257), 8 x 512 tokens, "
+                   "fp32", 1.10),
+    "gpt2-small-bf16": ("the same, bf16 autocast", 1.15),
+    "prenorm-1024": ("12-layer 1024-wide pre-norm transformer (SDPA), 8 x 1024 tokens, fp32", 1.10),
+    "prenorm-1024-bf16": ("the same, bf16 autocast", 1.15),
+    "prenorm-2048-bf16": ("24 layers x 2048 wide, 4 x 2048 tokens, bf16 autocast", 1.15),
+    "conv": ("20-conv 128-channel net with batch norm, 32 x 3 x 128 x 128", 1.10),
+    "mlp": ("64 x Linear(256) MLP, batch 64", 1.30),
 }
-STEPS_PER_ROUND = {"gpt2": 1, "gpt2-narrow": 2, "mlp": 5, "mlp-deep": 10, "gpt2-small": 1, "gpt2-small-bf16": 1}
-GPT2 = {"gpt2": (2, 768, 12, 8192, 2, 128), "gpt2-narrow": (4, 256, 4, 4096, 4, 128),
-        "gpt2-small": (12, 768, 12, 50257, 8, 512), "gpt2-small-bf16": (12, 768, 12, 50257, 8, 512)}
+MEMORY_TARGET = 0.01  # at most +1 % peak memory
+STEPS_PER_ROUND = {"mlp": 10, "mlp-deep": 10, "conv": 2, "prenorm": 2, "gpt2": 1}
+GPT2 = {"gpt2": (2, 768, 12, 8192, 2, 128), "gpt2-small": (12, 768, 12, 50257, 8, 512),
+        "gpt2-small-bf16": (12, 768, 12, 50257, 8, 512)}
+PRENORM = {"prenorm": (4, 256, 4, 4, 128), "prenorm-1024": (12, 1024, 16, 8, 1024),
+           "prenorm-1024-bf16": (12, 1024, 16, 8, 1024), "prenorm-2048-bf16": (24, 2048, 16, 4, 2048)}
+CONV = {"conv": None}
+
+
+class PreNorm:
+    """A pre-norm transformer block stack (LayerNorm, SDPA attention, LayerNorm, GELU MLP), made on demand."""
+
+    @staticmethod
+    def make(layers: int, width: int, heads: int):
+        import torch
+
+        nn = torch.nn
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.n1, self.n2 = nn.LayerNorm(width), nn.LayerNorm(width)
+                self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+                self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+            def forward(self, x):
+                b, t, _ = x.shape
+                q, k, v = self.qkv(self.n1(x)).view(b, t, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+                a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.out(a.transpose(1, 2).reshape(b, t, width))
+                return x + self.down(nn.functional.gelu(self.up(self.n2(x))))
+
+        return nn.Sequential(*[Block() for _ in range(layers)], nn.LayerNorm(width))
+
+
+def _conv_net(device: str, cuda: bool):
+    import torch
+
+    nn = torch.nn
+    channels, depth, batch, size = (128, 20, 32, 128) if cuda else (32, 8, 8, 32)
+    layers = [nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10)).to(device)
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    return model, lambda: nn.functional.cross_entropy(model(x), y)
 
 
 def build(name: str, device: str = "cpu"):
-    """(model, the function that makes one step's loss)."""
+    """(model, the function that makes one step's loss) of ``name`` on ``device``."""
     import torch
 
     torch.manual_seed(0)
+    amp = name.endswith("-bf16")
     if name in GPT2:
         from transformers import GPT2Config, GPT2LMHeadModel
         from transformers.utils import logging
@@ -69,20 +119,28 @@ def build(name: str, device: str = "cpu"):
         model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_head=heads, n_embd=width, n_positions=tokens,
                                            vocab_size=vocab, bos_token_id=0, eos_token_id=0)).to(device)
         ids = torch.randint(0, vocab, (batch, tokens), device=device)
-        amp = name.endswith("-bf16")
+        inner = lambda: model(ids, labels=ids).loss  # noqa: E731
+    elif name in PRENORM:
+        layers, width, heads, batch, tokens = PRENORM[name]
+        model = PreNorm.make(layers, width, heads).to(device)
+        x = torch.randn(batch, tokens, width, device=device)
+        inner = lambda: model(x).float().pow(2).mean()  # noqa: E731
+    elif name == "conv":
+        model, inner = _conv_net(device, device != "cpu")
+    else:
+        width, depth = (256, 64) if name == "mlp" else (256, 16)
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers).to(device)
+        x = torch.randn(64, width, device=device)
+        inner = lambda: model(x).pow(2).mean()  # noqa: E731
 
-        def loss_of():
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
-                return model(ids, labels=ids).loss
+    def loss_of():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+            return inner()
 
-        return model, loss_of
-    width, depth = (1024, 4) if name == "mlp" else (256, 16)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers)
-    x = torch.randn(64, width)
-    return model, lambda: model(x).pow(2).mean()
+    return model, loss_of
 
 
 def nothing_runs_when_off() -> dict:
@@ -98,79 +156,225 @@ def nothing_runs_when_off() -> dict:
             "global optimizer post-hooks": len(optimizer._global_optimizer_post_hooks)}
 
 
-def timing(name: str, rounds: int) -> dict:
+class Bench:
+    """One model's step on one device, in the four modes of the module's docstring."""
+
+    def __init__(self, name: str, device: str, path: str | None):
+        import torch
+
+        import torchgen_patch
+
+        self.name, self.device, self.torch = name, device, torch
+        self.model, self.loss_of = build(name, device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.check = torchgen_patch.check_saved("warn", path=path)
+        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        self.clock = time.perf_counter if device == "cuda" else time.process_time
+        self.n = STEPS_PER_ROUND.get(name, 1)
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.loss_of().backward()
+        self.opt.step()
+
+    def context(self, mode: str):
+        import contextlib
+
+        if mode == "on":
+            return _running(self.check)
+        if mode == "identity":
+            return self.torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        return contextlib.nullcontext()
+
+    def block(self, mode: str) -> float:
+        """Seconds per step of ``n`` steps in ``mode`` (the device synchronised at both ends)."""
+        with self.context(mode):
+            self.sync()
+            t = self.clock()
+            for _ in range(self.n):
+                self.step()
+            self.sync()
+            return (self.clock() - t) / self.n
+
+    def saved_bytes(self) -> tuple[int, int]:
+        """(saved tensors, their bytes) of one step: what each of the check's two reads reads."""
+        seen = {"n": 0, "bytes": 0}
+
+        def pack(t):
+            seen["n"] += 1
+            seen["bytes"] += t.numel() * t.element_size()
+            return t
+
+        with self.torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            self.step()
+        return seen["n"], seen["bytes"]
+
+    def two_reads(self, nbytes: int, repeats: int = 5) -> float:
+        """Seconds to read ``nbytes`` twice on the device, one pass each (a sum of them as float32 words,
+        the fastest read torch has on CPU and CUDA alike)."""
+        torch = self.torch
+        words = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=self.device)
+        words.sum()
+        times = []
+        for _ in range(repeats):
+            self.sync()
+            t = self.clock()
+            words.sum()
+            words.sum()
+            self.sync()
+            times.append(self.clock() - t)
+        del words
+        return statistics.median(times)
+
+    def peak(self, mode: str) -> float | None:
+        """The step's peak allocated memory in MiB (CUDA; None elsewhere)."""
+        if self.device != "cuda":
+            return None
+        torch = self.torch
+        with self.context(mode):
+            self.sync()
+            torch.cuda.reset_peak_memory_stats()
+            self.step()
+            self.sync()
+        return torch.cuda.max_memory_allocated() / 2**20
+
+
+class _running:
+    """The check on for a block (start and stop: its ``with`` form also prints its count)."""
+
+    def __init__(self, check):
+        self.check = check
+
+    def __enter__(self):
+        self.check.start()
+
+    def __exit__(self, *exc):
+        self.check.stop()
+
+
+def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
+    b = Bench(name, device, path)
+    modes = ("off", "on", "identity")
+    for mode in modes + modes:  # warm-up: kernels compiled, caches made, the check's key on the device
+        b.block(mode)
+    runs: dict[str, list] = {m: [] for m in modes}
+    for r in range(rounds):
+        order = modes if r % 2 == 0 else tuple(reversed(modes))
+        for mode in order:
+            runs[mode].append(b.block(mode))
+    checked_before = b.check.checked
+    b.block("on")
+    checked = (b.check.checked - checked_before) // b.n
+    count, nbytes = b.saved_bytes()
+    reads = b.two_reads(nbytes)
+    peaks = {mode: b.peak(mode) for mode in ("off", "on", "identity")}
+    off = statistics.median(runs["off"])
+    ratios = [on / o for on, o in zip(runs["on"], runs["off"])]
+    hooks = [i / o for i, o in zip(runs["identity"], runs["off"])]
+    ratio = statistics.median(ratios)
+    q = statistics.quantiles(ratios, n=4) if rounds >= 4 else [ratio, ratio, ratio]
+    hooks_ratio = statistics.median(hooks)
+    floor = hooks_ratio + reads / off
+    what, target = (CUDA_MODELS if device == "cuda" else CPU_MODELS)[name]
+    extra = None if peaks["off"] is None else peaks["on"] / peaks["off"] - 1
+    return {"model": name, "what": what, "target": target, "rounds": rounds, "path": b.check.path,
+            "off_ms": off * 1e3, "on_ms": statistics.median(runs["on"]) * 1e3, "ratio": ratio, "p25": q[0],
+            "p75": q[2], "identity_ratio": hooks_ratio, "reads_ms": reads * 1e3, "floor": floor,
+            "met": ratio <= target, "saved_tensors": count, "checked_per_step": checked, "saved_bytes": nbytes,
+            "peak_mib": peaks, "extra_peak": extra,
+            "memory_met": None if extra is None else extra <= MEMORY_TARGET,
+            "findings": len(b.check.findings), "threads": b.torch.get_num_threads()}
+
+
+def hook_cost(device: str, path: str | None, ops: int = 1000, repeats: int = 5) -> dict:
+    """What one saved tensor costs the host, in microseconds: a chain of ``ops`` products of tiny tensors
+    (each saves both its inputs), forward and backward, with no hooks, identity hooks and the check;
+    beside it, what one such op costs itself (forward and backward), for scale."""
+    import contextlib
+
     import torch
 
     import torchgen_patch
 
-    model, loss_of = build(name)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    check = torchgen_patch.check_saved("raise")
+    x = torch.randn(4, 4, device=device, requires_grad=True)
+    w = torch.randn(4, 4, device=device, requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path=path)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss_of().backward()
-        opt.step()
+    def chain():
+        y = x
+        for _ in range(ops):
+            y = y * w
+        y.sum().backward()
 
-    from torchgen_patch.saved import hooks
+    def timed(ctx) -> float:
+        times = []
+        for _ in range(repeats):
+            with ctx():
+                sync()
+                t = time.perf_counter()
+                chain()
+                sync()
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
 
-    def block(on: bool, reading: bool = True) -> tuple[float, float]:
-        n = STEPS_PER_ROUND[name]
-        real = hooks.fingerprint
-        if not reading:  # the hooks and their bookkeeping alone: no tensor's memory is read
-            hooks.fingerprint = lambda t: (0,)
-        if on:
-            check.start()
-        try:
-            t, c = time.perf_counter(), time.process_time()
-            for _ in range(n):
-                step()
-            return (time.perf_counter() - t) / n, (time.process_time() - c) / n
-        finally:
-            if on:
-                check.stop()
-            hooks.fingerprint = real
-
-    for on in (False, True, False, True):  # warm-up
-        block(on)
-    runs: dict[str, list] = {"off": [], "on": [], "wall": [], "cpu": [], "hooks": []}
-    for r in range(rounds):
-        first = r % 2 == 0  # alternate which mode goes first
-        a = block(not first)
-        b = block(first)
-        off, on = (a, b) if first else (b, a)
-        runs["off"].append(off)
-        runs["on"].append(on)
-        runs["wall"].append(on[0] / off[0])
-        runs["cpu"].append(on[1] / off[1])
-        runs["hooks"].append(block(True, reading=False)[1] / off[1])
-    what, target = MODELS[name]
-    ratio = statistics.median(runs["cpu"])
-    q = statistics.quantiles(runs["cpu"], n=4) if rounds >= 4 else [ratio, ratio, ratio]
-    return {"model": name, "what": what, "off_ms": statistics.median(o[1] for o in runs["off"]) * 1e3,
-            "on_ms": statistics.median(o[1] for o in runs["on"]) * 1e3, "ratio": ratio, "p25": q[0], "p75": q[2],
-            "wall_ratio": statistics.median(runs["wall"]), "hooks_ratio": statistics.median(runs["hooks"]),
-            "rounds": rounds, "target": target,
-            "met": None if target is None else ratio <= target, "threads": torch.get_num_threads(),
-            "saved_tensors_per_step": check.checked // ((rounds + 2) * STEPS_PER_ROUND[name]),
-            "bytes_per_step": _bytes_read(loss_of, opt)}
+    identity = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
+    chain()
+    off, ident, on = timed(contextlib.nullcontext), timed(identity), timed(lambda: _running(check))
+    saved = 2 * ops
+    return {"op_us": off / ops * 1e6, "identity_us": (ident - off) / saved * 1e6, "check_us": (on - off) / saved * 1e6}
 
 
-def _bytes_read(loss_of, opt) -> int:
-    """The bytes one checked step reads to fingerprint its saved tensors (at save and at use)."""
-    import torchgen_patch
-    from torchgen_patch.saved import fingerprint
+def kernel_bandwidth(check, device: str, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
+    """GB/s of one fingerprint of a tensor of ``nbytes`` by the check's own reading (the native kernel on
+    CUDA, the C++ code on CPU), dense and with gaps (a third of each row: q of a fused qkv), float32 and
+    bfloat16; beside it torch's sum of the same bytes."""
+    import torch
 
-    seen = []
-    real = fingerprint._block
-    fingerprint._block = lambda ptr, n: (seen.append(n), real(ptr, n))[1]
-    try:
-        with torchgen_patch.check_saved("raise"):
-            opt.zero_grad(set_to_none=True)
-            loss_of().backward()
-    finally:
-        fingerprint._block = real
-    return sum(seen)
+    h = check._native
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    if h is None:
+        return out
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = nbytes // (3 * 1024 * dtype.itemsize)
+        fused = torch.zeros(rows, 3 * 1024, dtype=dtype, device=device)
+        for name, t in (("dense", fused), ("gaps", fused[:, :1024])):
+            size = t.numel() * t.element_size()
+            times = []
+            for _ in range(repeats + 1):
+                sync()
+                start = time.perf_counter()
+                h.fingerprint(t)
+                sync()
+                times.append(time.perf_counter() - start)
+            out[f"{name} {str(dtype).replace('torch.', '')}"] = size / statistics.median(times[1:]) / 1e9
+            if name == "gaps" and dtype == torch.bfloat16:
+                heads = fused.view(rows, 3, 16, 64).permute(1, 2, 0, 3)[0]  # q of a fused qkv, heads first
+                sync()
+                start = time.perf_counter()
+                h.fingerprint(heads)
+                sync()
+                out["heads bfloat16"] = heads.numel() * 2 / (time.perf_counter() - start) / 1e9
+        sync()
+        start = time.perf_counter()
+        fused.sum()
+        sync()
+        out[f"torch's sum {str(dtype).replace('torch.', '')}"] = nbytes / (time.perf_counter() - start) / 1e9
+        del fused
+    if device == "cuda":
+        small = torch.zeros(64, 256, device=device)
+        n = 2000
+        cost = h.launch_cost(small, n)
+        sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            small.zero_()
+        took = time.perf_counter() - start
+        sync()
+        out["launch_us"] = cost * 1e6 / n if cost is not None else None
+        out["torch_op_us"] = took * 1e6 / n
+    return out
 
 
 MEMORY = r"""
@@ -179,7 +383,7 @@ sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/bench")
 import torch, torchgen_patch
 torch.set_num_threads(1)
 from bench_saved import build
-name, on = sys.argv[2], sys.argv[3] == "1"
+name, mode, path = sys.argv[2], sys.argv[3], sys.argv[4] or None
 model, loss_of = build(name)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 def step():
@@ -188,8 +392,8 @@ def kb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
             return int(line.split()[1])
-check = torchgen_patch.check_saved("raise")
-if on:
+check = torchgen_patch.check_saved("warn", path=path)
+if mode == "on":
     check.start()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak resident size starts again from now: the model and optimizer built, no step yet
@@ -200,68 +404,91 @@ print(json.dumps({"base_kb": base, "peak_kb": kb("VmHWM:")}))
 """
 
 
-def memory(name: str, repeats: int = 3) -> dict:
+def cpu_memory(name: str, path: str | None, repeats: int = 3) -> dict:
+    """The steps' own peak resident size, off and on, each the best of ``repeats`` fresh processes."""
     out = {}
-    for on in (False, True):
+    for mode in ("off", "on"):
         runs = []
         for _ in range(repeats):
-            r = subprocess.run([sys.executable, "-c", MEMORY, ROOT, name, "1" if on else "0"], capture_output=True,
+            r = subprocess.run([sys.executable, "-c", MEMORY, ROOT, name, mode, path or ""], capture_output=True,
                                text=True, env=dict(os.environ, PYTHONPATH=ROOT))
             if r.returncode:
                 raise RuntimeError(r.stderr[-2000:])
             runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
         best = min(runs, key=lambda m: m["peak_kb"])
-        out["on" if on else "off"] = {"peak_mib": best["peak_kb"] / 1024,
-                                      "step_peak_mib": (best["peak_kb"] - best["base_kb"]) / 1024}
-    out["extra_peak"] = out["on"]["peak_mib"] / out["off"]["peak_mib"] - 1
-    out["extra_step_peak"] = out["on"]["step_peak_mib"] / max(out["off"]["step_peak_mib"], 1e-9) - 1
-    out["met"] = out["extra_step_peak"] <= 0.05
+        out[mode] = (best["peak_kb"] - best["base_kb"]) / 1024
+    out["extra"] = out["on"] / max(out["off"], 1e-9) - 1
     return out
 
 
-def _verdict(t: dict) -> str:
-    return "" if t["target"] is None else f"  [target <= {t['target']}: {'met' if t['met'] else 'NOT MET'}]"
+def main(rounds: int = 11, report=False, json_path: str | None = None, device: str = "cpu",
+         models: list[str] | None = None, path: str | None = None) -> dict:
+    """``report``: True for reports/saved-check-DEVICE-torch<version>.md, or a path."""
+    import torch
 
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: no CUDA device")
+    table = CUDA_MODELS if device == "cuda" else CPU_MODELS
+    unknown = sorted(set(models or ()) - set(table))
+    if unknown:
+        raise SystemExit(f"error: unknown model(s) for {device}: {', '.join(unknown)} (known: {', '.join(table)})")
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)  # CPU time is then the work done, whatever else the machine runs
+    try:
+        results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+                   "off": nothing_runs_when_off(), "models": []}
+        print(f"with the check off: {results['off']}", flush=True)
+        results["hook_cost"] = hook_cost(device, path)
+        print("per saved tensor on the host: {identity_us:.2f} us with identity hooks, {check_us:.2f} us with the "
+              "check; one op of the chain (forward and backward) {op_us:.1f} us".format(**results["hook_cost"]),
+              flush=True)
+        import torchgen_patch
 
-def _written(results: dict, json_path: str | None, report, device: str, rendered) -> dict:
-    """``results`` saved as JSON and rendered into the report, where asked for; returned."""
+        results["bandwidth"] = kernel_bandwidth(torchgen_patch.check_saved("warn", path=path), device)
+        print("one fingerprint: " + ", ".join(f"{k} {v:.1f}" for k, v in results["bandwidth"].items()), flush=True)
+        for name in models or table:
+            t = timing(name, device, rounds, path)
+            if device == "cpu":
+                m = cpu_memory(name, path)
+                t["cpu_memory"] = m
+                t["extra_peak"], t["memory_met"] = m["extra"], m["extra"] <= MEMORY_TARGET
+            results["models"].append(t)
+            print(summary_line(t), flush=True)
+    finally:
+        torch.set_num_threads(threads)
     if json_path:
         save([results], json_path)
     if report:
-        _write_report(report, device, rendered())
+        _write_report(report, device, render(results, rounds, device))
     return results
 
 
-def main(rounds: int = 15, report=False, json_path: str | None = None, device: str = "cpu") -> dict:
-    """``report``: True for reports/saved-check-DEVICE-torch<version>.md, or a path."""
-    if device == "cuda":
-        return main_cuda(rounds, report, json_path)
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # CPU time is then the work done, whatever else the machine runs
-    try:
-        return _main(rounds, report, json_path)
-    finally:
-        torch.set_num_threads(threads)
+def _verdict(t: dict) -> str:
+    if t["met"]:
+        return f"<= {t['target']}: met"
+    return (f"<= {t['target']}: **not met** by {t['ratio'] - t['target']:.3f} (the floor is {t['floor']:.3f}: "
+            f"{max(t['ratio'] - t['floor'], 0):.3f} above it)")
 
 
-def _main(rounds: int, report: bool, json_path: str | None) -> dict:
-    results = {"off": nothing_runs_when_off(), "models": []}
-    print(f"with the check off: {results['off']}", flush=True)
-    for name in MODELS:
-        t = timing(name, rounds)
-        t["memory"] = memory(name)
-        results["models"].append(t)
-        m = t["memory"]
-        verdict = _verdict(t)
-        print(f"{name}: CPU time off {t['off_ms']:.1f} ms, on {t['on_ms']:.1f} ms, ratio {t['ratio']:.3f} "
-              f"(p25-p75 {t['p25']:.3f}-{t['p75']:.3f}; wall {t['wall_ratio']:.3f}; reading nothing "
-              f"{t['hooks_ratio']:.3f}){verdict}; {t['bytes_per_step'] / 1e6:.0f} MB read a step, "
-              f"{t['saved_tensors_per_step']} saved tensors a step; peak {m['off']['peak_mib']:.0f} -> "
-              f"{m['on']['peak_mib']:.0f} MiB ({m['extra_peak']:+.1%}), the step's own "
-              f"{m['off']['step_peak_mib']:.1f} -> {m['on']['step_peak_mib']:.1f} MiB", flush=True)
-    return _written(results, json_path, report, "cpu", lambda: render(results, rounds))
+def _memory(t: dict) -> str:
+    if t.get("cpu_memory"):
+        m = t["cpu_memory"]
+        text = f"{m['off']:.1f} / {m['on']:.1f} MiB"
+    elif t["peak_mib"]["off"] is not None:
+        text = f"{t['peak_mib']['off']:.0f} / {t['peak_mib']['on']:.0f} MiB"
+    else:
+        return "not measured"
+    ok = "met" if t["memory_met"] else "**not met**"
+    return f"{text} ({t['extra_peak']:+.1%}; <= +1 %: {ok})"
+
+
+def summary_line(t: dict) -> str:
+    return (f"{t['model']}: off {t['off_ms']:.2f} ms, on {t['on_ms']:.2f} ms, ratio {t['ratio']:.3f} "
+            f"(p25-p75 {t['p25']:.3f}-{t['p75']:.3f}) [{_verdict(t).replace('**', '')}]; floor {t['floor']:.3f} "
+            f"(identity hooks {t['identity_ratio']:.3f} + two reads {t['reads_ms']:.2f} ms); "
+            f"{t['saved_tensors']} saved tensors, {t['saved_bytes'] / 2**20:.0f} MiB a step; peak "
+            f"{_memory(t).replace('**', '')}; path {t['path']}; findings {t['findings']}")
 
 
 def _write_report(report, device: str, text: str) -> None:
@@ -274,254 +501,48 @@ def _write_report(report, device: str, text: str) -> None:
     print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}")
 
 
-def _budget(t: dict) -> str:
-    left_ms = (t["target"] - t["hooks_ratio"]) * t["off_ms"]
-    return (f": a ratio of {t['target']} would leave {left_ms:.0f} ms for it, a fingerprint of "
-            f"{t['bytes_per_step'] / 1e6 / max(left_ms, 1e-9):.1f} GB/s")
-
-
-def render(results: dict, rounds: int) -> str:
+def render(results: dict, rounds: int, device: str) -> str:
     import platform
 
-    import torch
-
-    lines = ["# The saved-tensor check's cost: a training step with the check on / off, CPU", "",
-             f"- torch `{torch.__version__}`, Python {platform.python_version()}, "
-             f"{os.cpu_count()} CPU cores (shared: other jobs ran beside it), {results['models'][0]['threads']} torch "
-             "thread (so CPU time is the work done; the check's own work runs on one thread whatever torch uses)",
-             f"- command: `.venv/bin/python bench/bench_saved.py --rounds {rounds} --report` (also in `make bench`)",
-             "- each figure: the median of per-round ratios of one step's CPU time (forward, backward, AdamW step), "
-             "both modes in one process, interleaved, the first mode alternating (wall-clock ratio beside it); "
-             "memory: a fresh process per mode (best of 3), the peak resident size over three steps, and the "
-             "steps' own peak above the resident size before the first (the target applies to that one)",
+    clock = "wall time (the device synchronised at both ends of each block of steps)" if device == "cuda" else \
+        "CPU time (torch on one thread: the work done)"
+    lines = [f"# The saved-tensor check's cost: a training step with the check on / off, and its floor, {device.upper()}",
+             "", f"- {results['device']}, torch `{results['torch']}`, Python {platform.python_version()}"
+             + (f", {os.cpu_count()} CPU cores" if device == "cpu" else ""),
+             f"- command: `python bench/bench_saved.py --device {device} --rounds {rounds} --report`",
+             f"- each figure: the median of {rounds} per-round ratios of one step's {clock} (forward, backward, "
+             "AdamW step) to the step with the check off, every mode in one process, interleaved, the order "
+             "alternating; the check in `warn` mode",
+             "- floor: the step under an identity pair of saved-tensor hooks in Python, plus two reads of the "
+             "step's saved bytes on the device (one pass each, timed apart); what any check of saved tensors "
+             "that reads them twice costs at least",
+             "- peak: " + ("`torch.cuda.max_memory_allocated` over one step" if device == "cuda" else
+                           "a fresh process per mode, the peak resident size of three steps above the size before "
+                           "the first (best of 3)"),
              "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()),
-             f"- fingerprints of contiguous tensors of {results.get('kernel_min', 0):,} elements or more read by the "
-             "check's Triton kernel, the others by torch's ops", "",
-             "| model | saved tensors, bytes read a step | CPU time off | on | on / off (p25-p75) | wall on / off | "
-             "the hooks alone, reading nothing | target | process peak off / on | the steps' own peak off / on |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "- what one saved tensor costs the host (a chain of 1,000 products of 4 x 4 tensors, forward and backward, "
+             "each saving both inputs): {identity_us:.2f} us with identity hooks, {check_us:.2f} us with the check; one "
+             "op of that chain costs {op_us:.1f} us itself".format(**results["hook_cost"]), "",
+             "| model | saved a step | off | on | on / off (p25-p75) | target | floor (identity hooks + two reads) | "
+             "peak off / on | findings |", "|---|---|---|---|---|---|---|---|---|"]
     for t in results["models"]:
-        m = t["memory"]
-        target = "reported" if t["target"] is None else f"<= {t['target']}: {'met' if t['met'] else '**not met**'}"
-        lines.append(f"| {t['what']} | {t['saved_tensors_per_step']}, {t['bytes_per_step'] / 1e6:.0f} MB | "
-                     f"{t['off_ms']:.1f} ms | {t['on_ms']:.1f} ms | **{t['ratio']:.3f}** "
-                     f"({t['p25']:.3f}-{t['p75']:.3f}) | "
-                     f"{t['wall_ratio']:.3f} | {t['hooks_ratio']:.3f} | {target} | "
-                     f"{m['off']['peak_mib']:.0f} / {m['on']['peak_mib']:.0f} MiB ({m['extra_peak']:+.1%}) | "
-                     f"{m['off']['step_peak_mib']:.1f} / {m['on']['step_peak_mib']:.1f} MiB "
-                     f"({m['extra_step_peak']:+.1%}; <= 5 %: {'met' if m['met'] else '**not met**'}) |")
-    lines += ["", "Where the time goes: the hooks and their bookkeeping alone (every tensor's version, place and "
-              "frames, no memory read) cost the ratio of the 'reading nothing' column; the rest is reading each "
-              "saved tensor twice, at save and at use:", ""]
-    for t in results["models"]:
-        extra_s = (t["on_ms"] - t["off_ms"] * t["hooks_ratio"]) / 1e3
-        speed = t["bytes_per_step"] / extra_s / 1e9 if extra_s > 0 else float("inf")
-        lines.append(f"- {t['model']}: {t['bytes_per_step'] / 1e6:.0f} MB read a step in about {extra_s * 1e3:.0f} "
-                     f"ms ({speed:.1f} GB/s) beside {t['off_ms']:.0f} ms of training"
-                     + (_budget(t) if t["target"] and not t["met"] else ""))
+        lines.append(
+            f"| {t['what']} | {t['saved_tensors']}, {t['saved_bytes'] / 2**20:.0f} MiB | {t['off_ms']:.2f} ms | "
+            f"{t['on_ms']:.2f} ms | **{t['ratio']:.3f}** ({t['p25']:.3f}-{t['p75']:.3f}) | {_verdict(t)} | "
+            f"{t['floor']:.3f} ({t['identity_ratio']:.3f} + {t['reads_ms']:.2f} ms) | {_memory(t)} | "
+            f"{t['findings']} |")
+    paths = sorted({t["path"] for t in results["models"]})
+    lines += ["", f"The check ran on its {' and '.join(paths)} path."]
     return "\n".join(lines) + "\n"
 
-
-
-# --- CUDA -----------------------------------------------------------------------------------------
-
-
-def _device_step(name: str, device: str):
-    """A training step of ``name`` on ``device``: forward, backward, AdamW (foreach)."""
-    import torch
-
-    model, loss_of = build(name, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss_of().backward()
-        opt.step()
-
-    return step
-
-
-def syncs_and_launches(step, device: str) -> dict:
-    """One step's host synchronisations, counted by torch's sync debug mode (a warning per
-    synchronising call) and by the profiler (its cuda*Synchronize calls), and its kernel launches
-    (on a device other than CUDA, where neither is counted, None and 0)."""
-    import warnings
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    debug = None
-    if device == "cuda":
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                step()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        torch.cuda.synchronize()
-        debug = sum("synchroniz" in str(w.message) for w in caught)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        step()
-    names = [e.name for e in prof.events()]
-    return {"sync_debug_mode": debug, "profiler_synchronize": sum("Synchronize" in n for n in names),
-            "kernel_launches": sum(n in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-                                   for n in names)}
-
-
-def timing_cuda(name: str, rounds: int, device: str = "cuda") -> dict:
-    """``name`` of CUDA_MODELS timed on ``device`` (``cpu``: how tests run this code without a GPU)."""
-    import torch
-
-    import torchgen_patch
-    from torchgen_patch.saved import hooks
-
-    step = _device_step(name, device)
-    check = torchgen_patch.check_saved("raise")
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def block(on: bool, reading: bool = True) -> float:
-        n = STEPS_PER_ROUND[name]
-        real = hooks.fingerprint
-        if not reading:  # the hooks and their bookkeeping alone: no tensor's memory is read
-            hooks.fingerprint = lambda t: (0,)
-        if on:
-            check.start()
-        try:
-            sync()
-            t = time.perf_counter()
-            for _ in range(n):
-                step()
-            sync()
-            return (time.perf_counter() - t) / n
-        finally:
-            if on:
-                check.stop()
-            hooks.fingerprint = real
-
-    for on in (False, True, False, True):  # warm-up (and the check's weights made on the device)
-        block(on)
-    runs: dict[str, list] = {"off": [], "on": [], "ratio": [], "hooks": []}
-    for r in range(rounds):
-        first = r % 2 == 0
-        a = block(not first)
-        b = block(first)
-        off, on = (a, b) if first else (b, a)
-        runs["off"].append(off)
-        runs["on"].append(on)
-        runs["ratio"].append(on / off)
-        runs["hooks"].append(block(True, reading=False) / off)
-    counted = {}
-    for on in (False, True):
-        if on:
-            check.start()
-        try:
-            if on:
-                before = check.checked
-                step()
-                counted["saved_tensors"] = check.checked - before
-            counted["on" if on else "off"] = syncs_and_launches(step, device)
-        finally:
-            if on:
-                check.stop()
-    peaks = {"off": None, "on": None}
-    for on in (False, True) if device == "cuda" else ():
-        if on:
-            check.start()
-        try:
-            sync()
-            torch.cuda.reset_peak_memory_stats()
-            step()
-            sync()
-            peaks["on" if on else "off"] = torch.cuda.max_memory_allocated() / 2**20
-        finally:
-            if on:
-                check.stop()
-    what, target = CUDA_MODELS[name]
-    ratio = statistics.median(runs["ratio"])
-    q = statistics.quantiles(runs["ratio"], n=4) if rounds >= 4 else [ratio, ratio, ratio]
-    return {"model": name, "what": what, "off_ms": statistics.median(runs["off"]) * 1e3,
-            "on_ms": statistics.median(runs["on"]) * 1e3, "ratio": ratio, "p25": q[0], "p75": q[2],
-            "hooks_ratio": statistics.median(runs["hooks"]), "rounds": rounds, "target": target,
-            "met": None if target is None else ratio <= target, "counted": counted,
-            "peak_mib": peaks, "extra_peak": peaks["on"] / peaks["off"] - 1 if peaks["off"] else None}
-
-
-def main_cuda(rounds: int, report, json_path: str | None, device: str = "cuda") -> dict:
-    """The CUDA benchmark (``device``: ``cpu`` is how tests run this code without a GPU)."""
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda: no CUDA device")
-    from torchgen_patch.saved import fingerprint as fp
-
-    results = {"device": torch.cuda.get_device_name() if device == "cuda" else device, "torch": torch.__version__,
-               "off": nothing_runs_when_off(), "models": [], "kernel_min": fp._KERNEL_MIN}
-    print(f"with the check off: {results['off']}", flush=True)
-    for name in CUDA_MODELS:
-        t = timing_cuda(name, rounds, device)
-        results["models"].append(t)
-        c = t["counted"]
-        verdict = _verdict(t)
-        print(f"{name}: off {t['off_ms']:.1f} ms, on {t['on_ms']:.1f} ms, ratio {t['ratio']:.3f} "
-              f"(p25-p75 {t['p25']:.3f}-{t['p75']:.3f}; reading nothing {t['hooks_ratio']:.3f}){verdict}; "
-              f"{c['saved_tensors']} saved tensors a step; synchronisations a step off/on: "
-              f"{c['off']['sync_debug_mode']}/{c['on']['sync_debug_mode']} (sync debug mode), "
-              f"{c['off']['profiler_synchronize']}/{c['on']['profiler_synchronize']} (profiler); kernel launches "
-              f"{c['off']['kernel_launches']}/{c['on']['kernel_launches']}; peak allocated {_peak(t)}", flush=True)
-    return _written(results, json_path, report, device, lambda: render_cuda(results, rounds))
-
-
-def _peak(t: dict) -> str:
-    p = t["peak_mib"]
-    if p["off"] is None:
-        return "not measured"
-    return f"{p['off']:.0f} / {p['on']:.0f} MiB ({t['extra_peak']:+.1%})"
-
-
-def render_cuda(results: dict, rounds: int) -> str:
-    import platform
-
-    lines = ["# The saved-tensor check's cost: a training step with the check on / off, CUDA", "",
-             f"- {results['device']}, torch `{results['torch']}`, Python {platform.python_version()}",
-             f"- command: `python bench/bench_saved.py --device cuda --rounds {rounds} --report`",
-             "- each figure: the median of per-round ratios of one step's wall time (forward, backward, AdamW step; "
-             "the device synchronised before and after each block of steps), both modes in one process, "
-             "interleaved, the first mode alternating; host synchronisations and kernel launches of one step, "
-             "counted with the check off and on (torch.cuda.set_sync_debug_mode('warn')'s warnings; the "
-             "profiler's cuda*Synchronize calls; its kernel launches); peak: torch.cuda.max_memory_allocated "
-             "over one step",
-             "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()),
-             f"- fingerprints of contiguous tensors of {results.get('kernel_min', 0):,} elements or more read by the "
-             "check's Triton kernel, the others by torch's ops", "",
-             "| model | saved tensors a step | off | on | on / off (p25-p75) | the hooks alone, reading nothing | "
-             "target | synchronisations a step, off / on (sync debug mode; profiler) | kernel launches off / on | "
-             "peak allocated off / on |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for t in results["models"]:
-        c = t["counted"]
-        target = "reported" if t["target"] is None else f"<= {t['target']}: {'met' if t['met'] else '**not met**'}"
-        lines.append(f"| {t['what']} | {c['saved_tensors']} | {t['off_ms']:.1f} ms | {t['on_ms']:.1f} ms | "
-                     f"**{t['ratio']:.3f}** ({t['p25']:.3f}-{t['p75']:.3f}) | {t['hooks_ratio']:.3f} | {target} | "
-                     f"{c['off']['sync_debug_mode']} / {c['on']['sync_debug_mode']}; "
-                     f"{c['off']['profiler_synchronize']} / {c['on']['profiler_synchronize']} | "
-                     f"{c['off']['kernel_launches']} / {c['on']['kernel_launches']} | "
-                     f"{_peak(t)} |")
-    return "\n".join(lines) + "\n"
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--models", help="a comma-separated subset of the device's models")
+    ap.add_argument("--path", choices=("native", "python"), help="the check's path (default: native where built)")
     ap.add_argument("--json")
     ap.add_argument("--report", nargs="?", const=True, default=False, metavar="FILE")
-    ap.add_argument("--kernel-min", type=int, metavar="N",
-                    help="CUDA: read tensors of N elements or more with the fingerprint's Triton kernel "
-                         "(default: the check's own threshold; a huge N: torch's ops only)")
     a = ap.parse_args()
-    if a.kernel_min is not None:
-        from torchgen_patch.saved import fingerprint as _fp
-
-        _fp._KERNEL_MIN = a.kernel_min
-    main(a.rounds, a.report, a.json, a.device)
+    main(a.rounds, a.report, a.json, a.device, a.models.split(",") if a.models else None, a.path)

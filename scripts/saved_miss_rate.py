@@ -1,7 +1,7 @@
 """How often the saved-tensor check's fingerprint misses a change, measured where it can be: the
 fingerprint reduced to a residue mod 1021 (10 bits) misses a random change of three elements about
-once in 1021 if the full 64-bit value mixes like a uniform hash, which makes its own miss rate for
-random changes about 2**-64 (docs/unseen-writes.md quotes this script's output).
+once in 1021 if the full 64-bit value mixes like a uniform hash (docs/unseen-writes.md quotes this
+script's output; the bound for any change chosen without the process's key is NH's, 2**-32).
 
     .venv/bin/python scripts/saved_miss_rate.py [--changes N]
 """
@@ -41,8 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--changes", type=int, default=20000)
     a = p.parse_args(argv)
     sys.path.insert(0, ROOT)
-    for path, size, what in (("small", 1024, "CPU, 4 KiB: Python's hash"), ("numpy", 8192, "CPU, 32 KiB: the sum"),
-                             ("device", 8192, "the device path (run on CPU)")):
+    for path, size, what in (("numpy", 256, "one NH block (1 KiB), numpy"), ("numpy", 8192, "32 NH blocks (32 KiB), numpy"),
+                             ("device", 8192, "32 NH blocks, torch's ops (run on CPU)")):
         n = misses(path, size, a.changes)
         print(f"{what}: {n} misses in {a.changes} changes, mod 1021 (a uniform hash: {a.changes / 1021:.1f})")
     return 0

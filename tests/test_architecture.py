@@ -300,6 +300,7 @@ USER_PATHS = {
 }
 ALLOWED = {
     ("runtime/__init__.py", "_inputs_key"): "the package's templates and the overlay, hashed into the index key",
+    ("runtime/build.py", "python_flags"): "this Python's header, looked for (the compiler reads it)",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",
     ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by files.find)",
@@ -394,7 +395,7 @@ def test_the_cache_directory_is_named_only_where_it_is_handed_on():
 
 def test_nothing_loads_a_library_by_path():
     """No cpp_extension.load()/load_inline(), no torch.ops.load_library(); the one dlopen is of the checked
-    descriptor's name (runtime/install.py's _dlopen; CDLL(None) is the process itself)."""
+    descriptor's name (runtime/loader.py's _dlopen; CDLL(None) is the process itself)."""
     loads, dlopens = [], []
     for path in _modules().values():
         rel = os.path.relpath(path, PKG)
@@ -410,7 +411,7 @@ def test_nothing_loads_a_library_by_path():
                 arg = ast.unparse(node.args[0]) if node.args else ""
                 dlopens.append((rel, arg))
     assert loads == []
-    assert {d for d in dlopens if d[1] != "None"} == {("runtime/install.py", "name")}  # None: the process itself
+    assert {d for d in dlopens if d[1] != "None"} == {("runtime/loader.py", "name")}  # None: the process itself
 
 
 # ---- the tools stand on their own -----------------------------------------------------------------
@@ -472,14 +473,7 @@ def _private_names_reached(source: str) -> list[str]:
     return out
 
 
-def _benchmarks() -> list:
-    names = sorted(n for n in os.listdir(os.path.join(ROOT, "bench")) if n.endswith(".py"))
-    # bench_saved.py is being rewritten with the saved-tensor check; strict: this fails once it needs no mark
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="fingerprint._block, until its rewrite"))
-            if n == "bench_saved.py" else n for n in names]
-
-
-@pytest.mark.parametrize("name", _benchmarks())
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(os.path.join(ROOT, "bench")) if n.endswith(".py")))
 def test_benchmarks_use_public_names_only(name):
     source = open(os.path.join(ROOT, "bench", name), encoding="utf-8").read()
     assert _private_names_reached(source) == []

@@ -1,8 +1,9 @@
-"""The saved-tensor check on CUDA: the device fingerprint computed by CUDA's kernels is exactly the
-one the CPU tests check (tests/test_saved.py runs the device path on CPU), a one-bit change in
-any element changes it, and a backward pass costs one host synchronisation whatever the number
-of tensors it checks (the comparisons stay on the device until its end). Skipped without a GPU;
-the CUDA benchmark's code (bench/bench_saved.py --device cuda) runs here on CPU as well."""
+"""The saved-tensor check on CUDA: the native hooks' kernel (compiled at run time by NVRTC, launched from
+C++) and the Python path's torch ops compute exactly the fingerprint the CPU tests check, in every
+layout; a one-bit change in any element changes it; writes are found on both paths; batch norm's own
+statistics (cuDNN's node) are exempt only in training mode; and a backward pass costs one host
+synchronisation whatever the number of tensors it checks. Skipped without a GPU; the benchmark's code
+(bench/bench_saved.py) runs here on CPU as well."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from torchgen_patch.saved import fingerprint as fp
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+PATHS = ["native", "python"]
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool, torch.complex64]
@@ -27,55 +29,57 @@ def _sample(dtype, rows: int = 64, cols: int = 48):
 
 
 def _layouts(t):
-    return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::3], "expanded": t[:1].expand(4, -1), "0-d": t[0, 0],
-            "column": t[:1].t()}
+    return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::3], "offset": t[:, 1:], "expanded":
+            t[:1].expand(4, -1), "0-d": t[0, 0], "column": t[:1].t(), "heads": t.view(t.shape[0], 4, -1)[:, 1:3]
+            .transpose(0, 1), "columns": t[:, 16:48]}  # heads, columns: the rows kernel where 16-byte aligned
 
 
-def _device_path_on_cpu(t) -> int:
-    fp._FORCE_DEVICE_PATH = True
-    try:
-        return int(fp.fingerprint(t)[0])
-    finally:
-        fp._FORCE_DEVICE_PATH = False
+@pytest.fixture(scope="module")
+def native_hooks():
+    from torchgen_patch.runtime import checklib
+
+    why = checklib.prepare("native")
+    assert why is None, why
+    from torchgen_patch.saved import native
+
+    return native._STATE["module"].Hooks(None, None, None, None, fp.plain_types())
+
+
+def _cpu_reference(t) -> int:
+    return int(fp.fingerprint(t)[0]) & ((1 << 64) - 1)
 
 
 @pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cuda_computes_the_fingerprint_the_cpu_tests_check(dtype):
-    t = _sample(dtype)
-    for name, v in _layouts(t).items():
-        on_cuda = fp.fingerprint(_layouts(t.cuda())[name])
-        assert int(on_cuda[0]) == _device_path_on_cpu(v), name
+def test_cuda_computes_the_fingerprint_the_cpu_tests_check(dtype, native_hooks):
+    """The native kernel and torch's ops on CUDA: the CPU's number, for every layout (the dense kernel,
+    the strided one, unaligned starts), small and of many NH blocks (several blocks of threads)."""
+    for rows, cols in ((64, 48), (1031, 96)):
+        t = _sample(dtype, rows, cols)
+        for name, v in _layouts(t).items():
+            want = _cpu_reference(v)
+            on = _layouts(t.cuda())[name]
+            assert native_hooks.fingerprint(on) == want, (rows, name)
+            assert int(fp.fingerprint(on)[0]) & ((1 << 64) - 1) == want, (rows, name)
+    devices = native_hooks.devices()
+    assert devices and all(why == "" for why in devices.values()), devices  # the kernel, not a fallback
 
 
 @pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int8], ids=str)
-def test_on_cuda_a_one_bit_change_changes_the_fingerprint(dtype):
+def test_on_cuda_a_one_bit_change_changes_the_fingerprint(dtype, native_hooks):
     t = _sample(dtype).cuda()
     raw = t.view(torch.uint8).view(-1)
-    for byte in (0, 7, raw.numel() // 2, raw.numel() - 1):
-        for bit in (0, 7):
-            before = int(fp.fingerprint(t)[0])
-            raw[byte] ^= 1 << bit
-            assert int(fp.fingerprint(t)[0]) != before, (byte, bit)
-            raw[byte] ^= 1 << bit
-            assert int(fp.fingerprint(t)[0]) == before
-
-
-@pytest.mark.cuda
-@needs_cuda
-def test_on_cuda_the_kernel_reads_contiguous_tensors_and_gives_torchs_sum(monkeypatch):
-    """With Triton there, the kernel passed its probe and reads a large contiguous tensor at once: the
-    same number torch's ops give reading it a chunk at a time (a tensor of more than one chunk)."""
-    pytest.importorskip("triton", reason="Triton is not installed")
-    device = torch.device("cuda", torch.cuda.current_device())
-    assert fp._kernel_for(device) is not None, "the kernel's probe did not give torch's sum"
-    t = torch.randn(fp.DEVICE_CHUNK + 12345, device=device)
-    by_kernel = int(fp.fingerprint(t)[0])
-    monkeypatch.setitem(fp._KERNELS, device, None)
-    assert int(fp.fingerprint(t)[0]) == by_kernel
+    for read in (native_hooks.fingerprint, lambda x: int(fp.fingerprint(x)[0])):
+        for byte in (0, 7, raw.numel() // 2, raw.numel() - 1):
+            for bit in (0, 7):
+                before = read(t)
+                raw[byte] ^= 1 << bit
+                assert read(t) != before, (byte, bit)
+                raw[byte] ^= 1 << bit
+                assert read(t) == before
 
 
 def _syncs(fn) -> int:
@@ -94,7 +98,8 @@ def _syncs(fn) -> int:
 
 @pytest.mark.cuda
 @needs_cuda
-def test_a_checked_backward_pass_synchronises_once_whatever_it_checks():
+@pytest.mark.parametrize("path", PATHS)
+def test_a_checked_backward_pass_synchronises_at_most_once_whatever_it_checks(path):
     import torchgen_patch
 
     torch.manual_seed(0)
@@ -108,39 +113,97 @@ def test_a_checked_backward_pass_synchronises_once_whatever_it_checks():
         model.zero_grad(set_to_none=True)
         model(x).pow(2).mean().backward()
 
-    check = torchgen_patch.check_saved("raise")
+    check = torchgen_patch.check_saved("raise", path=path)
     with check:
-        step()  # the fingerprint's weights made on the device first
+        step()  # the kernel compiled, the key on the device
     plain = _syncs(step)
     with check:
         before = check.checked
         checked = _syncs(step)
         saved = check.checked - before
-    assert saved >= 48 and plain <= checked <= plain + 1, (saved, plain, checked)  # at most the one read at the end
+    assert check.path == path
+    # the native hooks wait on the stream with the driver (torch's sync debug mode does not count it)
+    assert saved >= 48 and checked <= plain + 1, (saved, plain, checked)
     assert check.findings == []
 
 
-def test_the_cuda_benchmark_runs_its_code_on_cpu(monkeypatch, tmp_path):
-    """bench/bench_saved.py --device cuda's timing, counting, report and JSON, on a tiny GPT-2 on CPU
-    (where no synchronisation is counted): so the GPU run is not their first."""
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", ["warn", "raise"])
+def test_on_cuda_a_data_write_is_found_and_named(path, mode):
+    import torchgen_patch
+    from torchgen_patch.saved import SavedTensorChanged
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).cuda()
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved(mode, path=path)
+    try:
+        with check:
+            loss = model(x).pow(2).sum()
+            model[2].weight.data.mul_(2)
+            loss.backward()
+    except SavedTensorChanged as e:
+        assert mode == "raise"
+        finding = e.finding
+    else:
+        assert mode == "warn" and len(check.findings) == 1
+        finding = check.findings[0]
+    assert finding.name == "2.weight" and finding.device == "cuda:0" and finding.node.startswith("Addmm")
+    before = len(check.findings)
+    with check:  # the same without the write: nothing
+        model(x).pow(2).sum().backward()
+    assert len(check.findings) == before
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_on_cuda_batch_norm_statistics_are_exempt_only_in_training_mode(path):
+    import torchgen_patch
+
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(8).cuda()
+    frozen = torch.nn.BatchNorm2d(8).cuda()
+    frozen.weight.requires_grad_(False)
+    x = torch.randn(4, 8, 6, 6, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path=path)
+    with check:  # training mode: the op updates its own statistics after saving them
+        bn(x).sum().backward()
+    assert check.findings == []
+    bn.eval()
+    with check:  # eval mode: backward reads running_var; a write to it is a finding
+        loss = bn(x).sum()
+        bn.running_var.data.mul_(2)
+        loss.backward()
+    assert [f.name for f in check.findings] == ["running_var"]
+    with check:  # a frozen affine weight in training mode: a finding too
+        loss = frozen(x).sum()
+        frozen.weight.data.mul_(2)
+        loss.backward()
+    assert [f.name for f in check.findings][1:] == ["weight"]
+
+
+def test_the_benchmark_runs_its_code_on_cpu(monkeypatch, tmp_path):
+    """bench/bench_saved.py's timing, floor, memory, report and JSON on a tiny model on CPU (so the GPU
+    run is not their first)."""
     import importlib.util
     import json
     import os
 
     from tests.conftest import ROOT
 
-    pytest.importorskip("transformers")
     spec = importlib.util.spec_from_file_location("bench_saved", os.path.join(ROOT, "bench", "bench_saved.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    monkeypatch.setitem(bench.GPT2, "tiny", (1, 32, 2, 64, 2, 16))
-    monkeypatch.setattr(bench, "CUDA_MODELS", {"tiny": ("a tiny GPT-2", 1.2)})
-    monkeypatch.setitem(bench.STEPS_PER_ROUND, "tiny", 1)
+    monkeypatch.setitem(bench.PRENORM, "tiny", (1, 32, 2, 2, 16))
+    monkeypatch.setitem(bench.CPU_MODELS, "tiny", ("a tiny pre-norm transformer", 1.5))
     report, js = tmp_path / "r.md", tmp_path / "r.json"
-    bench.main_cuda(2, str(report), str(js), device="cpu")
+    bench.main(2, str(report), str(js), device="cpu", models=["tiny"])
     (t,) = json.loads(js.read_text())[0]["models"]
-    c = t["counted"]
-    assert c["saved_tensors"] > 10 and c["off"]["sync_debug_mode"] is None and c["off"]["kernel_launches"] == 0
-    assert t["off_ms"] > 0 and t["on_ms"] > 0 and t["met"] == (t["ratio"] <= 1.2) and t["peak_mib"]["off"] is None
+    assert t["saved_tensors"] > 10 and t["saved_bytes"] > 0 and t["off_ms"] > 0 and t["on_ms"] > 0
+    assert t["floor"] >= t["identity_ratio"] > 0 and t["met"] == (t["ratio"] <= 1.5) and t["findings"] == 0
+    assert t["checked_per_step"] == t["saved_tensors"]
     text = report.read_text()
-    assert f"| a tiny GPT-2 | {c['saved_tensors']} | " in text and "| None / None; 0 / 0 | 0 / 0 | not measured |" in text
+    assert "| a tiny pre-norm transformer | " in text and "floor (identity hooks + two reads)" in text

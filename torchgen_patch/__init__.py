@@ -34,11 +34,20 @@ def evidence():
     return _evidence()
 
 
-def check_saved(mode=CheckMode.WARN):
+def check_saved(mode=CheckMode.WARN, path=None):
     """A check of every tensor autograd saves for backward: a write that changed its contents without
     moving its version is a finding (``mode="warn"``: one line each on stderr; ``"raise"``: an
     exception). A context manager (``with torchgen_patch.check_saved("raise"):``), or for the rest
-    of the process: ``torchgen_patch.check_saved("warn").start()``. Any other mode: ValueError."""
+    of the process: ``torchgen_patch.check_saved("warn").start()``. Any other mode: ValueError.
+    ``path``: ``"native"`` (C++ hooks, built once and cached like the kernels), ``"python"``, or None
+    (default, also $TORCHGEN_PATCH_CHECK_PATH): native where they can be built, else Python."""
     from .saved import check_saved as _check
+    from .saved import mode_of, native
 
-    return _check(mode)
+    mode = mode_of(mode)  # refused before anything is built
+    native.chosen(path)
+    with descriptors_said():
+        from .runtime.checklib import prepare
+
+        prepare(path)
+    return _check(mode, path)

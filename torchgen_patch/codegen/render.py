@@ -114,3 +114,23 @@ def render_boxed() -> dict[str, bytes]:
         "TorchgenPatchRuntime.h": env.get_template(RUNTIME_TEMPLATE).render(generated_comment=_comment(RUNTIME_TEMPLATE)),
     }
     return {k: v.encode("utf-8") for k, v in files.items()}
+
+
+SAVED_TEMPLATE = "SavedCheck.cpp.j2"
+SAVED_KERNEL_TEMPLATE = "SavedFingerprint.cu.j2"
+
+
+def render_saved() -> dict[str, bytes]:
+    """The saved-tensor check's native hooks (fixed text): its C++ source and, beside it, the CUDA
+    source its hooks compile at run time with NVRTC (read by ``saved_kernel_source``)."""
+    env = environment()
+    files = {
+        "SavedCheck.cpp": env.get_template(SAVED_TEMPLATE).render(generated_comment=_comment(SAVED_TEMPLATE)),
+        "SavedFingerprint.cu": saved_kernel_source(),
+    }
+    return {k: v.encode("utf-8") for k, v in files.items()}
+
+
+def saved_kernel_source() -> str:
+    """The CUDA source of the saved-tensor check's fingerprint kernel."""
+    return environment().get_template(SAVED_KERNEL_TEMPLATE).render(generated_comment=_comment(SAVED_KERNEL_TEMPLATE))

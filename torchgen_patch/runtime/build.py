@@ -136,16 +136,17 @@ def _not_writable(root: str, why: str) -> InputError:
 
 def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
           root: str | None = None, verbose: bool = False, log=None, sources: list[str] | None = None,
-          prefix: str = LIB_PREFIX) -> Library:
+          prefix: str = LIB_PREFIX, links: tuple[str, ...] = ()) -> Library:
     """Compile ``files`` (as rendered by render.render) unless the cache has them.
     ``sources``: the files to compile (default: the plan's shards and registration); ``log``: where
-    the build says what it does (default: ``sys.stderr`` as it is at the call, never at import)."""
+    the build says what it does (default: ``sys.stderr`` as it is at the call, never at import);
+    ``links``: more link flags (part of the key, as every flag)."""
     log = sys.stderr if log is None else log
     torch = require_torch("building the kernels")
 
     compiler = _compiler()
     flags = default_flags() if flags is None else flags
-    key = _key(files, flags, compiler)
+    key = _key(files, flags + tuple(links), compiler)
     final = f"build-{key[:24]}"
     name = f"{prefix}_{key[:12]}"
     with _builds_root(root) as builds:
@@ -165,7 +166,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
                 return lib
             remove_stale(builds)
             _compile(builds, files, sources or compiled_sources(shards), flags, name, key, final, compiler, ninja,
-                     verbose, log)
+                     verbose, log, links)
     return Library(lib.path, lib.directory, key, torch.__version__, tuple(ops), True)
 
 
@@ -390,7 +391,8 @@ def build_problem(stated: str | bytes | None, key: str | None, path: str) -> str
 
 # ---- the build -------------------------------------------------------------------------------------
 
-def _compile(builds: cache.Dir, files, units, flags, name, key, final, compiler, ninja, verbose, log) -> None:
+def _compile(builds: cache.Dir, files, units, flags, name, key, final, compiler, ninja, verbose, log,
+             links=()) -> None:
     torch = require_torch("building the kernels")
     library = f"{name}.so"
     tmp = None
@@ -403,6 +405,7 @@ def _compile(builds: cache.Dir, files, units, flags, name, key, final, compiler,
                 src.create(IDENTITY_SOURCE, identity_source(key))
             units = list(units) + [IDENTITY_SOURCE]
             cflags, ldflags = _toolchain_flags()
+            ldflags += list(links)
             tmp.create("build.ninja", build_ninja(compiler, cflags + list(flags), ldflags, units, library).encode())
             sizes = {u: len(files[u]) if u in files else len(identity_source(key)) for u in units}
             guess = estimate(builds, sizes)
@@ -610,3 +613,25 @@ def build_boxed(root: str | None = None, verbose: bool = False, log=None) -> Lib
 
     return build(render_boxed(), [], 0, root=root, verbose=verbose, log=log, sources=["BoxedADInplaceOrView.cpp"],
                  prefix="torchgen_patch_boxed")
+
+
+def python_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(compile flags, link flags) of a library that is also a Python extension: this Python's headers
+    and torch's Python bindings; an EnvironmentProblem where the headers are missing."""
+    import sysconfig
+
+    include = sysconfig.get_paths().get("include") or ""
+    if not os.path.isfile(os.path.join(include, "Python.h")):
+        raise EnvironmentProblem(f"this Python's headers are not installed (no Python.h in {include or 'its include path'})",
+                                 "install them (python3-dev on Debian and Ubuntu)")
+    return ("-isystem", include, "-O3"), ("-ltorch_python",)
+
+
+def build_saved(root: str | None = None, verbose: bool = False, log=None) -> Library:
+    """The saved-tensor check's native hooks (a library that is a Python extension, built as any other)."""
+    from ..codegen import render_saved
+
+    cflags, links = python_flags()
+    files = render_saved()
+    return build(files, [], 0, flags=default_flags() + cflags, root=root, verbose=verbose, log=log,
+                 sources=[n for n in sorted(files) if n.endswith(".cpp")], prefix="torchgen_patch_saved", links=links)

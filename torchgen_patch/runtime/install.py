@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..errors import EnvironmentProblem, InputError, descriptors_said, one_line, require_torch, unknown_names
+from .loader import _CDLLS, _load, _load_built  # noqa: F401  (_CDLLS: uninstall's; _load_built: run's children)
 from ..sources import Options
 from ..vocabulary import Backend, CheckMode, plural
 
@@ -32,7 +33,6 @@ def _reset_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_lock_in_child)
 _INSTALLED: dict[str, Backend] = {}  # op -> backend
 _HANDLES: list = []  # keep libraries (ctypes handles, torch.library.Library) alive
-_CDLLS: dict[tuple[int, int], ctypes.CDLL] = {}  # (st_dev, st_ino) of the file loaded -> its handle
 _EVIDENCE = None  # pykernel.Evidence of the runtime ops installed with evidence=True
 
 
@@ -103,6 +103,7 @@ class InstallOptions:
     boxed_library: str | None = None  # a built boxed library (run's children): checked, never rebuilt
     build: bool = True  # False: no usable prebuilt kernels is an error, nothing compiles
     check_saved: CheckMode | None = None  # WARN or RAISE (or its word): the saved-tensor check too (saved.enable)
+    saved_library: str | None = None  # a build of the check's native hooks (run's children): checked, never rebuilt
 
 
 _SOURCE_KEYWORDS = ("native_functions", "tags", "overlay", "no_overlay", "no_cache", "requires_grad_check")
@@ -148,6 +149,9 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
     with descriptors_said():  # no free descriptor, at an open or at a lazy import: one line, exit 3
         rep = _install(ops, backend, options or Options(**sources), plan, how)
         if mode is not None:
+            from .checklib import prepare
+
+            prepare(library=how.saved_library, build=how.build)
             rep.check_saved = saved.enable(mode).mode
     return rep
 
@@ -211,90 +215,6 @@ def _select(cands: list[Candidate], ops: list[str] | None) -> list[Candidate]:
     if unknown:
         raise unknown_names("the plan", unknown, by)
     return [by[o] for o in ops]
-
-
-def _dlopen(name: str) -> ctypes.CDLL:
-    return ctypes.CDLL(name)
-
-
-def _load(path: str, sha256: str | None, root: str, key: str | None = None) -> ctypes.CDLL:
-    """The library at ``path``, checked (trust.check_library) and loaded from the very descriptor that
-    was checked, once per file, under a name no earlier load used (``cache.loadable``); before it is
-    used, the library must state that it is the build ``key`` (its record's) for exactly this torch
-    (``build.build_problem``): no record can say otherwise."""
-    from . import trust
-    from .build import build_problem
-
-    fd = trust.check_library(path, sha256, root)
-    try:
-        st = os.fstat(fd)
-        dll = _CDLLS.get((st.st_dev, st.st_ino))
-        if dll is not None:
-            return dll
-        dll = _open_checked(fd, path)
-        why = build_problem(_stated(dll), key, path)
-        if why:
-            _close(dll)
-            raise EnvironmentProblem(f"{why}: it is not registered",
-                                     "install the kernels made for this torch (`torchgen-patch wheel` with it), or "
-                                     f"remove {os.path.dirname(path)} and build again (torchgen-patch build)")
-        _CDLLS[(st.st_dev, st.st_ino)] = dll
-        return dll
-    finally:
-        os.close(fd)
-
-
-def _open_checked(fd: int, path: str) -> ctypes.CDLL:
-    """``dlopen`` of the file behind ``fd``: through /proc/self/fd, or a private copy where this system
-    has none. A failure that is the process's (no free descriptor) is said as such."""
-    import errno
-
-    from .. import cache
-
-    name = cache.loadable(fd)
-    try:
-        if name is not None:
-            return _dlopen(name)
-        with cache.private_copy(fd, path) as copy:  # no /proc: a copy of the checked descriptor's bytes
-            return _dlopen(copy)
-    except OSError as e:
-        text = one_line(str(e))
-        if getattr(e, "errno", None) in (errno.EMFILE, errno.ENFILE) or "Too many open files" in text:
-            raise EnvironmentProblem(f"cannot load {path}: this process has no free file descriptor to open it "
-                                     "with (too many open files)",
-                                     "close descriptors the program does not need, or raise the limit (ulimit -n)") \
-                from None
-        raise EnvironmentProblem(f"cannot load {path}: {text}",
-                                 f"remove {os.path.dirname(path)} and build again (torchgen-patch build)") from None
-
-
-def _stated(dll: ctypes.CDLL) -> bytes | None:
-    """What the library says of its own build (``torchgen_patch_build()``), or None if it says nothing."""
-    from .build import IDENTITY_SYMBOL
-
-    try:
-        fn = getattr(dll, IDENTITY_SYMBOL)
-    except AttributeError:
-        return None
-    fn.restype, fn.argtypes = ctypes.c_char_p, []
-    return fn()
-
-
-def _close(dll: ctypes.CDLL) -> None:
-    import _ctypes
-
-    try:
-        _ctypes.dlclose(dll._handle)
-    except (OSError, AttributeError):
-        pass
-
-
-def _load_built(library: str) -> ctypes.CDLL:
-    """A build of torchgen-patch (the boxed library, say), its record read through the trust checks."""
-    from . import artifact_at
-
-    art = artifact_at(library, manifest=False)
-    return _load(art.path, art.sha256, art.root, art.key)
 
 
 def _refused_by_torch(dll: ctypes.CDLL, path: str, error_fn: str) -> EnvironmentProblem:

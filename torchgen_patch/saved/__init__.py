@@ -32,20 +32,21 @@ def mode_of(mode) -> CheckMode:
         raise ValueError(f"check_saved mode must be 'warn' or 'raise', not {mode!r}") from None
 
 
-def check_saved(mode="warn"):
+def check_saved(mode="warn", path=None):
     """A check of saved tensors, as a context manager (``with check_saved("raise"):``) or for the rest
-    of the process (``check_saved("warn").start()``); ``.findings`` lists what it found."""
+    of the process (``check_saved("warn").start()``); ``.findings`` lists what it found. ``path``:
+    ``native``, ``python`` or None (the native hooks where they are loaded, ``native.py``)."""
     from .hooks import Check
 
-    return Check(mode_of(mode))
+    return Check(mode_of(mode), path)
 
 
-def enable(mode="warn"):
+def enable(mode="warn", path=None):
     """Turn the check on for the rest of the process, on this thread (the one that imports torch);
     ``warn`` prints the count when the process exits."""
     from .hooks import enable as on
 
-    return on(mode_of(mode))
+    return on(mode_of(mode), path)
 
 
 def disable() -> None:

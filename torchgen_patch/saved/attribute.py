@@ -54,6 +54,14 @@ def _kind(code) -> int:
     return 1 if os.path.abspath(name).startswith(_LIBS) else 2
 
 
+def kind_of_code(code) -> int:
+    """2: the program's own code, 1: a library outside torch, 0: torch or this package (cached)."""
+    kind = _PROGRAM.get(code)
+    if kind is None:
+        kind = _PROGRAM[code] = _kind(code)
+    return kind
+
+
 def caller(depth: int = 2):
     """Where the current call came from, cheaply, to be made a Frame only if a finding needs it: the
     innermost frame of the program's own code and the innermost frame outside torch and this
@@ -119,15 +127,33 @@ def module_name(t, original=None) -> tuple[str | None, str | None, bool]:
     roots.sort(key=lambda m: -sum(1 for _ in m.parameters()))
     target = original if original is not None else t
     best = None
+    paths = {}  # id of a root -> its names of parameters and buffers
     for root in roots:
         named = list(root.named_parameters(remove_duplicate=False)) + list(root.named_buffers(remove_duplicate=False))
+        paths[id(root)] = {name for name, _ in named}
         for name, p in named:
             if p is target:
-                return name, type(root).__name__, False
+                return name, _owner(root, name, roots, paths), False
         for name, p in named:
             if best is None and _inside(t, p):
-                best = name, type(root).__name__, True
-    return best or (None, None, False)
+                best = name, root, True
+    if best is None:
+        return None, None, False
+    return best[0], _owner(best[1], best[0], roots, paths), True
+
+
+def _owner(root, name: str, roots, paths: dict) -> str:
+    """How a finding names the model that holds ``name``: its class, and its id where another model of
+    that class has a parameter or buffer of the same path (a teacher and its student copy)."""
+    cls = type(root).__name__
+    for other in roots:
+        if other is not root and type(other).__name__ == cls:
+            if id(other) not in paths:
+                paths[id(other)] = {n for n, _ in other.named_parameters(remove_duplicate=False)} | \
+                    {n for n, _ in other.named_buffers(remove_duplicate=False)}
+            if name in paths[id(other)]:
+                return f"{cls} at 0x{id(root):x}"
+    return cls
 
 
 def _inside(t, p) -> bool:
@@ -191,14 +217,43 @@ STEPS = Steps()
 
 # --- writes that are the saver's own --------------------------------------------------------------
 
+_BATCH_NORM = ("NativeBatchNormBackward", "CudnnBatchNormBackward", "MiopenBatchNormBackward",
+               "BatchNormWithUpdateBackward")
 
-def written_by_its_saver(node, t) -> bool:
-    """Whether ``t`` is an argument the op that saved it writes itself, after saving it, by design:
-    batch norm's running statistics (``running_mean``, ``running_var``: 1-d, no grad), updated by
-    the op in place without a version bump (backward in training mode does not read them). Such a
-    change is no finding."""
-    return (node is not None and hasattr(node, "_raw_saved_running_mean") and t.dim() == 1
-            and not getattr(t, "requires_grad", False))
+
+def written_by_its_saver(node, t, quiet) -> bool:
+    """Whether ``t`` is what the op that saved it writes itself, after saving it, by design: batch
+    norm's running statistics (``running_mean``, ``running_var``), updated in place by the op in
+    training mode without a version bump (backward in training mode does not read them). Only there:
+    in eval mode backward reads them, and a frozen affine weight is no statistic. Such a change is
+    no finding."""
+    if node is None or t.dim() != 1:
+        return False
+    try:
+        return t.data_ptr() in saver_statistics(node, quiet)
+    except RuntimeError:  # no pointer of its own
+        return False
+
+
+def saver_statistics(node, quiet) -> tuple[int, ...]:
+    """The data pointers of the statistics ``node`` updates itself (batch norm in training mode, with
+    tracked statistics); () for any other node. ``quiet``: a context in which the check's hooks give
+    back what a node saved without checking it."""
+    name = node.name()
+    if not name.startswith(_BATCH_NORM):
+        return ()
+    if not name.startswith("BatchNormWithUpdate") and getattr(node, "_saved_training", False) is not True:
+        return ()
+    out = []
+    with quiet():
+        for attr in ("_saved_running_mean", "_saved_running_var"):
+            try:
+                stat = getattr(node, attr)
+            except RuntimeError:  # released after use
+                continue
+            if stat is not None:
+                out.append(stat.data_ptr())
+    return tuple(out)
 
 
 # --- rank and writers ---------------------------------------------------------------------------

@@ -5,18 +5,32 @@ that record each saved tensor's version and fingerprint at pack and compare them
   check off, so the hooks redo it.
 - Version kept, contents changed: a ``Finding``.
 
-The hooks compose with the program's own. A program pushing hooks of its own while the check is
-on (activation checkpointing, ``save_on_cpu``, tensor parallelism's input resharding) gets them
-wrapped: its pack runs inside the check's, and at unpack the check looks at the original tensor,
-through a weak reference, when it is still alive (what its hooks return may be a copy or a
-recomputation); a tensor that died meanwhile cannot have been written. Hooks already on the
-stack when the check starts are wrapped the same way. torch.func transforms, which refuse any
-saved-tensor hooks, run with the check's own hooks lifted for their duration (autograd's own
-version check is in force there).
+Two implementations of the same hooks, one suite of tests run on both (``native.py``):
 
-On CPU each comparison is made at unpack; on any other device the fingerprints stay on the
-device and the comparisons of one backward pass are read back once, at its end (the engine's
-final callback), so no tensor costs a synchronisation.
+- **native** (the default wherever a C++ compiler is there; the library is built once and cached
+  like the kernels, loaded by the same trust rules): pack and unpack are C++, the fingerprint is read
+  in place on CPU (vectorized, on torch's intra-op threads) and by one CUDA kernel per saved tensor
+  launched from C++; the program's frame is kept as a code object and an instruction offset, made a
+  line only when a finding needs it.
+- **python** (``_PythonHooks`` here): the same decisions in Python, for a machine where nothing can be
+  compiled and for tensors the native hooks leave to it (tensor subclasses, devices other than CPU
+  and CUDA).
+
+Both call back into the ``Check`` for what is rare: a moved version, a changed tensor, a tensor not
+judged. The hooks compose with the program's own. A program pushing hooks of its own while the
+check is on (activation checkpointing, ``save_on_cpu``, tensor parallelism's input resharding) gets
+them wrapped: its pack runs inside the check's, and at unpack the check looks at the original
+tensor, through a weak reference, when it is still alive (what its hooks return may be a copy, a
+compressed copy or a recomputation); when the original died, what its hooks returned is compared
+only if it came back with the layout and the very bits that were saved; other contents there are not
+judged (lossy hooks, bf16 or fp8 activation compression, give a correct program such contents).
+Hooks already on the stack when the check starts are wrapped the same way. torch.func transforms,
+which refuse any saved-tensor hooks, run with the check's own hooks lifted for their duration
+(autograd's own version check is in force there).
+
+On CPU each comparison is made at unpack; on any other device the fingerprints stay on the device
+and the comparisons of one backward pass are read back once, at its end (the engine's final
+callback), so no tensor costs a synchronisation. What waits for that read keeps no tensor alive.
 """
 
 from __future__ import annotations
@@ -28,33 +42,48 @@ import weakref
 
 from ..errors import say
 from ..vocabulary import CheckMode
-from . import attribute, engine, moved
-from .fingerprint import Skip, _Numpy, fingerprint
+from . import attribute, engine, moved, native
+from .fingerprint import Skip, fingerprint
 from .finding import Finding, SavedTensorChanged
 from .render import line, message, summary
 
-
-class _Saved:
-    """What the check keeps of one saved tensor. ``ref``: the tensor unpack returns: the tensor
-    itself, as autograd keeps it, except for an output of the node that saves it, where a detached
-    alias (same storage, same version counter) is kept, as autograd keeps one: holding the output
-    itself would hold its grad_fn, that node, in a cycle."""
-
-    __slots__ = ("ref", "original", "version", "fp", "leaf", "output", "output_nr", "where", "steps", "ptr", "base",
-                 "layout")
+SAVER = "written by the op that saved it (batch norm's running statistics)"
+LOSSY = "returned by the program's own hooks with other contents than were saved, the original gone"
 
 
 class Check:
-    """A saved-tensor check in one mode; ``start()``/``stop()`` or a ``with`` block."""
+    """A saved-tensor check in one mode; ``start()``/``stop()`` or a ``with`` block. ``path``:
+    ``"native"``, ``"python"``, or None for the native hooks where they are loaded (``native.py``)."""
 
-    def __init__(self, mode: CheckMode):
+    def __init__(self, mode: CheckMode, path: str | None = None):
         self.mode = mode
         self.findings: list[Finding] = []
-        self.checked = 0
-        self.skipped: dict[str, int] = {}
         self._distinct: set = set()
-        self._pending: dict[int, list] = {}  # graph task -> device comparisons to read at its end
+        self._python = _PythonHooks(self)
+        self._native = native.hooks(self, self._python, path)
         self.active = False
+
+    @property
+    def path(self) -> str:
+        """Which implementation runs: ``native`` or ``python``."""
+        return "native" if self._native is not None else "python"
+
+    @property
+    def checked(self) -> int:
+        return self._python.checked + (self._native.checked if self._native is not None else 0)
+
+    @property
+    def unpacked(self) -> int:
+        """Saved tensors used by backward while the check was on (checked or not)."""
+        return self._python.unpacked + (self._native.unpacked if self._native is not None else 0)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        out = dict(self._python.skipped)
+        if self._native is not None:
+            for reason, n in native.skip_counts(self._native).items():
+                out[reason] = out.get(reason, 0) + n
+        return out
 
     # --- turning on and off ---------------------------------------------------------------
 
@@ -62,10 +91,11 @@ class Check:
         """Push the check's hooks on this thread's stack (around the hooks on top of it, if any)."""
         if self.active:
             return self
-        _Numpy.load()  # numpy and the fingerprint's weights now, not in the middle of a forward pass
+        self._python.prepare()  # numpy and the key now, not in the middle of a forward pass
         _patch()
         top = _top()
-        layer = _Layer(self, *(top or (None, None)))
+        own = self._native if self._native is not None else self._python
+        layer = _Layer(self, own, *(top or (None, None)))
         if top:
             _pop()
         _push(layer.pack, layer.unpack)
@@ -73,6 +103,8 @@ class Check:
         self._layer = layer
         attribute.STEPS.start()
         self.active = True
+        own.active = True
+        self._python.active = True
         _ACTIVE.append(self)
         return self
 
@@ -88,10 +120,17 @@ class Check:
             _pop()
             if layer.replaced:  # the program's hooks it wrapped go back as they were
                 _push(layer.inner_pack, layer.inner_unpack)
-        for task in list(self._pending):
-            self._flush(task)
-        if not _ACTIVE:
-            _unpatch()
+        try:
+            for hooks in (self._native, self._python):
+                if hooks is not None:
+                    for task in hooks.tasks():
+                        hooks.flush(task)
+        finally:
+            for hooks in (self._native, self._python):
+                if hooks is not None:
+                    hooks.active = False
+            if not _ACTIVE:
+                _unpatch()
 
     def __enter__(self) -> "Check":
         return self.start()
@@ -111,7 +150,142 @@ class Check:
 
         return to_json(self.findings)
 
-    # --- pack and unpack --------------------------------------------------------------------------
+    # --- the implementations' callbacks (what is rare) --------------------------------------------
+
+    def _moved(self, s, t, now: int, original) -> None:
+        """``t``'s version moved from ``s.version`` to ``now``: autograd's own error."""
+        raise RuntimeError(moved.version_error(
+            t, s.version, now, leaf=s.leaf, output=s.output, output_nr=s.output_nr, node=engine.current_node(),
+            grad_fn=original.grad_fn if original is not None else None))
+
+    def _changed(self, s, t, original, node, returned: bool = False) -> None:
+        """At unpack: ``t``'s contents differ from what was saved."""
+        if attribute.written_by_its_saver(node, t, _quiet):
+            self._python.skip(SAVER)
+            return
+        self.found(s, t, original, node, attribute.backward_call(), returned)
+
+    def _changed_late(self, s, facts, original, node, returned: bool = False, where=...) -> None:
+        """At the end of backward: a device comparison said a tensor changed (``facts``: what was
+        kept of it; ``original``: the tensor itself, if still alive)."""
+        self.found(s, facts, original, node, attribute.backward_call() if where is ... else where, returned)
+
+    def _at_end_of_backward(self, task: int) -> bool:
+        """The native hooks' comparisons of ``task`` are read when it ends; False: no backward pass
+        runs (read them now)."""
+        hooks = self._native
+        if engine.at_end_of_backward(lambda: hooks.flush(task)):
+            return True
+        hooks.flush(task)
+        return False
+
+    def _saver_statistics(self, node) -> tuple[int, ...]:
+        return attribute.saver_statistics(node, _quiet)
+
+    def _skip_layout(self, layout: str) -> None:
+        self._python.skip(f"{layout.replace('torch.', '')} tensors")
+
+    def _skip_saver(self) -> None:
+        self._python.skip(SAVER)
+
+    def _facts(self, shape, dtype, device, version, ptr, numel, element, requires_grad):
+        return _Facts.of(shape, dtype, device, version, ptr, numel, element, requires_grad)
+
+    def found(self, s, t, original, node, backward, returned: bool = False) -> None:
+        """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
+        name, owner, view = attribute.module_name(t, original)
+        optimizer, holds = attribute.STEPS.since(s.steps, t, original)
+        try:
+            moved_storage = s.ptr is not None and t.data_ptr() != s.ptr
+        except Exception:  # noqa: BLE001 — no pointer of its own
+            moved_storage = False
+        program, site = s.where
+        f = Finding(shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""), device=str(t.device),
+                    version=int(t._version), name=name, owner=owner, view=view,
+                    node=node.name() if node is not None else None,
+                    forward=attribute.frame(program), site=attribute.frame(site) if site != program else None,
+                    backward=attribute.frame(backward),
+                    writers=attribute.writers(holds, moved_storage, name is not None or s.leaf, returned),
+                    optimizer=optimizer, rank=attribute.rank())
+        self.findings.append(f)
+        first = f.key() not in self._distinct
+        self._distinct.add(f.key())
+        if self.mode == CheckMode.RAISE:
+            raise SavedTensorChanged(f, message(f))
+        if first:
+            say(line(f))
+
+
+@contextlib.contextmanager
+def _quiet():
+    """While the check reads what a node saved (batch norm's statistics), its own unpack hooks return
+    tensors unchecked."""
+    _QUIET.append(True)
+    native.quiet(True)
+    try:
+        yield
+    finally:
+        native.quiet(False)
+        _QUIET.pop()
+
+
+_QUIET: list = []
+
+
+class _Saved:
+    """What the Python hooks keep of one saved tensor. ``ref``: the tensor unpack returns: the tensor
+    itself, as autograd keeps it, except for an output of the node that saves it, where a detached
+    alias (same storage, same version counter) is kept, as autograd keeps one: holding the output
+    itself would hold its grad_fn, that node, in a cycle."""
+
+    __slots__ = ("ref", "original", "version", "fp", "leaf", "output", "output_nr", "where", "steps", "ptr", "base",
+                 "layout")
+
+
+class _Kept:
+    """What a finding needs of a save, kept until the end of its backward pass without the tensor."""
+
+    __slots__ = ("version", "leaf", "output", "output_nr", "where", "steps", "ptr")
+
+    def __init__(self, s: _Saved):
+        for name in self.__slots__:
+            setattr(self, name, getattr(s, name))
+
+
+class _PythonHooks:
+    """The check's hooks in Python (see the module's docstring)."""
+
+    def __init__(self, check: Check):
+        self.check = check
+        self.checked = 0
+        self.unpacked = 0
+        self.skipped: dict[str, int] = {}
+        self.active = False
+        self._pending: dict[int, list] = {}  # graph task -> device comparisons to read at its end
+
+    def prepare(self) -> None:
+        from .fingerprint import _Numpy, key
+
+        key()
+        _Numpy.load()
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    # the own layer's hooks
+
+    def pack(self, t):
+        return self.record(t, own=True)
+
+    def passed(self, t):
+        return _Passed(t if t.is_leaf else t.detach())
+
+    def unpack(self, packed):
+        if isinstance(packed, _Passed):
+            return packed.t
+        if self.active and not _QUIET:
+            self.verify(packed, packed.ref, _alive(packed.original) if packed.output else packed.ref)
+        return packed.ref
 
     def record(self, t, own: bool) -> _Saved:
         """What to keep of ``t`` at pack. ``own``: the check's own hooks keep the tensor (as autograd
@@ -141,52 +315,58 @@ class Check:
             s.ptr = None
         return s
 
-    def verify(self, s: _Saved, t, original, returned: bool = False) -> None:
+    def verify(self, s: _Saved, t, original, returned: bool = False, judged: bool = False) -> None:
         """At unpack: ``t`` is the saved tensor as it is now (the one kept, or the original itself);
         ``original``: the tensor that was saved, if still alive (its grad_fn and identity).
         ``returned``: ``t`` is what the program's own hooks gave back (a copy, a recomputation),
-        whose version says nothing."""
-        if not self.active:
-            return
+        whose version says nothing: other contents there are not judged, unless ``judged`` (hooks
+        whose contract is to give back what was saved: activation checkpointing's recomputation)."""
+        self.unpacked += 1
         now = t._version
         if now != s.version and not returned:
-            raise RuntimeError(moved.version_error(
-                t, s.version, now, leaf=s.leaf, output=s.output, output_nr=s.output_nr, node=engine.current_node(),
-                grad_fn=original.grad_fn if original is not None else None))
+            self.check._moved(s, t, now, original)
         if isinstance(s.fp, Skip):
-            self._skip(s.fp)
+            self.skip(s.fp.reason)
             return
         fp = fingerprint(t)
         if isinstance(fp, Skip):  # readable when saved, not now (its storage was freed): not judged
-            self._skip(fp)
+            self.skip(fp.reason)
             return
         self.checked += 1
         host = [a != b for a, b in zip(s.fp, fp) if isinstance(a, int)]
         device = [(a, b) for a, b in zip(s.fp, fp) if not isinstance(a, int)]
+        lossy = returned and not judged
         if any(host) or len(s.fp) != len(fp):
-            self.found(s, t, original, engine.current_node(), attribute.backward_call(), returned)
+            if lossy:
+                self.checked -= 1
+                self.skip(LOSSY)
+                return
+            self.check._changed(s, t, original, engine.current_node(), returned)
         elif device:
-            self._defer(s, t, original, device, returned)
+            self._defer(s, t, original, device, returned, lossy)
 
-    def _skip(self, skip: Skip) -> None:
-        self.skipped[skip.reason] = self.skipped.get(skip.reason, 0) + 1
-
-    def _defer(self, s: _Saved, t, original, pairs, returned: bool) -> None:
+    def _defer(self, s: _Saved, t, original, pairs, returned: bool, lossy: bool) -> None:
         """A device comparison, read with the others of its backward pass once that pass has finished."""
         import torch
 
         changed = pairs[0][0] != pairs[0][1] if len(pairs) == 1 else torch.stack([a != b for a, b in pairs]).any()
         node = engine.current_node()
+        saver = attribute.written_by_its_saver(node, t, _quiet)  # decided while the node holds what it saved
         task = engine.graph_task()
-        entry = (changed, s, _Facts(t), _weak(original) if original is not None else None, node, returned)
+        entry = (changed, _Kept(s), _Facts(t), _weak(original) if original is not None else None, node, returned,
+                 SAVER if saver else LOSSY if lossy else None)
         if task in self._pending:
             self._pending[task].append(entry)
-        elif engine.at_end_of_backward(lambda: self._flush(task)):
+        elif engine.at_end_of_backward(lambda: self.flush(task)):
             self._pending[task] = [entry]
-        elif bool(changed):  # no backward pass to wait for (an unpack outside backward): read it now
-            self.found(s, t, original, node, attribute.backward_call(), returned)
+        else:  # no backward pass to wait for (an unpack outside backward): read it now
+            self._pending[task] = [entry]
+            self.flush(task)
 
-    def _flush(self, task: int) -> None:
+    def tasks(self) -> list[int]:
+        return list(self._pending)
+
+    def flush(self, task: int) -> None:
         import torch
 
         entries = self._pending.pop(task, [])
@@ -194,48 +374,35 @@ class Check:
             return
         flags = torch.stack([e[0] for e in entries]).tolist()  # the one read of this backward pass
         where = attribute.backward_call() if any(flags) else None
-        for changed, (_, s, facts, original, node, returned) in zip(flags, entries):
-            if changed:
-                self.found(s, facts, _alive(original), node, where, returned)
-
-    def found(self, s: _Saved, t, original, node, backward, returned: bool = False) -> None:
-        """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
-        if attribute.written_by_its_saver(node, t):
-            self._skip(Skip("written by the op that saved it (batch norm's running statistics)"))
-            return
-        name, owner, view = attribute.module_name(t, original)
-        optimizer, holds = attribute.STEPS.since(s.steps, t, original)
-        try:
-            moved_storage = s.ptr is not None and t.data_ptr() != s.ptr
-        except Exception:  # noqa: BLE001 — no pointer of its own
-            moved_storage = False
-        program, site = s.where
-        f = Finding(shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""), device=str(t.device),
-                    version=int(t._version), name=name, owner=owner, view=view,
-                    node=node.name() if node is not None else None,
-                    forward=attribute.frame(program), site=attribute.frame(site) if site != program else None,
-                    backward=attribute.frame(backward),
-                    writers=attribute.writers(holds, moved_storage, name is not None or s.leaf, returned),
-                    optimizer=optimizer, rank=attribute.rank())
-        self.findings.append(f)
-        first = f.key() not in self._distinct
-        self._distinct.add(f.key())
-        if self.mode == CheckMode.RAISE:
-            raise SavedTensorChanged(f, message(f))
-        if first:
-            say(line(f))
+        for changed, (_, s, facts, original, node, returned, not_judged) in zip(flags, entries):
+            if not changed:
+                continue
+            if not_judged:
+                self.checked -= not_judged == LOSSY
+                self.skip(not_judged)
+            else:
+                self.check._changed_late(s, facts, _alive(original), node, returned, where)
 
 
 class _Facts:
     """What a finding needs of a tensor read at the end of backward (the tensor itself may be gone)."""
 
-    def __init__(self, t):
+    def __init__(self, t=None):
+        if t is None:
+            return
         self.shape, self.dtype, self.device, self._version = t.shape, t.dtype, t.device, t._version
         self.requires_grad = t.requires_grad
         try:
             self._ptr, self._numel, self._size = t.data_ptr(), t.numel(), t.element_size()
         except Exception:  # noqa: BLE001
             self._ptr, self._numel, self._size = None, 0, 0
+
+    @classmethod
+    def of(cls, shape, dtype, device, version, ptr, numel, element, requires_grad) -> "_Facts":
+        f = cls()
+        f.shape, f.dtype, f.device, f._version = tuple(shape), dtype, device, version
+        f.requires_grad, f._ptr, f._numel, f._size = requires_grad, ptr or None, numel, element
+        return f
 
     def data_ptr(self) -> int:
         if self._ptr is None:
@@ -271,43 +438,43 @@ def _weak(t):
 
 
 class _Layer:
-    """One push of the check's hooks: its own (``inner_pack`` None) or around the program's."""
+    """One push of the check's hooks: its own (``inner_pack`` None: the implementation's hooks) or
+    around the program's (the Python implementation's record and verify)."""
 
-    def __init__(self, check: Check, inner_pack, inner_unpack):
+    def __init__(self, check: Check, own, inner_pack, inner_unpack, recomputes: bool = False):
         self.check, self.inner_pack, self.inner_unpack = check, inner_pack, inner_unpack
         self.replaced = False
+        self.recomputes = recomputes  # activation checkpointing's: what they return is meant to be what was saved
+        if inner_pack is None:  # autograd calls the implementation's own hooks, nothing in between
+            self.pack, self.unpack = own.pack, own.unpack
+            _OWN[id(own)] = self
 
     def pack(self, t):
         c = self.check
-        if self.inner_pack is None:
-            if not c.active:
-                return _Passed(t if t.is_leaf else t.detach())
-            return c.record(t, own=True)
-        s = c.record(t, own=False) if c.active else None
+        s = c._python.record(t, own=False) if c.active else None
         return _Composed(s, self.inner_pack(t))
 
     def unpack(self, packed):
         c = self.check
-        if isinstance(packed, _Passed):
-            return packed.t
-        if isinstance(packed, _Composed):
-            t = self.inner_unpack(packed.inner)
-            s = packed.saved
-            if s is None:
-                return t
-            original, base = _alive(s.original), _alive(s.base)
-            if original is not None:  # alive: the tensor itself is what to look at
-                c.verify(s, original, original)
-            elif base is not None:  # a view that died, of a base that lives (a transposed weight): the same view
-                shape, stride, offset = s.layout[:3]
-                c.verify(s, base.detach().as_strided(shape, stride, offset), None)
-            elif _same_layout(t, s.layout):  # gone: what the program's hooks returned must be what was saved
-                c.verify(s, t, None, returned=True)
-            else:
-                c._skip(Skip("returned by the program's own hooks in another layout"))
+        if not isinstance(packed, _Composed):  # saved before the program's hooks were wrapped
+            return c._python.unpack(packed)
+        t = self.inner_unpack(packed.inner)
+        s = packed.saved
+        if s is None or not c.active or _QUIET:
             return t
-        c.verify(packed, packed.ref, _alive(packed.original) if packed.output else packed.ref)
-        return packed.ref
+        hooks = c._python
+        original, base = _alive(s.original), _alive(s.base)
+        if original is not None:  # alive: the tensor itself is what to look at
+            hooks.verify(s, original, original)
+        elif base is not None:  # a view that died, of a base that lives (a transposed weight): the same view
+            shape, stride, offset = s.layout[:3]
+            hooks.verify(s, base.detach().as_strided(shape, stride, offset), None)
+        elif _same_layout(t, s.layout):  # gone: what the program's hooks returned, if it is what was saved
+            hooks.verify(s, t, None, returned=True, judged=self.recomputes)
+        else:
+            hooks.unpacked += 1
+            hooks.skip("returned by the program's own hooks in another layout")
+        return t
 
 
 class _Passed:
@@ -356,9 +523,18 @@ def _pop() -> None:
 
 
 def _layer_of(hooks):
-    pack = hooks[0] if hooks else None
+    """The check's layer whose hooks these are (None: the program's)."""
+    if not hooks:
+        return None
+    pack = hooks[0]
     owner = getattr(pack, "__self__", None)
-    return owner if isinstance(owner, _Layer) else None
+    if isinstance(owner, _Layer):
+        return owner
+    layer = _OWN.get(id(owner))
+    return layer if layer is not None and pack == layer.pack else None
+
+
+_OWN: dict = {}  # id of an implementation whose own hooks are pushed -> its layer
 
 
 _ACTIVE: list[Check] = []  # checks on, any thread
@@ -373,7 +549,7 @@ def _composing_enter(self):
     if layer is None or not layer.check.active or type(self).__name__ == "_recomputation_hook":
         _push(self.pack_hook, self.unpack_hook)
         return
-    inner = _Layer(layer.check, self.pack_hook, self.unpack_hook)
+    inner = _Layer(layer.check, None, self.pack_hook, self.unpack_hook, type(self).__name__ == "_checkpoint_hook")
     _push(inner.pack, inner.unpack)
 
 
@@ -437,21 +613,26 @@ def patched() -> bool:
 _PROCESS: Check | None = None  # the check install() and run turned on, for the whole process
 
 
-def enable(mode: CheckMode) -> Check:
-    """Turn the check on for the rest of the process (on this thread, the one that imports torch); a
-    second call returns the check already on (in its mode)."""
+def enable(mode: CheckMode, path: str | None = None) -> Check:
+    """Turn the check on for the rest of the process (on this thread, the one that imports torch) and
+    say so once, on stderr; a second call returns the check already on (in its mode)."""
     global _PROCESS
     import atexit
 
     if _PROCESS is not None and _PROCESS.active:
         return _PROCESS
-    _PROCESS = Check(mode).start()
+    _PROCESS = Check(mode, path).start()
+    say(f"torchgen-patch: saved-tensor check on ({mode}) in pid {os.getpid()}: {native.describe(_PROCESS)}")
     if mode == CheckMode.WARN:
         atexit.register(_at_exit, _PROCESS)
     return _PROCESS
 
 
 def _at_exit(check: Check) -> None:
+    """The count at exit, from a process whose backward used a saved tensor (a launcher that ran none
+    says nothing)."""
+    if not check.unpacked and not check.findings:
+        return
     where = f" in pid {os.getpid()}"
     r = attribute.rank()
     check.print_summary(where + (f" (rank {r})" if r is not None else ""))

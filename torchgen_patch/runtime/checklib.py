@@ -1,0 +1,109 @@
+"""The saved-tensor check's native hooks: built once per torch like the kernels (``build.build_saved``,
+cached by content), loaded by the same trust rules (the checked descriptor, the library's statement of
+its own build), then handed to the check (``saved.native.use``). Where they cannot be had (no compiler,
+no Python headers, a library that must not be loaded), the check runs on its Python path and says why.
+
+The CUDA fingerprint kernel is compiled in the process at its first CUDA tensor, by the NVRTC library
+torch's CUDA build ships with (or the CUDA toolkit's); where there is none, CUDA tensors are read by
+torch's ops."""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import stat
+
+from ..errors import EnvironmentProblem, InputError, require_torch
+
+SYMBOL = "torchgen_patch_saved_module"
+_LOADED: dict = {}  # the library's path -> its module, once per process
+
+
+def prepare(path: str | None = None, library: str | None = None, build: bool = True, log=None) -> str | None:
+    """Load the native hooks for the check unless ``path`` (or $TORCHGEN_PATCH_CHECK_PATH) asks for the
+    Python one; ``library``: a build of them made already (a launcher's), checked and never rebuilt;
+    ``build``: compile them where the cache lacks them. Returns why they are not used (None: they are)."""
+    from ..saved import native
+
+    if native.chosen(path) == "python":
+        return "the Python path was asked for"
+    if native.loaded():
+        return None
+    try:
+        module = load(library or built(build, log))
+    except (EnvironmentProblem, InputError) as e:
+        why = e.message if hasattr(e, "message") else str(e)
+        native.unavailable(why)
+        if native.chosen(path) == "native":
+            raise
+        return why
+    native.use(module, _kernel_source(), nvrtc())
+    return None
+
+
+def built(build: bool = True, log=None) -> str:
+    """The path of the cached build of the native hooks (compiled now when missing and ``build``)."""
+    from .build import build_saved
+
+    if not build:
+        raise InputError(None, None, "the saved-tensor check's native hooks are not built, and building was ruled out")
+    return build_saved(log=log).path
+
+
+def load(library: str):
+    """The module of the native hooks at ``library`` (checked as every library this tool loads)."""
+    module = _LOADED.get(library)
+    if module is None:
+        from .loader import _load_built
+
+        dll = _load_built(library)
+        make = ctypes.PYFUNCTYPE(ctypes.py_object)((SYMBOL, dll))
+        module = _LOADED[library] = make()
+    return module
+
+
+def _kernel_source() -> str:
+    from ..codegen import saved_kernel_source
+
+    return saved_kernel_source()
+
+
+_NVRTC: list = []  # the descriptor the NVRTC library is loaded from (kept open for the process)
+
+
+def nvrtc() -> str:
+    """The NVRTC library for this torch's CUDA (its major version): the one beside torch (its wheels'
+    ``nvidia`` packages, or torch/lib), else the CUDA toolkit's; opened through the trust checks (its
+    directories and the file owned by a trusted account, writable by nobody else) and named by its
+    descriptor, so what is loaded is what was checked. "" where torch has no CUDA or none is usable."""
+    from .. import cache
+    from . import trust
+
+    torch = require_torch("the saved-tensor check")
+    version = torch.version.cuda
+    if not version:
+        return ""
+    if _NVRTC:
+        return cache.loadable(_NVRTC[0]) or ""
+    major = version.split(".")[0]
+    site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    patterns = [os.path.join(site, "nvidia", "*", "lib", f"libnvrtc.so.{major}*"),
+                os.path.join(site, "nvidia", "*", "lib", "libnvrtc.so*"),
+                os.path.join(os.path.dirname(torch.__file__), "lib", "libnvrtc*.so*"),
+                os.path.join(home, "lib64", f"libnvrtc.so.{major}*"), os.path.join(home, "lib64", "libnvrtc.so")]
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            if "builtins" in os.path.basename(path):
+                continue
+            try:
+                fd = trust.open_library(path, os.path.dirname(path))
+            except EnvironmentProblem:
+                continue
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
+            _NVRTC.append(fd)
+            return cache.loadable(fd) or ""
+    return ""

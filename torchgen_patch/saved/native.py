@@ -1,0 +1,89 @@
+"""The check's native hooks, once the runtime has loaded them (``use``): the C++ pack and unpack
+that autograd calls directly, and what the Python side asks of them. The runtime builds and loads
+the library (``runtime/checklib.py``, the trust rules of every library); this stage only uses it,
+so the check runs on the Python path wherever nothing was loaded, and says which path runs.
+
+``TORCHGEN_PATCH_CHECK_PATH=python`` (or ``Check(path="python")``) keeps the Python path even where the
+native hooks are loaded."""
+
+from __future__ import annotations
+
+import os
+
+from . import attribute
+from .fingerprint import UNREADABLE, key, plain_types
+
+ENV = "TORCHGEN_PATCH_CHECK_PATH"
+PATHS = ("native", "python")
+_STATE: dict = {"module": None, "why": "the native hooks are not loaded"}
+# the native hooks' reasons for a tensor not judged, by code (1, sparse layouts, is counted in Python)
+REASONS = {2: "nested tensors", 3: "meta tensors (no data)", 4: UNREADABLE,
+           5: "saved while a CUDA graph was captured", 6: UNREADABLE}
+
+
+def use(module, cuda_source: str = "", nvrtc: str = "") -> None:
+    """Use ``module`` (the loaded library's ``torchgen_patch_saved_module()``) for checks made from now on;
+    ``cuda_source``: the fingerprint kernel's source, ``nvrtc``: the NVRTC library that compiles it."""
+    module.set_key(key())
+    module.set_cuda(cuda_source, nvrtc)
+    _STATE.update(module=module, why=None)
+
+
+def unavailable(why: str) -> None:
+    """The native hooks cannot be had in this process: ``why`` (said by ``describe``)."""
+    if _STATE["module"] is None:
+        _STATE["why"] = why
+
+
+def loaded() -> bool:
+    return _STATE["module"] is not None
+
+
+def chosen(path: str | None) -> str | None:
+    """The path a check asks for (its argument, else $TORCHGEN_PATCH_CHECK_PATH, else None: either)."""
+    path = path or os.environ.get(ENV) or None
+    if path is not None and path not in PATHS:
+        raise ValueError(f"the saved-tensor check's path must be 'native' or 'python', not {path!r}")
+    return path
+
+
+def hooks(check, fallback, path: str | None):
+    """The native hooks for ``check`` (None: the Python path runs), ``fallback`` serving the tensors
+    they leave to it."""
+    path = chosen(path)
+    module = _STATE["module"]
+    if path == "python":
+        return None
+    if module is None:
+        if path == "native":
+            raise RuntimeError(f"the saved-tensor check's native hooks are not available: {_STATE['why']}")
+        return None
+    return module.Hooks(check, fallback, attribute.STEPS, attribute.kind_of_code, plain_types())
+
+
+def quiet(on: bool) -> None:
+    module = _STATE["module"]
+    if module is not None:
+        module.quiet(on)
+
+
+def skip_counts(h) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for code, n in h.counts().items():
+        reason = REASONS.get(code, f"reason {code}")
+        out[reason] = out.get(reason, 0) + n
+    return out
+
+
+def describe(check) -> str:
+    """Which path ``check`` runs, in words (the line ``enable`` prints)."""
+    if check.path == "python":
+        why = "" if chosen(None) == "python" else f" ({_STATE['why']})"
+        return f"Python hooks{why}"
+    module = _STATE["module"]
+    text = f"native hooks (CPU fingerprint: {module.vector_unit()}"
+    cuda = check._native.devices()
+    if cuda:
+        problems = sorted({why for why in cuda.values() if why})
+        text += "; CUDA: " + ("kernel" if not problems else f"torch's ops ({'; '.join(problems)})")
+    return text + ")"
