@@ -451,8 +451,8 @@ def main(rounds: int = 11, report=False, json_path: str | None = None, device: s
             t = timing(name, device, rounds, path)
             if device == "cpu":
                 m = cpu_memory(name, path)
-                t["cpu_memory"] = m
-                t["extra_peak"], t["memory_met"] = m["extra"], m["extra"] <= MEMORY_TARGET
+                t["cpu_memory"] = m  # reported: the +1 % target is the GPU's, where memory decides the batch size
+                t["extra_peak"], t["memory_met"] = m["extra"], None
             results["models"].append(t)
             print(summary_line(t), flush=True)
     finally:
@@ -479,6 +479,8 @@ def _memory(t: dict) -> str:
         text = f"{t['peak_mib']['off']:.0f} / {t['peak_mib']['on']:.0f} MiB"
     else:
         return "not measured"
+    if t["memory_met"] is None:
+        return f"{text} ({t['extra_peak']:+.1%})"
     ok = "met" if t["memory_met"] else "**not met**"
     return f"{text} ({t['extra_peak']:+.1%}; <= +1 %: {ok})"
 

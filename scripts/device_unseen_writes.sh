@@ -7,7 +7,8 @@
 # a step that runs out of time leaves what it wrote. Writes at most 8 files into $OUT:
 #   unseen-writes-DEVICE-torchV.md/.json, saved-check-DEVICE-torchV.md/.json, pytest-DEVICE-unseen-torchV.txt,
 #   device-unseen-log.txt
-# FULL_SUITE=1 runs the whole test suite instead of the CUDA tests (about 2.5 minutes more).
+# FULL_SUITE=1 runs the whole test suite instead of the CUDA tests (about 2.5 minutes more); BENCH_LIMIT: the
+# seconds the benchmark may take (default 110, within the budget).
 # DEVICE=cpu runs the same steps on CPU (a dry run on a machine without a GPU: the CUDA rows say
 # not run, the CUDA tests skip, the benchmark is the CPU one): ROUNDS and JOBS make it shorter.
 set -u
@@ -69,7 +70,7 @@ wait $SCRIPT
 log "unseen-writes rc=$?: $(grep '^wrote ' "$LOG" | tail -1)"
 
 log "bench: the saved-tensor check on $DEVICE"
-timeout "$(limit 110 5)" $PY bench/bench_saved.py --device "$DEVICE" --rounds "${ROUNDS:-11}" \
+timeout "$(limit "${BENCH_LIMIT:-110}" 5)" $PY bench/bench_saved.py --device "$DEVICE" --rounds "${ROUNDS:-11}" \
   --report "$OUT/saved-check-$DEVICE-torch$TV.md" --json "$OUT/saved-check-$DEVICE-torch$TV.json" >>"$LOG" 2>&1
 log "bench rc=$?"
 log "done in $((SECONDS - START)) s; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -121,6 +121,7 @@ def module_name(t, original=None) -> tuple[str | None, str | None, bool]:
     import torch
 
     module = torch.nn.Module
+    gc.collect()  # models that are garbage already are no other copy to tell this one from
     modules = [o for o in gc.get_objects() if issubclass(type(o), module)]
     children = {id(c) for m in modules for c in m.children()}
     roots = [getattr(m, "_orig_mod", m) for m in modules if id(m) not in children]  # torch.compile's wrapper: its model

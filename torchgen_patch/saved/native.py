@@ -18,7 +18,7 @@ PATHS = ("native", "python")
 _STATE: dict = {"module": None, "why": "the native hooks are not loaded"}
 # the native hooks' reasons for a tensor not judged, by code (1, sparse layouts, is counted in Python)
 REASONS = {2: "nested tensors", 3: "meta tensors (no data)", 4: UNREADABLE,
-           5: "saved while a CUDA graph was captured", 6: UNREADABLE}
+           5: "saved while a CUDA graph was captured", 6: UNREADABLE, 7: "the fingerprint kernel did not launch at use"}
 
 
 def use(module, cuda_source: str = "", nvrtc: str = "") -> None:
