@@ -1389,3 +1389,126 @@ def test_the_check_says_once_at_start_that_it_is_on_and_a_process_without_backwa
     r = _process(start + "s.enable('warn'); x = torch.ones(3, requires_grad=True); (x * x).sum().backward()")
     assert r.returncode == 0 and r.stderr.splitlines()[-1].startswith("torchgen-patch: saved-tensor check in pid "), \
         r.stderr
+
+
+# --- the stack, memory, and what each path reads alike ---------------------------------------------------
+
+
+def _version_check_is_on() -> bool:
+    """Whether autograd's own version check is in force on this thread (any saved-tensor hooks switch it off)."""
+    a = torch.ones(3, requires_grad=True)
+    b = a.exp()
+    s = b.sum()
+    with torch.no_grad():
+        b.mul_(2)
+    try:
+        s.backward()
+    except RuntimeError as e:
+        return "modified by an inplace operation" in str(e)
+    return False
+
+
+def test_a_check_stopped_inside_the_programs_own_hooks_leaves_nothing_behind():
+    identity = (lambda t: t, lambda t: t)
+    c = check_saved("raise").start()
+    with torch.autograd.graph.saved_tensors_hooks(*identity):
+        c.stop()
+    assert hooks.engine.top() is None and _version_check_is_on()
+
+
+def test_a_check_started_inside_the_programs_own_hooks_outlives_them():
+    make = UNSEEN["p.data.mul_(2)"]
+    ctx = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+    ctx.__enter__()
+    c = check_saved("warn").start()
+    ctx.__exit__(None, None, None)  # the program's block ends while the check is on
+    try:
+        holder, writer = make()
+        x = _x()
+        loss = (x @ holder.w).tanh().sum()
+        writer(holder.w)
+        loss.backward()
+    finally:
+        c.stop()
+    assert len(c.findings) == 1 and hooks.engine.top() is None
+
+
+def test_checks_started_and_stopped_are_freed():
+    import gc
+    import weakref
+
+    x = torch.ones(3, requires_grad=True)
+    refs = []
+    for _ in range(50):
+        c = check_saved("raise")
+        with c:
+            (x * x).sum().backward()
+        refs.append(weakref.ref(c))
+        del c
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0 and len(hooks._OWN) == 0
+
+
+def test_a_backward_that_raised_leaves_no_comparison_waiting(monkeypatch):
+    """The engine runs no end-of-backward callback for a pass that raised: its comparisons are read at the
+    next pass, so nothing (the graph they name) is kept for ever."""
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
+    monkeypatch.setenv("TORCHGEN_PATCH_CHECK_PATH", "python")
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("boom")
+
+    x = torch.ones(4, requires_grad=True)
+    with check_saved("raise") as c:
+        for _ in range(5):
+            with pytest.raises(RuntimeError, match="boom"):
+                Boom.apply(x).exp().sum().backward()
+        assert len(c._python.tasks()) <= 1
+        (x * x).sum().backward()
+        assert c._python.tasks() == []
+
+
+def test_a_layout_the_native_code_does_not_read_at_use_is_compared_as_the_python_path_does():
+    """More than 8 strided dimensions once the tensor is used (``.data`` replaced between save and use)."""
+    w = torch.nn.Parameter(torch.randn((2,) * 9))
+    x = torch.randn((2,) * 9, requires_grad=True)
+    with check_saved("warn") as c:
+        loss = (x * w).sum()
+        w.data = torch.randn((4,) * 9)[(slice(None, None, 2),) * 9]
+        loss.backward()
+    assert len(c.findings) == 1 and c.findings[0].writers[0] == Writer.STORAGE
+
+
+def test_empty_tensors_are_counted_alike():
+    x = torch.empty(5, 0, requires_grad=True)
+    w = torch.empty(5, 0, requires_grad=True)
+    with check_saved("raise") as c:
+        (x * w).sum().backward()
+    assert c.findings == [] and c.checked == 2 and c.skipped == {}
+
+
+def test_bool_tensors_with_gaps_are_read_by_their_bits(native_module):
+    """A bool tensor's bytes need not be 0 or 1: every path reads what is stored, not a copy's 0/1."""
+    t = torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.uint8).view(torch.bool)[::2]
+    h = native_module.Hooks(None, None, None, None, fp.plain_types())
+    fp._FORCE_DEVICE_PATH = True
+    try:
+        ops = _value(fp.fingerprint(t))
+    finally:
+        fp._FORCE_DEVICE_PATH = False
+    assert h.fingerprint(t) == _value(fp.fingerprint(t)) == ops == fp._cpu_without_numpy(t)
+
+
+def test_a_library_that_is_not_the_checks_is_refused_in_one_line():
+    from torchgen_patch.errors import EnvironmentProblem
+    from torchgen_patch.runtime import checklib
+    from torchgen_patch.runtime.build import build_boxed
+
+    with pytest.raises(EnvironmentProblem, match="not of the saved-tensor check's native hooks"):
+        checklib.load(build_boxed().path)

@@ -207,3 +207,56 @@ def test_the_benchmark_runs_its_code_on_cpu(monkeypatch, tmp_path):
     assert t["checked_per_step"] == t["saved_tensors"]
     text = report.read_text()
     assert "| a tiny pre-norm transformer | " in text and "floor (identity hooks + two reads)" in text
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_fingerprints_on_two_streams_across_a_new_buffer_of_slots_give_no_finding(native_hooks):
+    """A buffer of slots is zeroed before any stream can use it: a fingerprint launched on a second stream
+    while the first is busy is never wiped (a correct program, no finding)."""
+    import torchgen_patch
+
+    native_hooks.launch_cost(torch.randn(256, device="cuda"), 1 << 16)  # uses up a buffer of slots
+    torch.cuda.synchronize()
+    a = torch.randn(4096, device="cuda", requires_grad=True)
+    w = torch.randn(4096, device="cuda", requires_grad=True)
+    side = torch.cuda.Stream()
+    with torchgen_patch.check_saved("warn", path="native") as c:
+        torch.cuda._sleep(10**9)  # the default stream busy while the side stream runs ahead
+        y1 = (a * w).sum()
+        with torch.cuda.stream(side):
+            y2 = (a.exp() * w).sum()
+        torch.cuda.synchronize()
+        (y1 + y2).backward()
+        torch.cuda.synchronize()
+    assert c.findings == [] and c.checked >= 4
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_rows_whose_offsets_pass_two_to_the_31_are_read_where_they_are(native_hooks):
+    b = torch.zeros(2 * 2**31 + 8, dtype=torch.bfloat16, device="cuda")
+    for i in range(3):
+        b[i * 2**31:i * 2**31 + 8] = i + 1
+    t = b.as_strided((3, 8), (2**31, 1))
+    assert native_hooks.fingerprint(t) == _cpu_reference(t.cpu())
+    del b, t
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_a_saved_cuda_tensor_moved_to_the_cpu_before_backward_is_a_finding(path):
+    import torchgen_patch
+
+    x = torch.randn(1 << 10, device="cuda", requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(1 << 10, device="cuda"))
+    with torchgen_patch.check_saved("warn", path=path) as c:
+        y = (x * w).sum()
+        w.data = torch.randn(1 << 10)  # as Module.cpu() does
+        try:
+            y.backward()
+        except RuntimeError:
+            pass  # autograd may refuse the gradient's device; the check has spoken before
+    assert len(c.findings) == 1

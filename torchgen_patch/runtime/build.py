@@ -136,11 +136,11 @@ def _not_writable(root: str, why: str) -> InputError:
 
 def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
           root: str | None = None, verbose: bool = False, log=None, sources: list[str] | None = None,
-          prefix: str = LIB_PREFIX, links: tuple[str, ...] = ()) -> Library:
+          prefix: str = LIB_PREFIX, links: tuple[str, ...] = (), what: str = "the generated kernels") -> Library:
     """Compile ``files`` (as rendered by render.render) unless the cache has them.
     ``sources``: the files to compile (default: the plan's shards and registration); ``log``: where
     the build says what it does (default: ``sys.stderr`` as it is at the call, never at import);
-    ``links``: more link flags (part of the key, as every flag)."""
+    ``links``: more link flags (part of the key, as every flag); ``what``: how a compiler error names them."""
     log = sys.stderr if log is None else log
     torch = require_torch("building the kernels")
 
@@ -166,7 +166,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
                 return lib
             remove_stale(builds)
             _compile(builds, files, sources or compiled_sources(shards), flags, name, key, final, compiler, ninja,
-                     verbose, log, links)
+                     verbose, log, links, what)
     return Library(lib.path, lib.directory, key, torch.__version__, tuple(ops), True)
 
 
@@ -392,7 +392,7 @@ def build_problem(stated: str | bytes | None, key: str | None, path: str) -> str
 # ---- the build -------------------------------------------------------------------------------------
 
 def _compile(builds: cache.Dir, files, units, flags, name, key, final, compiler, ninja, verbose, log,
-             links=()) -> None:
+             links=(), what="the generated kernels") -> None:
     torch = require_torch("building the kernels")
     library = f"{name}.so"
     tmp = None
@@ -419,7 +419,7 @@ def _compile(builds: cache.Dir, files, units, flags, name, key, final, compiler,
             if rc != 0:
                 if _no_space(out):
                     raise _disk_full(builds.path)
-                raise InputError(None, None, "the generated kernels do not compile:\n" + explain(out, files))
+                raise InputError(None, None, f"{what} do not compile:\n" + explain(out, files))
             seconds = round(time.monotonic() - t0, 1)
             fd = tmp.open(library)
             try:
@@ -634,4 +634,5 @@ def build_saved(root: str | None = None, verbose: bool = False, log=None) -> Lib
     cflags, links = python_flags()
     files = render_saved()
     return build(files, [], 0, flags=default_flags() + cflags, root=root, verbose=verbose, log=log,
-                 sources=[n for n in sorted(files) if n.endswith(".cpp")], prefix="torchgen_patch_saved", links=links)
+                 sources=[n for n in sorted(files) if n.endswith(".cpp")], prefix="torchgen_patch_saved", links=links,
+                 what="the saved-tensor check's native hooks")

@@ -33,13 +33,17 @@ def prepare(path: str | None = None, library: str | None = None, build: bool = T
     try:
         module = load(library or built(build, log))
     except (EnvironmentProblem, InputError) as e:
-        why = e.message if hasattr(e, "message") else str(e)
+        why = (e.message if hasattr(e, "message") else str(e)).splitlines()[0]
         native.unavailable(why)
         if native.chosen(path) == "native":
             raise
         return why
-    native.use(module, _kernel_source(), nvrtc())
+    native.use(module, _kernel_source(), nvrtc() if _cuda_built() else "")
     return None
+
+
+def _cuda_built() -> bool:
+    return bool(require_torch("the saved-tensor check").version.cuda)
 
 
 def built(build: bool = True, log=None) -> str:
@@ -58,7 +62,11 @@ def load(library: str):
         from .loader import _load_built
 
         dll = _load_built(library)
-        make = ctypes.PYFUNCTYPE(ctypes.py_object)((SYMBOL, dll))
+        try:
+            make = ctypes.PYFUNCTYPE(ctypes.py_object)((SYMBOL, dll))
+        except AttributeError:
+            raise EnvironmentProblem(f"{library} is a build of torchgen-patch, but not of the saved-tensor check's "
+                                     f"native hooks (it has no {SYMBOL})") from None
         module = _LOADED[library] = make()
     return module
 

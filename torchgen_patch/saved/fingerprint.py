@@ -180,6 +180,8 @@ def _tensor_type():
 def readable(t) -> bool:
     """Every element of ``t`` lies inside its storage (a storage resized to 0, as FSDP does between
     uses, would make a read fault)."""
+    if not t.numel():
+        return True  # nothing to read
     last = t.storage_offset()
     for size, stride in zip(t.shape, t.stride()):
         if stride < 0:
@@ -198,6 +200,14 @@ def dense(t) -> bool:
             return False
         expect *= size
     return True
+
+
+def _bits_of(t):
+    """``t`` as a tensor whose copies keep its bit patterns: a bool tensor's bytes as uint8 (a copy of a bool
+    tensor writes each byte as 0 or 1, whatever it held)."""
+    import torch
+
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
 def _pieces(t, limit: int):
@@ -305,7 +315,7 @@ def _cpu(t) -> int:
         nbytes = t.numel() * t.element_size()
         stream.feed(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B"))
     else:
-        for piece in _pieces(t.detach(), CHUNK):
+        for piece in _pieces(_bits_of(t.detach()), CHUNK):
             block = piece.contiguous()
             stream.feed(memoryview((ctypes.c_char * (block.numel() * block.element_size()))
                                    .from_address(block.data_ptr())).cast("B"))
@@ -315,7 +325,7 @@ def _cpu(t) -> int:
 def _cpu_without_numpy(t) -> int:
     """The same number in plain Python (no numpy: slow, and only where nothing else is there)."""
     k = _nh_key()
-    pieces = [t] if dense(t) else [p.contiguous() for p in _pieces(t.detach(), CHUNK)]
+    pieces = [t] if dense(t) else [p.contiguous() for p in _pieces(_bits_of(t.detach()), CHUNK)]
     data = b"".join(ctypes.string_at(p.data_ptr(), p.numel() * p.element_size()) for p in pieces)
     data += bytes(-len(data) % BLOCK)
     total = 0
@@ -375,7 +385,7 @@ def _on_device(t):
     if dense(t):
         pieces = [_block_view(t)]
     else:
-        pieces = list(_pieces(t.detach(), CHUNK))
+        pieces = list(_pieces(_bits_of(t.detach()), CHUNK))
     total, blocks, rest = None, 0, None
     for piece in pieces:
         data = piece.contiguous().reshape(-1).view(torch.uint8)

@@ -70,7 +70,8 @@ class Check:
 
     @property
     def checked(self) -> int:
-        return self._python.checked + (self._native.checked if self._native is not None else 0)
+        """Saved tensors compared at use (a tensor a node writes itself, or lossy hooks gave back, is not)."""
+        return self._python.checked + (self._native.checked if self._native is not None else 0) - self._python.judged_out
 
     @property
     def unpacked(self) -> int:
@@ -115,11 +116,7 @@ class Check:
         self.active = False
         _ACTIVE.remove(self)
         attribute.STEPS.stop()
-        layer = self._layer
-        if _layer_of(_top()) is layer:
-            _pop()
-            if layer.replaced:  # the program's hooks it wrapped go back as they were
-                _push(layer.inner_pack, layer.inner_unpack)
+        _remove(self._layer)
         try:
             for hooks in (self._native, self._python):
                 if hooks is not None:
@@ -159,11 +156,16 @@ class Check:
             grad_fn=original.grad_fn if original is not None else None))
 
     def _changed(self, s, t, original, node, returned: bool = False) -> None:
-        """At unpack: ``t``'s contents differ from what was saved."""
+        """At unpack (the native hooks): ``t``'s contents differ from what was saved."""
         if attribute.written_by_its_saver(node, t, _quiet):
-            self._python.skip(SAVER)
+            self._python.not_judged(SAVER)
             return
         self.found(s, t, original, node, attribute.backward_call(), returned)
+
+    def _same_bits(self, t, saved: int) -> bool:
+        """Whether ``t`` (a layout the native code does not read) still has the fingerprint ``saved``."""
+        parts = fingerprint(t)
+        return not isinstance(parts, Skip) and len(parts) == 1 and int(parts[0]) & ((1 << 64) - 1) == saved
 
     def _changed_late(self, s, facts, original, node, returned: bool = False, where=...) -> None:
         """At the end of backward: a device comparison said a tensor changed (``facts``: what was
@@ -186,7 +188,7 @@ class Check:
         self._python.skip(f"{layout.replace('torch.', '')} tensors")
 
     def _skip_saver(self) -> None:
-        self._python.skip(SAVER)
+        self._python.not_judged(SAVER)
 
     def _facts(self, shape, dtype, device, version, ptr, numel, element, requires_grad):
         return _Facts.of(shape, dtype, device, version, ptr, numel, element, requires_grad)
@@ -259,6 +261,7 @@ class _PythonHooks:
         self.check = check
         self.checked = 0
         self.unpacked = 0
+        self.judged_out = 0  # compared, then not judged (a node's own write, lossy hooks): out of ``checked``
         self.skipped: dict[str, int] = {}
         self.active = False
         self._pending: dict[int, list] = {}  # graph task -> device comparisons to read at its end
@@ -271,6 +274,11 @@ class _PythonHooks:
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def not_judged(self, reason: str) -> None:
+        """A tensor compared (counted in ``checked``) that is not judged after all."""
+        self.judged_out += 1
+        self.skip(reason)
 
     # the own layer's hooks
 
@@ -333,13 +341,13 @@ class _PythonHooks:
             self.skip(fp.reason)
             return
         self.checked += 1
-        host = [a != b for a, b in zip(s.fp, fp) if isinstance(a, int)]
-        device = [(a, b) for a, b in zip(s.fp, fp) if not isinstance(a, int)]
+        host = [a != b for a, b in zip(s.fp, fp) if isinstance(a, int) and isinstance(b, int)]
+        device = [(a, b) for a, b in zip(s.fp, fp) if not isinstance(a, int) and not isinstance(b, int)]
         lossy = returned and not judged
-        if any(host) or len(s.fp) != len(fp):
+        elsewhere = any(isinstance(a, int) != isinstance(b, int) for a, b in zip(s.fp, fp))  # moved between devices
+        if any(host) or len(s.fp) != len(fp) or elsewhere:
             if lossy:
-                self.checked -= 1
-                self.skip(LOSSY)
+                self.not_judged(LOSSY)
                 return
             self.check._changed(s, t, original, engine.current_node(), returned)
         elif device:
@@ -357,10 +365,11 @@ class _PythonHooks:
                  SAVER if saver else LOSSY if lossy else None)
         if task in self._pending:
             self._pending[task].append(entry)
-        elif engine.at_end_of_backward(lambda: self.flush(task)):
-            self._pending[task] = [entry]
-        else:  # no backward pass to wait for (an unpack outside backward): read it now
-            self._pending[task] = [entry]
+            return
+        for earlier in [k for k in self._pending if k < task]:  # a pass that raised (its end never came), or
+            self.flush(earlier)  # one enclosing this one (a reentrant backward): read now
+        self._pending[task] = [entry]
+        if not engine.at_end_of_backward(lambda: self.flush(task)):  # no backward pass to wait for: read it now
             self.flush(task)
 
     def tasks(self) -> list[int]:
@@ -378,8 +387,7 @@ class _PythonHooks:
             if not changed:
                 continue
             if not_judged:
-                self.checked -= not_judged == LOSSY
-                self.skip(not_judged)
+                self.not_judged(not_judged)
             else:
                 self.check._changed_late(s, facts, _alive(original), node, returned, where)
 
@@ -445,6 +453,7 @@ class _Layer:
         self.check, self.inner_pack, self.inner_unpack = check, inner_pack, inner_unpack
         self.replaced = False
         self.recomputes = recomputes  # activation checkpointing's: what they return is meant to be what was saved
+        self.own = own
         if inner_pack is None:  # autograd calls the implementation's own hooks, nothing in between
             self.pack, self.unpack = own.pack, own.unpack
             _OWN[id(own)] = self
@@ -522,6 +531,23 @@ def _pop() -> None:
         mirror.pop()
 
 
+def _remove(layer: _Layer) -> None:
+    """Take ``layer`` off this thread's stack wherever it is: the hooks the program pushed over it are put
+    back as they were (no pass-through stays behind: any hooks on the stack switch autograd's own version
+    check off), and the program's hooks it wrapped, if any, go back in its place."""
+    above = []
+    while _top() is not None and _layer_of(_top()) is not layer:
+        above.append(_top())
+        _pop()
+    if _top() is not None:
+        _pop()
+        if layer.replaced:
+            _push(layer.inner_pack, layer.inner_unpack)
+    for hooks in reversed(above):
+        _push(*hooks)
+    _OWN.pop(id(layer.own), None)
+
+
 def _layer_of(hooks):
     """The check's layer whose hooks these are (None: the program's)."""
     if not hooks:
@@ -554,6 +580,16 @@ def _composing_enter(self):
 
 
 def _composing_exit(self, *args) -> None:
+    """The program's block ends: its hooks come off. Where a check started inside the block wrapped them,
+    the check's layer stays, unwrapped."""
+    layer = _layer_of(_top())
+    if layer is not None and layer.replaced and layer.inner_pack == self.pack_hook and layer.check.active:
+        _pop()
+        _OWN.pop(id(layer.own), None)
+        own = _Layer(layer.check, layer.own, None, None)
+        layer.check._layer = own
+        _push(own.pack, own.unpack)
+        return
     _pop()
 
 

@@ -26,7 +26,7 @@ def use(module, cuda_source: str = "", nvrtc: str = "") -> None:
     ``cuda_source``: the fingerprint kernel's source, ``nvrtc``: the NVRTC library that compiles it."""
     module.set_key(key())
     module.set_cuda(cuda_source, nvrtc)
-    _STATE.update(module=module, why=None)
+    _STATE.update(module=module, why=None, nvrtc=bool(nvrtc))
 
 
 def unavailable(why: str) -> None:
@@ -86,4 +86,13 @@ def describe(check) -> str:
     if cuda:
         problems = sorted({why for why in cuda.values() if why})
         text += "; CUDA: " + ("kernel" if not problems else f"torch's ops ({'; '.join(problems)})")
+    elif _cuda_available():
+        text += "; CUDA: " + ("a kernel compiled at the first CUDA tensor" if _STATE.get("nvrtc") else
+                              "torch's ops (no NVRTC library found beside torch or CUDA)")
     return text + ")"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
