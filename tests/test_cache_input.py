@@ -20,6 +20,7 @@ from torchgen_patch import cache
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
 from torchgen_patch.runtime import install as installer
+from torchgen_patch.runtime import loader
 from torchgen_patch.runtime import trust
 from tests.test_trust import _sha, cached  # noqa: F401  (the fixture: a private cache holding the session's build)
 
@@ -220,7 +221,7 @@ def test_the_file_that_is_loaded_is_the_file_that_was_checked(cached, monkeypatc
     other = "/lib/x86_64-linux-gnu/libm.so.6" if os.path.exists("/lib/x86_64-linux-gnu/libm.so.6") else None
     if other is None:
         pytest.skip("no libm.so.6 to swap in")
-    real = installer._dlopen
+    real = loader._dlopen
     swapped = []
 
     def swap_then_load(name):
@@ -229,7 +230,7 @@ def test_the_file_that_is_loaded_is_the_file_that_was_checked(cached, monkeypatc
         swapped.append(name)
         return real(name)
 
-    monkeypatch.setattr(installer, "_dlopen", swap_then_load)
+    monkeypatch.setattr(loader, "_dlopen", swap_then_load)
     rep = torchgen_patch.install(library=lib)
     assert swapped and rep.registered and not rep.refused
     assert ino in _mapped_inodes()

@@ -292,3 +292,25 @@ def test_the_cluster_recipe_as_written(wheel, tmp_path, default_plan):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == str(len(default_plan.ops()))
     assert not os.path.exists(tmp_path / "cache" / "builds")  # nothing compiled on the node
+
+
+SAVED_NO_COMPILER = """
+import json, shutil, torch, torchgen_patch
+assert not any(shutil.which(c) for c in ("c++", "g++", "gcc", "cc", "clang++", "ninja"))
+w = torch.nn.Parameter(torch.randn(4, 3)); x = torch.randn(2, 4, requires_grad=True)
+with torchgen_patch.check_saved("warn") as c:
+    loss = (x @ w).sum(); w.data.mul_(2); loss.backward()
+from torchgen_patch.saved import native
+print(json.dumps({"path": c.path, "findings": len(c.findings), "module": native.loaded()}))
+"""
+
+
+def test_the_wheel_carries_the_checks_native_hooks_which_run_without_a_compiler(wheel, tmp_path):
+    with zipfile.ZipFile(wheel) as z:
+        rec = json.loads(z.read("torchgen_patch_kernels/record.json"))
+        assert rec["saved"]["library"] in {os.path.basename(n) for n in z.namelist()}
+    python = _venv(tmp_path / "venv", wheel)
+    r = _run(python, SAVED_NO_COMPILER, str(tmp_path / "venv" / "bin"), tmp_path / "cache")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"path": "native", "findings": 1, "module": True}
+    assert not os.path.exists(tmp_path / "cache" / "builds")  # nothing compiled

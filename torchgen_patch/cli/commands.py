@@ -263,14 +263,17 @@ def install(args) -> int:
 
 def wheel(args) -> int:
     from ..runtime import library, prebuilt
+    from ..runtime.checklib import saved_build
 
     _needs_torch("wheel")
     out = args.output or "."
     check_output_dir(out, _run_inputs(args))
     opts, log = Options(), _build_log(args)
     art = library(opts, prebuilt=False, verbose=args.verbose, log=log)
-    print(prebuilt.make_wheel(out, art, opts, log=log))
-    _say(args, f"wheel: {plural(len(art.kernels), 'kernel')} packed for torch {art.torch}")
+    saved = saved_build(verbose=args.verbose, log=log)
+    print(prebuilt.make_wheel(out, art, opts, log=log, saved=saved))
+    _say(args, f"wheel: {plural(len(art.kernels), 'kernel')} packed for torch {art.torch}, with the saved-tensor "
+               "check's native hooks")
     return 0
 
 

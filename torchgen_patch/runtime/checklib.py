@@ -31,7 +31,7 @@ def prepare(path: str | None = None, library: str | None = None, build: bool = T
     if native.loaded():
         return None
     try:
-        module = load(library or built(build, log))
+        module = load(library) if library else _prebuilt() or load(built(build, log))
     except (EnvironmentProblem, InputError) as e:
         why = (e.message if hasattr(e, "message") else str(e)).splitlines()[0]
         native.unavailable(why)
@@ -46,6 +46,27 @@ def _cuda_built() -> bool:
     return bool(require_torch("the saved-tensor check").version.cuda)
 
 
+def _prebuilt():
+    """The native hooks of the installed prebuilt wheel (made for exactly this torch), loaded; None where it
+    holds none that fit (the cache's build is used instead)."""
+    from .prebuilt import saved_library
+
+    found, _ = saved_library()
+    if found is None:
+        return None
+    path, sha256, root, key = found
+    return _module(path, lambda: _load(path, sha256, root, key))
+
+
+def saved_build(verbose: bool = False, log=None):
+    """The cached build of the native hooks (compiled now when missing) as a checked Artifact: what the
+    prebuilt wheel packs beside the kernels."""
+    from . import artifact_at
+    from .build import build_saved
+
+    return artifact_at(build_saved(verbose=verbose, log=log).path, manifest=False)
+
+
 def built(build: bool = True, log=None) -> str:
     """The path of the cached build of the native hooks (compiled now when missing and ``build``)."""
     from .build import build_saved
@@ -56,12 +77,24 @@ def built(build: bool = True, log=None) -> str:
 
 
 def load(library: str):
-    """The module of the native hooks at ``library`` (checked as every library this tool loads)."""
+    """The module of the native hooks at ``library``, a build of them (checked as every library this tool
+    loads)."""
+    from .loader import _load_built
+
+    return _module(library, lambda: _load_built(library))
+
+
+def _load(path: str, sha256: str, root: str, key: str | None):
+    from .loader import _load as load_checked
+
+    return load_checked(path, sha256, root, key)
+
+
+def _module(library: str, open_library):
+    """The module the library at ``library`` makes (``open_library``: its checked load), once per process."""
     module = _LOADED.get(library)
     if module is None:
-        from .loader import _load_built
-
-        dll = _load_built(library)
+        dll = open_library()
         try:
             make = ctypes.PYFUNCTYPE(ctypes.py_object)((SYMBOL, dll))
         except AttributeError:

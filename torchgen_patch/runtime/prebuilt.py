@@ -134,20 +134,37 @@ setup(distclass=PlatformDistribution)
 """
 
 
-def make_wheel(out_dir: str, artifact, opts: Options, log=None) -> str:
-    """Pack ``artifact`` (runtime.Artifact: a finished build, its library read from the descriptor its
-    checks ran on) and its plan into a wheel in ``out_dir``; returns the wheel's path. Built by
-    setuptools through ``pip wheel``, with no network (no build isolation) and a fixed
-    SOURCE_DATE_EPOCH, so the same build gives the same wheel bytes."""
+def _checked_bytes(art) -> tuple[int, bytes]:
+    """(an open descriptor on ``art``'s library, its bytes), read from the descriptor its checks ran on."""
     from .trust import check_library
 
+    fd = check_library(art.path, art.sha256, art.root)
+    try:
+        return fd, os.pread(fd, os.fstat(fd).st_size, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_wheel(out_dir: str, artifact, opts: Options, log=None, saved=None) -> str:
+    """Pack ``artifact`` (runtime.Artifact: a finished build, its library read from the descriptor its
+    checks ran on) and its plan into a wheel in ``out_dir``, with ``saved`` (the saved-tensor check's
+    native hooks, an Artifact of their build) beside it where given; returns the wheel's path. Built by
+    setuptools through ``pip wheel``, with no network (no build isolation) and a fixed
+    SOURCE_DATE_EPOCH, so the same build gives the same wheel bytes."""
     log = sys.stderr if log is None else log  # the stream of the call, not the one at import
-    fd = check_library(artifact.path, artifact.sha256, artifact.root)
+    fd, data = _checked_bytes(artifact)
     try:
         rec = record(fd, os.path.basename(artifact.path), artifact.key, artifact.manifest, opts)
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
     finally:
         os.close(fd)
+    extra = {}
+    if saved is not None:
+        fd, extra_data = _checked_bytes(saved)
+        os.close(fd)
+        name = os.path.basename(saved.path)
+        rec["saved"] = {"library": name, "sha256": saved.sha256, "key": saved.key}
+        extra[name] = extra_data
     version = wheel_version(rec["torch"])
     with tempfile.TemporaryDirectory(prefix="tgp-wheel-") as tmp:
         project, pkg, dist = (os.path.join(tmp, p) for p in ("project", os.path.join("project", PACKAGE), "dist"))
@@ -162,8 +179,9 @@ def make_wheel(out_dir: str, artifact, opts: Options, log=None) -> str:
         with open(os.path.join(pkg, RECORD), "w") as fh:
             json.dump(rec, fh, indent=1, sort_keys=True)
             fh.write("\n")
-        with open(os.path.join(pkg, rec["library"]), "wb") as fh:
-            fh.write(data)
+        for name, payload in [(rec["library"], data), *extra.items()]:
+            with open(os.path.join(pkg, name), "wb") as fh:
+                fh.write(payload)
         print(f"torchgen-patch: packing {DIST} {version} with pip wheel ...", file=log, flush=True)
         r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                             "--disable-pip-version-check", "-q", "-w", dist, project], capture_output=True, text=True,
@@ -212,6 +230,38 @@ def _installed() -> list:
         key = (os.path.realpath(str(d.locate_file(PACKAGE))), d.version)
         found.setdefault(key, d)
     return [found[k] for k in sorted(found)]
+
+
+def saved_library() -> tuple[tuple[str, str, str, str | None] | None, str | None]:
+    """The saved-tensor check's native hooks in the installed prebuilt wheel, if it holds them and was made
+    for exactly this torch by this torchgen-patch: ((path, sha256, root, key), None); else (None, why not),
+    or (None, None) when no wheel is installed or it holds none."""
+    dists = _installed()
+    if len(dists) != 1:
+        return None, None if not dists else f"{len(dists)} copies of {DIST} are installed"
+    dist = dists[0]
+    where = os.path.abspath(str(dist.locate_file(PACKAGE)))
+    name = f"{DIST} {dist.version}"
+    try:
+        d = cache.open_dir(where, cache.library_refusal(where))
+    except (cache.Missing, EnvironmentProblem) as e:
+        return None, f"{name}: {getattr(e, 'message', e)}"
+    with d:
+        rec = _read_record(d, name)
+        if isinstance(rec, str):
+            return None, rec
+        saved = rec.get("saved")
+        if not isinstance(saved, dict) or not isinstance(saved.get("library"), str) or \
+                not isinstance(saved.get("sha256"), str):
+            return None, None
+        why = _unfit(rec, name, Options())
+        if why:
+            return None, why
+        lib = os.path.basename(saved["library"])
+        problem = library_problem(d, lib, saved["sha256"])
+        if problem:
+            return None, f"{name}: {problem}"
+    return (os.path.join(where, lib), saved["sha256"], where, saved.get("key")), None
 
 
 def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
