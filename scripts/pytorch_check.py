@@ -912,8 +912,12 @@ def main() -> int:
         os.makedirs(os.path.join(ROOT, "build", "pytorch-check"), exist_ok=True)
         work = tempfile.mkdtemp(prefix="run-", dir=os.path.join(ROOT, "build", "pytorch-check"))  # one per run
         print(f"unpacking {os.path.basename(got.tarball)} into {os.path.relpath(work, ROOT)}", file=sys.stderr)
-        with got:
-            tree = tree_from_source(got, os.path.join(work, "pytorch"))
+        try:
+            with got:
+                tree = tree_from_source(got, os.path.join(work, "pytorch"))
+        except Refused as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
         if "checkout" in todo:
             data = _save(json_path, seed, {"checkout": step_checkout(tree, work, release)})
         if "checkout" not in todo or "failed" in data["checkout"]:  # the fix applied for what follows

@@ -75,6 +75,19 @@ def fetch_source(cache: str, timeout: int = 600) -> Checked:
         if isinstance(cached, Unavailable):
             raise Unavailable("no apt-get on this machine")
         raise Refused(f"no apt-get on this machine, and nothing cached is usable: {cached}")
+    try:
+        pins = _download(src, timeout)
+    except OSError as e:  # the temporary directory apt downloads into: full, gone, not writable
+        raise Unavailable(f"cannot fetch with apt-get: {e}") from None
+    try:
+        return checked_source(src, pins)
+    except Refused as e:
+        raise Refused(f"apt-get source left no checked {PACKAGE} source in {src}: {e}") from None
+
+
+def _download(src: str, timeout: int) -> dict[str, tuple[str, int]]:
+    """apt-get source into a private directory, what it fetched checked and copied into ``src``; the
+    pins that vouched for it."""
     work = tempfile.mkdtemp(prefix="pytorch-src-apt-")  # in the temporary directory, which _apt can reach
     try:
         os.chmod(work, 0o755)
@@ -113,10 +126,7 @@ def fetch_source(cache: str, timeout: int = 600) -> Checked:
                 copy_checked(got, d, to)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    try:
-        return checked_source(src, pins)
-    except Refused as e:
-        raise Refused(f"apt-get source left no checked {PACKAGE} source in {src}: {e}") from None
+    return pins
 
 
 def _showsrc(opts: list[str], cwd: str, timeout: int) -> str:
@@ -154,16 +164,28 @@ def tree_from_source(got: Checked, root: str, parts: list[str] | None = None, gi
     z = {".xz": ["-J"], ".gz": ["-z"], ".bz2": ["-j"]}.get(os.path.splitext(got.tarball)[1], [])
     fd = got.fh.fileno()
     os.lseek(fd, 0, os.SEEK_SET)
-    with subprocess.Popen(["tar", *z, "-tf", "-"], stdin=fd, stdout=subprocess.PIPE, text=True) as lister:
-        top = lister.stdout.readline().split("/", 1)[0]  # the first member names the top folder
-        lister.kill()
+    try:
+        with subprocess.Popen(["tar", *z, "-tf", "-"], stdin=fd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) as lister:
+            top = lister.stdout.readline().split("/", 1)[0]  # the first member names the top folder
+            lister.kill()
+    except OSError as e:
+        raise Unavailable(f"cannot run tar: {e.strerror}") from None
     os.lseek(fd, 0, os.SEEK_SET)
     members = [f"{top}/{p}" for p in parts] if parts else []
-    subprocess.run(["tar", *z, "-xf", "-", "-C", root, "--strip-components=1", *members], stdin=fd, check=True)
+    steps = [["tar", *z, "-xf", "-", "-C", root, "--strip-components=1", *members]]
     if git:
-        for args in (["init", "-q"], ["add", "-A"],
-                     ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree", "--no-verify"]):
-            subprocess.run(["git", *args], cwd=root, check=True)
+        steps += [["git", "init", "-q"], ["git", "add", "-A"],
+                  ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree", "--no-verify"]]
+    for argv in steps:  # the bytes were checked: a failure here is the machine's (a full disk, no git)
+        try:
+            r = subprocess.run(argv, stdin=fd if argv[0] == "tar" else subprocess.DEVNULL,
+                               cwd=None if argv[0] == "tar" else root, capture_output=True, text=True)
+        except OSError as e:
+            raise Unavailable(f"cannot run {argv[0]}: {e.strerror}") from None
+        if r.returncode != 0:
+            said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+            raise Unavailable(f"{' '.join(argv[:2])} in {root} failed: {said}")
     return root
 
 

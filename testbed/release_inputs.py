@@ -138,19 +138,30 @@ def open_checked(d: Dir, name: str, size: int, owners: bool = True) -> BinaryIO:
         raise
 
 
-def digest(fh: BinaryIO, size: int) -> str:
+def read_all(fh: BinaryIO, path: str) -> bytes:
+    """What the open file holds from where it is (Refused, one line, when the disk will not give it)."""
+    try:
+        return fh.read()
+    except OSError as e:
+        raise Refused(f"cannot read {path}: {e.strerror}") from None
+
+
+def digest(fh: BinaryIO, size: int, path: str) -> str:
     """The SHA-256 of the open file's ``size`` bytes, read from its start (Refused if it holds another
-    number of bytes now); ``fh`` is left at its start."""
-    fh.seek(0)
+    number of bytes now, or cannot be read); ``fh`` is left at its start."""
     h, got = hashlib.sha256(), 0
-    for block in iter(lambda: fh.read(min(1 << 20, size + 1 - got)), b""):
-        h.update(block)
-        got += len(block)
-        if got > size:
-            break
-    fh.seek(0)
+    try:
+        fh.seek(0)
+        for block in iter(lambda: fh.read(min(1 << 20, size + 1 - got)), b""):
+            h.update(block)
+            got += len(block)
+            if got > size:
+                break
+        fh.seek(0)
+    except OSError as e:
+        raise Refused(f"cannot read {path}: {e.strerror}") from None
     if got != size:
-        raise Refused(f"{fh.name if isinstance(fh.name, str) else 'a file'} changed size while it was read")
+        raise Refused(f"{path} changed size while it was read")
     return h.hexdigest()
 
 
@@ -159,7 +170,7 @@ def _pinned(d: Dir, name: str, pin: tuple[str, int], owners: bool, what: str) ->
     sha, size = pin
     fh = open_checked(d, name, size, owners)
     try:
-        got = digest(fh, size)
+        got = digest(fh, size, d.join(name))
         if got != sha:
             raise Refused(f"{d.join(name)}: SHA-256 {got[:12]}…, not the {sha[:12]}… {what} gives")
         return fh
@@ -170,7 +181,7 @@ def _pinned(d: Dir, name: str, pin: tuple[str, int], owners: bool, what: str) ->
 
 def _one(d: Dir, dsc: str, pin: tuple[str, int], owners: bool) -> Checked:
     with _pinned(d, dsc, pin, owners, "its pin") as fh:
-        text = fh.read().decode("utf-8", errors="replace")
+        text = read_all(fh, d.join(dsc)).decode("utf-8", errors="replace")
     files = checksums(text)
     origs = sorted(n for n in files if _ORIG.match(n))
     if len(origs) != 1:
@@ -184,7 +195,10 @@ def checked_dir(d: Dir, pins: dict[str, tuple[str, int]] | None = None, owners: 
     """The first .dsc in ``d`` that ``pins`` (default ``PINNED_DSC``) vouches for, with its tarball.
     Refused, one line, when none is."""
     pins = PINNED_DSC if pins is None else pins
-    names = set(d.names())
+    try:
+        names = set(d.names())
+    except OSError as e:
+        raise Refused(f"cannot list {d.path}: {e.strerror}") from None
     found = sorted(n for n in names if n.startswith(f"{PACKAGE}_") and n.endswith(".dsc"))
     unpinned = [f"{d.join(n)}: no pin names it" for n in found if n not in pins]
     why: list[str] = []
@@ -227,4 +241,8 @@ def copy_checked(got: Checked, frm: Dir, to: Dir) -> None:
     from those bytes."""
     for name, pin in sorted({got.dsc: got.dsc_pin, **got.files}.items()):
         with _pinned(frm, name, pin, False, "its pin") as fh:
-            to.replace(name, fh.read())
+            data = read_all(fh, frm.join(name))
+        try:
+            to.replace(name, data)
+        except OSError as e:
+            raise Unavailable(f"cannot write {to.join(name)}: {e.strerror}") from None

@@ -229,3 +229,30 @@ def test_the_release_check_refuses_a_planted_cache_in_one_line(tmp_path):
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr == ("error: no PyTorch source tree: no apt-get on this machine, and nothing cached is usable: "
                         f"{src}/{dsc}: no pin names it\n"), r.stderr
+
+
+def test_what_the_machine_fails_at_is_one_line_too(tmp_path, monkeypatch):
+    """tar failing on the checked bytes, a read the disk refuses, a temporary directory apt cannot
+    download into: each a Refused (one line), never a traceback."""
+    src = tmp_path / "cache" / "src"
+    dsc, _, tarball = make_package(src)
+    with open(tarball, "wb") as f:  # bytes no tar reads, pinned all the same
+        f.write(b"not a tarball")
+    data = (src / dsc).read_text().split("\n")
+    data = [f" {hashlib.sha256(b'not a tarball').hexdigest()} 13 {os.path.basename(tarball)}"
+            if ln.endswith(os.path.basename(tarball)) else ln for ln in data]
+    (src / dsc).write_text("\n".join(data))
+    _pin(monkeypatch, (dsc, (hashlib.sha256("\n".join(data).encode()).hexdigest(), len("\n".join(data)))))
+    with pytest.raises(ri.Refused, match=r"^tar -J in .* failed: ") as e:
+        tree_from_tarball(tarball, str(tmp_path / "tree"), git=False)
+    assert e.value.exit_code == 3 and "\n" not in str(e.value)
+
+    class Damaged(io.BytesIO):
+        def read(self, n=-1):
+            raise OSError(5, "Input/output error")
+    with pytest.raises(ri.Refused, match=r"^cannot read x: Input/output error$"):
+        ri.digest(Damaged(), 3, "x")
+    _fake_apt(tmp_path, monkeypatch, tmp_path / "none", "")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "gone"))
+    found, why = fetch_tarball(str(tmp_path / "other-cache"))
+    assert found is None and why.startswith("cannot fetch with apt-get: [Errno 2] No such file or directory"), why
