@@ -8,11 +8,12 @@
 The tree is Debian's source package `pytorch` (trixie: 2.6.0+dfsg), fetched with apt through a private
 sources list into .cache/pytorch-src/ (testbed/debian_source.py), used only as its pins vouch for it
 (testbed/release_inputs.py: a .dsc the project or the signed index pins, the tarball that .dsc pins, each
-read from one checked descriptor), and unpacked fresh, under git, for each run. The torch of the same release comes from the package index into a venv of its own
-(.venv-check-<release>, a CUDA build of 3-5 GB that runs on CPU) with PyTorch's test dependencies,
-lintrunner and this project. The check runs the tree's own code (`lintrunner init` runs the init_commands
-of its .lintrunner.toml; then its codegen and its tests): run it in a throwaway container or as an
-unprivileged account, never as an account whose files matter. Steps:
+read from one checked descriptor), and unpacked fresh, under git, for each run. The torch of the same
+release comes from the package index into a venv of its own (.venv-check-<release>, a CUDA build of
+3-5 GB that runs on CPU) with PyTorch's test dependencies, lintrunner and this project. The check runs
+the tree's own code (`lintrunner init` runs the init_commands of its .lintrunner.toml; then its codegen
+and its tests): run it in a throwaway container or as an unprivileged account, never as an account
+whose files matter. Steps:
 
   checkout    the checkout world on the real tree, in a venv without torch: the five counts (equal to the
               compatibility matrix's row of the release), `gen --strict`, `diff --mode fix` applied with git,

@@ -71,7 +71,8 @@ def test_a_planted_dsc_and_tarball_are_refused_and_the_pinned_one_is_used(tmp_pa
     assert not os.path.exists(tmp_path / "tree" / "version.txt")
     _pin(monkeypatch, (dsc, ("0" * 64, pin[1])))  # the pinned name, other bytes
     found, why = fetch_tarball(str(tmp_path / "cache"))
-    assert found is None and why.endswith(f"{src}/{dsc}: SHA-256 {pin[0][:12]}…, not the 000000000000… its pin gives")
+    assert found is None and why.endswith(f"{src}/{dsc}: SHA-256 {pin[0][:12]}…, not the 000000000000… its pin "
+                                          "gives"), why
     _pin(monkeypatch, (dsc, pin))
     assert fetch_tarball(str(tmp_path / "cache")) == (tarball, "")
     tree = tree_from_tarball(tarball, str(tmp_path / "tree"), git=False)
@@ -206,7 +207,8 @@ def test_a_fetched_dsc_is_used_when_the_verified_index_pins_it(tmp_path, monkeyp
     .dsc's SHA-256, refused when it gives another; every file is copied into the cache as checked."""
     dsc, pin, _ = make_package(tmp_path / "pkg", "2.6.0+dfsg-8")
     _pin(monkeypatch)
-    _fake_apt(tmp_path, monkeypatch, tmp_path / "pkg", SHOWSRC.format(sha="0" * 64, size=pin[1], dsc=dsc, tsha="1" * 64))
+    _fake_apt(tmp_path, monkeypatch, tmp_path / "pkg",
+              SHOWSRC.format(sha="0" * 64, size=pin[1], dsc=dsc, tsha="1" * 64))
     found, why = fetch_tarball(str(tmp_path / "cache"))
     assert found is None and why.startswith("apt-get source fetched nothing a pin vouches for: ") and \
         why.endswith(f"/{dsc}: SHA-256 {pin[0][:12]}…, not the 000000000000… its pin gives"), why
