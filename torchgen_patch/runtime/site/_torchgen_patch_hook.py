@@ -69,12 +69,14 @@ def start(spec_text, mode, source=None):
 
 def enabled(data):
     """The start of a process of an enabled environment (its ``.pth`` line calls this): the launch spec
-    is the file ``data`` beside that line, read here as bytes (a regular file of the site-packages
-    directory's owner, written by none other), parsed at ``import torch``. A file that cannot be read
-    as one is said in one line at that import, and the program goes on unpatched."""
-    global _broken
-    text, _broken = _read_data(data)
-    start(text, "enable", data)
+    is the file ``data`` beside that line, read as bytes (a regular file of the site-packages directory's
+    owner, written by none other) only once torch has been imported, so a process that never imports
+    torch reads nothing. A file that cannot be read as one is said in one line at that import, and the
+    program goes on unpatched. (An enabled environment's spec has no --import modules: only torch is
+    watched.)"""
+    global _lazy
+    _lazy = None if os.environ.get(ENV) else data  # run's own spec governs a process run started
+    start(None, "enable", data)
 
 
 def _read_data(path):
@@ -112,6 +114,7 @@ def _read_data(path):
 
 _DATA_MAX = 1 << 20
 _broken = None  # why an enabled environment's data file cannot be its launch spec (said at `import torch`)
+_lazy = None  # that data file, not read yet
 
 
 def stand_down():
@@ -288,7 +291,10 @@ def _roots():
     ``run`` that is not one stops the process (one line, exit 2), as every bad input does; an enabled
     environment's file that is not one leaves the program unpatched, said in one line (as when it
     names what cannot be had)."""
-    global _finished
+    global _finished, _spec, _broken, _lazy
+    if _lazy is not None and _mode == "enable":
+        _spec, _broken = _read_data(_lazy)
+        _lazy = None
     if _broken and _mode == "enable" and not _source.startswith("$"):
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: {_broken} (hint: `torchgen-patch enable` "
