@@ -6,12 +6,14 @@
     python scripts/pytorch_check.py --render-only --report    # re-render from the json
 
 The tree is Debian's source package `pytorch` (trixie: 2.6.0+dfsg), fetched with apt through a private
-sources list into .cache/pytorch-src/ (tests/debian_source.py) and unpacked fresh, under git, for each
-run. The torch of the same release comes from the package index into a venv of its own
-(.venv-check-<release>, a CUDA build of 3-5 GB that runs on CPU) with PyTorch's test dependencies,
-lintrunner and this project. The check runs the tree's own code (`lintrunner init` runs the init_commands
-of its .lintrunner.toml; then its codegen and its tests): run it in a throwaway container or as an
-unprivileged account, never as an account whose files matter. Steps:
+sources list into .cache/pytorch-src/ (testbed/debian_source.py), used only as its pins vouch for it
+(testbed/release_inputs.py: a .dsc the project or the signed index pins, the tarball that .dsc pins, each
+read from one checked descriptor), and unpacked fresh, under git, for each run. The torch of the same
+release comes from the package index into a venv of its own (.venv-check-<release>, a CUDA build of
+3-5 GB that runs on CPU) with PyTorch's test dependencies, lintrunner and this project. The check runs
+the tree's own code (`lintrunner init` runs the init_commands of its .lintrunner.toml; then its codegen
+and its tests): run it in a throwaway container or as an unprivileged account, never as an account
+whose files matter. Steps:
 
   checkout    the checkout world on the real tree, in a venv without torch: the five counts (equal to the
               compatibility matrix's row of the release), `gen --strict`, `diff --mode fix` applied with git,
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -50,7 +51,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compat_matrix as cm  # noqa: E402
 from stack_dump import OURS, deadlock_excerpt, read_stuck  # noqa: E402,F401  (a dump, read by its frames)
 from stack_dump import thread_texts as _threads  # noqa: E402,F401
-from testbed.debian_source import fetch_tarball, release_of, tree_from_tarball  # noqa: E402
+from testbed.debian_source import fetch_source, release_of, tree_from_source  # noqa: E402
+from testbed.release_inputs import Refused  # noqa: E402
 from testbed.notorch_venv import entry_point, make_venv  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "pytorch-src")
@@ -876,6 +878,8 @@ def main() -> int:
     ap.add_argument("--only", help=f"comma-separated steps or test groups to (re)run: {', '.join(STEPS)}")
     ap.add_argument("--report", action="store_true", help="write reports/ and docs/release-check.md (default: build/)")
     ap.add_argument("--render-only", action="store_true", help="run nothing; render the existing json again")
+    ap.add_argument("--source-cache", default=CACHE, metavar="DIR",
+                    help="where Debian's source package is cached (default: .cache/pytorch-src)")
     args = ap.parse_args()
     todo = args.only.split(",") if args.only else STEPS
     unknown = [s for s in todo if s not in STEPS]
@@ -885,10 +889,16 @@ def main() -> int:
         print("note: the release check runs the checked tree's own code (lintrunner init's init_commands, its "
               "codegen, its tests), here as root: run it in a throwaway container or as an unprivileged account "
               "(docs/release-check.md)", file=sys.stderr)
-    tarball, why = fetch_tarball(CACHE)
-    if tarball is None:
-        sys.exit(f"error: no PyTorch source tree: {why}")
-    release = release_of(tarball)
+    try:
+        got = fetch_source(args.source_cache)
+    except Refused as e:
+        print(f"error: no PyTorch source tree: {e}", file=sys.stderr)
+        return e.exit_code
+    for why in got.refused:
+        print(f"note: not used: {why}", file=sys.stderr)
+    if args.render_only:
+        got.close()
+    release = release_of(got.tarball)
     out_dir = REPORTS if args.report else os.path.join(ROOT, "build")
     os.makedirs(out_dir, exist_ok=True)
     name = f"pytorch-own-{release}"
@@ -896,16 +906,19 @@ def main() -> int:
     seed = json_path if os.path.isfile(json_path) else os.path.join(REPORTS, f"{name}.json")
     data = json.load(open(seed)) if os.path.isfile(seed) else {"tests": {}}
     if not args.render_only:
-        with open(tarball, "rb") as f:
-            head = dict(release=release, tarball=os.path.basename(tarball),
-                        tarball_sha256=hashlib.file_digest(f, "sha256").hexdigest())
+        head = dict(release=release, tarball=os.path.basename(got.tarball), tarball_sha256=got.sha256)
         python = release_venv(release)
         head["torch"] = torch_version(python)
         data = _save(json_path, seed, head)
         os.makedirs(os.path.join(ROOT, "build", "pytorch-check"), exist_ok=True)
         work = tempfile.mkdtemp(prefix="run-", dir=os.path.join(ROOT, "build", "pytorch-check"))  # one per run
-        print(f"unpacking {os.path.basename(tarball)} into {os.path.relpath(work, ROOT)}", file=sys.stderr)
-        tree = tree_from_tarball(tarball, os.path.join(work, "pytorch"))
+        print(f"unpacking {os.path.basename(got.tarball)} into {os.path.relpath(work, ROOT)}", file=sys.stderr)
+        try:
+            with got:
+                tree = tree_from_source(got, os.path.join(work, "pytorch"))
+        except Refused as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
         if "checkout" in todo:
             data = _save(json_path, seed, {"checkout": step_checkout(tree, work, release)})
         if "checkout" not in todo or "failed" in data["checkout"]:  # the fix applied for what follows
