@@ -516,11 +516,28 @@ def _on_spawn(event, args):
         executable, argv, env = args
     argv = [os.fsdecode(a) for a in argv] if not isinstance(argv, (str, bytes)) else [os.fsdecode(argv)]
     why = dropped(argv, env, executable, enabled=_enabled_here)
-    if why is None:
+    if why is None or _from_compiler():
         return
     command = _shown(argv)
     where = f"in pid {os.getpid()} after its exec" if event == "os.exec" else f"in a child of pid {os.getpid()}"
     _say(f"torchgen-patch: NOT active {where} ({command}): {why} (hint: {HINT})")
+
+
+# torch's compile machinery: the Python processes it starts (inductor's probe of the CPU's vector units, its
+# compile workers, Triton's) compile code and never run autograd, so they need no kernels and are not named
+COMPILERS = ("torch._inductor", "torch._dynamo", "torch.utils.cpp_extension", "triton")
+
+
+def _from_compiler():
+    """Whether the process being started comes from torch's compile machinery: a frame of one of
+    COMPILERS' modules on the stack (walked only for a process that would drop the hook)."""
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_globals.get("__name__") or ""
+        if isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS):
+            return True
+        f = f.f_back
+    return False
 
 
 def _shown(argv):
