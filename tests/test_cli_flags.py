@@ -601,6 +601,8 @@ PROBES = {
     ("enable", "--backend"): p_enable("backend", ["--backend", "cpp"], "cpp", "python"),
     ("enable", "--op"): p_enable("ops", ["--op", "_cummax_helper"], ["aten::_cummax_helper"], None),
     ("enable", "--quiet"): p_enable("quiet", ["-q"], True, False), ("enable", "--verbose"): p_enable_verbose,
+    ("enable", "--strict"): p_enable("strict", ["--strict"], True, False),
+    ("enable", "--check-saved"): p_enable("check_saved", ["--check-saved=raise"], "raise", None),
     ("disable", "--quiet"): p_disable_quiet_verbose, ("disable", "--verbose"): p_disable_quiet_verbose,
     ("status", "--quiet"): p_status_quiet_verbose, ("status", "--verbose"): p_status_quiet_verbose,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
