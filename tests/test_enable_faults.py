@@ -266,3 +266,22 @@ def test_enable_writes_the_data_first_and_a_failure_leaves_the_old_state_whole(t
     assert "not even UTF-8: Python's site stops every interpreter of this environment at start (repair: rm " \
         in en.state(str(site)).problem
     assert en.disable(str(site)).present and os.listdir(site) == []
+
+
+def test_a_record_with_bytes_not_utf8_keeps_every_line_through_enable_and_disable(cached):
+    """pip's RECORD with a line that is not UTF-8 (damage, another tool's edit): enable adds its two lines
+    and disable takes them away, every other byte kept (it was written back holding only enable's lines,
+    so `pip uninstall` left the package's files behind)."""
+    env = cached
+    assert _tool(env, "disable").returncode in (0, 1)
+    with open(env.record, "ab") as fh:
+        fh.write(b"caf\xe9.txt,,\n")
+    before = open(env.record, "rb").read()
+    r = _tool(env, "enable", "-q")
+    assert r.returncode == 0, r.stderr
+    during = open(env.record, "rb").read()
+    assert during.startswith(before) and during.count(b"\n") == before.count(b"\n") + 2
+    assert _tool(env, "disable").returncode == 0
+    assert open(env.record, "rb").read() == before
+    with open(env.record, "wb") as fh:
+        fh.write(before.replace(b"caf\xe9.txt,,\n", b""))
