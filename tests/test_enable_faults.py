@@ -285,3 +285,52 @@ def test_a_record_with_bytes_not_utf8_keeps_every_line_through_enable_and_disabl
     assert open(env.record, "rb").read() == before
     with open(env.record, "wb") as fh:
         fh.write(before.replace(b"caf\xe9.txt,,\n", b""))
+
+
+def _edit_data(env, change=None) -> bytes:
+    """Change the enabled environment's data file in place as its owner would (same file, same mode;
+    ``change`` None: empty it); returns the bytes it had."""
+    data = os.path.join(env.site, "torchgen_patch_enable.json")
+    old = open(data, "rb").read()
+    spec = json.loads(old)
+    if change is not None:
+        change(spec)
+    with open(data, "w") as fh:
+        fh.write(json.dumps(spec) if change is not None else "")
+    return old
+
+
+def _put_back(env, old: bytes) -> None:
+    with open(os.path.join(env.site, "torchgen_patch_enable.json"), "wb") as fh:
+        fh.write(old)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_failure_the_tool_did_not_foresee_stops_a_strict_environments_program_only(cached, strict):
+    """The tool's own package not where the data file says (a removed or broken dependency fails the
+    same way): one line naming it; the program runs on unpatched, or with --strict stops with exit 3
+    (it ran on before, whatever --strict said)."""
+    env = cached
+    assert _tool(env, "enable", "-q", *(["--strict"] if strict else [])).returncode == 0
+    old = _edit_data(env, lambda spec: spec["roots"].update(torchgen_patch="/nonexistent"))
+    try:
+        r = _prog(env)
+    finally:
+        _put_back(env, old)
+    assert r.stderr.count("\n") == 1 and "NOT active" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (r.returncode, r.stdout) == ((3, "") if strict else (0, "end\n")), r.stderr
+
+
+def test_an_empty_data_file_is_said_as_such(cached):
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    old = _edit_data(env)
+    try:
+        r = _prog(env)
+    finally:
+        _put_back(env, old)
+    data = os.path.join(env.site, "torchgen_patch_enable.json")
+    assert (r.returncode, r.stdout) == (0, "end\n")
+    assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(data)}: it is empty \(hint: "
+                        r"`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it\)\n",
+                        r.stderr), r.stderr

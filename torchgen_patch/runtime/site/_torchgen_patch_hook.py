@@ -284,6 +284,18 @@ def _work(name):
     except Exception as e:  # noqa: BLE001 — the tool cannot load: the program goes on unpatched, and says so
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}")
+        if _mode == "enable" and _strict():
+            _exit(3)  # enable --strict: a process that cannot have the kernels stops, whatever the cause
+
+
+def _strict():
+    """Whether the launch spec says ``strict`` (an enabled environment whose processes never run
+    unpatched); a spec that cannot be read says not."""
+    try:
+        spec = _std("json").loads(_spec)
+    except Exception:  # noqa: BLE001 — any spec that is not JSON is simply not strict
+        return False
+    return isinstance(spec, dict) and spec.get("strict") is True
 
 
 def _roots():
@@ -300,6 +312,11 @@ def _roots():
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: {_broken} (hint: `torchgen-patch enable` "
              "writes it again, `torchgen-patch disable` removes it)")
         return None
+    if not _spec and _mode == "enable" and not _source.startswith("$"):  # an enabled environment's file, empty
+        _finished = True
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: it is empty (hint: `torchgen-patch "
+             "enable` writes it again, `torchgen-patch disable` removes it)")
+        return None  # as every damaged data file: what it would have said, strict included, is unknown
     if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
