@@ -331,6 +331,8 @@ USER_PATHS = {
     "files.py": "inputs and outputs the user names",
     "sources/__init__.py": "the inputs the user names, and where the installed torch keeps its yaml",
     "sources/torchgen.py": "the toolchains' own files (torchgen, the autograd codegen, derivatives.yaml)",
+    "sources/toolchain.py": "the toolchains' own files, found and hashed",
+    "sources/rejected.py": "the toolchains' own files, named where they failed",
     "codegen/output.py": "gen's output directory",
     "codegen/render.py": "the package's templates",
     "diagnostics/lint.py": "the yaml and generated files the user lints",
@@ -532,3 +534,53 @@ def test_the_check_of_private_names_finds_them():
     assert _private_names_reached("from torchgen_patch.runtime import optim\noptim.before_step(1)\n"
                                   "import torch\ntorch._foreach_add_(x, 1)\n") == []
 
+
+# ---- sizes: a module is read in one sitting, a function on one screen ---------------------------------
+
+MODULE_LINES, FUNCTION_LINES = 500, 60
+# modules and functions over the limits, each at its size now: it may shrink, never grow
+OVER_THE_LIMITS = {
+    "cache.py": 852, "cache.py:open_dir": 82,
+    "files.py": 593, "files.py:find": 67,
+    "codegen/output.py": 551,
+    "cli/commands.py": 537,
+    "runtime/site/_torchgen_patch_hook.py": 648,
+}
+
+
+def sizes(source: str) -> tuple[int, dict[str, int]]:
+    """(lines of ``source``, lines of each function in it: every ``def``, nested ones and methods
+    included, by its dotted name)."""
+    out: dict[str, int] = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}.{child.name}" if prefix else child.name
+                if not isinstance(child, ast.ClassDef):
+                    out[name] = max(out.get(name, 0), child.end_lineno - child.lineno + 1)
+            visit(child, name)
+
+    visit(ast.parse(source), "")
+    return len(source.splitlines()), out
+
+
+def test_no_module_over_500_lines_and_no_function_over_60():
+    over = {}
+    for path in _modules().values():
+        rel = os.path.relpath(path, PKG)
+        lines, functions = sizes(open(path, encoding="utf-8").read())
+        if lines > OVER_THE_LIMITS.get(rel, MODULE_LINES):
+            over[rel] = lines
+        for fn, n in functions.items():
+            if n > OVER_THE_LIMITS.get(f"{rel}:{fn}", FUNCTION_LINES):
+                over[f"{rel}:{fn}"] = n
+    assert over == {}
+    assert {k.split(":")[0] for k in OVER_THE_LIMITS} <= {os.path.relpath(p, PKG) for p in _modules().values()}
+
+
+def test_the_measure_of_sizes_counts_every_def():
+    source = ("def f():\n    def inner():\n        return 1\n    return inner\n\n\n"
+              "class C:\n    def method(self):\n        x = 1\n        return x\n")
+    assert sizes(source) == (10, {"f": 4, "f.inner": 2, "C.method": 3})
