@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -437,6 +438,7 @@ def main(rounds: int = 11, report=False, json_path: str | None = None, device: s
         torch.set_num_threads(1)  # CPU time is then the work done, whatever else the machine runs
     try:
         results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+                   "python": platform.python_version(),
                    "off": nothing_runs_when_off(), "models": []}
         print(f"with the check off: {results['off']}", flush=True)
         results["hook_cost"] = hook_cost(device, path)
@@ -455,6 +457,8 @@ def main(rounds: int = 11, report=False, json_path: str | None = None, device: s
                 t["extra_peak"], t["memory_met"] = m["extra"], None
             results["models"].append(t)
             print(summary_line(t), flush=True)
+            if json_path:  # after every model: a run cut short keeps what it measured (--from-json renders it)
+                save([results], json_path)
     finally:
         torch.set_num_threads(threads)
     if json_path:
@@ -503,13 +507,39 @@ def _write_report(report, device: str, text: str) -> None:
     print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}")
 
 
-def render(results: dict, rounds: int, device: str) -> str:
-    import platform
+def _where_it_goes(results: dict) -> list[str]:
+    """What lies between each row's floor and its ratio, from the run's own probes: the check's host work
+    per saved tensor beyond identity hooks (``hook_cost``) times the step's saved tensors, and of that the
+    two launches (at pack and at use) where the device's launch cost was measured."""
+    cost = results.get("hook_cost")
+    if not cost:
+        return []
+    per = cost["check_us"] - cost["identity_us"]
+    launch = (results.get("bandwidth") or {}).get("launch_us")
+    out = ["", "## Where the cost above the floor goes", "",
+           f"The check's host work per saved tensor beyond identity hooks is {per:.2f} us (the chain above)"
+           + (f", of which two launches of its kernel, at pack and at use, take {2 * launch:.2f} us "
+              f"({launch:.2f} us each, measured)" if launch else "")
+           + ". Where the host runs behind the device (short kernels: bf16, small layers), that work adds to "
+           "the step; the floor has no term for it.", "",
+           "| model | ratio | floor | + host work (saved x per tensor) | predicted | "
+           + ("floor + the two launches alone | " if launch else "") + "target |",
+           "|---|---|---|---|---|" + ("---|" if launch else "") + "---|"]
+    for t in results["models"]:
+        host = t["saved_tensors"] * per / 1e3 / t["off_ms"]
+        row = (f"| {t['model']} | {t['ratio']:.3f} | {t['floor']:.3f} | +{host:.3f} | {t['floor'] + host:.3f} | ")
+        if launch:
+            row += f"{t['floor'] + t['saved_tensors'] * 2 * launch / 1e3 / t['off_ms']:.3f} | "
+        out.append(row + f"{t['target']} ({'met' if t['met'] else 'not met'}) |")
+    return out
 
+
+def render(results: dict, rounds: int, device: str) -> str:
     clock = "wall time (the device synchronised at both ends of each block of steps)" if device == "cuda" else \
         "CPU time (torch on one thread: the work done)"
     lines = [f"# The saved-tensor check's cost: a training step with the check on / off, and its floor, {device.upper()}",
-             "", f"- {results['device']}, torch `{results['torch']}`, Python {platform.python_version()}"
+             "", f"- {results['device']}, torch `{results['torch']}`, "
+             f"Python {results.get('python', platform.python_version())}"
              + (f", {os.cpu_count()} CPU cores" if device == "cpu" else ""),
              f"- command: `python bench/bench_saved.py --device {device} --rounds {rounds} --report`",
              f"- each figure: the median of {rounds} per-round ratios of one step's {clock} (forward, backward, "
@@ -535,6 +565,7 @@ def render(results: dict, rounds: int, device: str) -> str:
             f"{t['findings']} |")
     paths = sorted({t["path"] for t in results["models"]})
     lines += ["", f"The check ran on its {' and '.join(paths)} path."]
+    lines += _where_it_goes(results)
     return "\n".join(lines) + "\n"
 
 
@@ -546,5 +577,11 @@ if __name__ == "__main__":
     ap.add_argument("--path", choices=("native", "python"), help="the check's path (default: native where built)")
     ap.add_argument("--json")
     ap.add_argument("--report", nargs="?", const=True, default=False, metavar="FILE")
+    ap.add_argument("--from-json", metavar="FILE", help="write --report from a run's --json instead of measuring")
     a = ap.parse_args()
+    if a.from_json:
+        with open(a.from_json) as fh:
+            saved = json.load(fh)[0]
+        _write_report(a.report or True, a.device, render(saved, saved["models"][0]["rounds"], a.device))
+        raise SystemExit(0)
     main(a.rounds, a.report, a.json, a.device, a.models.split(",") if a.models else None, a.path)

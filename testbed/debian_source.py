@@ -1,28 +1,33 @@
 """PyTorch's full source tree from Debian's source package ``pytorch`` (trixie: 2.6.0+dfsg), fetched with
 apt through a private sources list (the machine's own apt setup is never read for packages nor changed;
-only the mirror its sources name is reused), cached, and unpacked as a git checkout (stdlib only).
+only the mirror its sources name is reused), cached, and unpacked as a git checkout.
 
 apt checks what it downloads against the archive's signed index and keeps its privilege drop: run as
-root, it downloads as its own account (``_apt``), into a directory made for it. The tarball's SHA-256
-and size are pinned by the package's ``.dsc``: every use of a cached copy checks them (a copy no
-``.dsc`` names, or whose bytes differ, is never used), and the tree is unpacked from the bytes checked.
+root, it downloads as its own account (``_apt``), into a directory made for it. What is used, cached or
+just fetched, is what ``release_inputs`` vouches for: a ``.dsc`` pinned by the project or by the signed
+index apt has just verified, and the tarball with the size and SHA-256 that ``.dsc`` gives, each read
+from one checked descriptor; the tree is unpacked from the bytes checked.
 
+    fetch_source(cache)           -> release_inputs.Checked (Refused, one line, when none is to be had)
     fetch_tarball(cache)          -> (path of pytorch_<v>.orig.tar.xz, "") or (None, why not)
-    pinned_sha256(tarball)        -> the SHA-256 the .dsc beside it gives
-    tree_from_tarball(tar, root)  -> root: the tree at root, committed to a fresh git repository
+    tree_from_source(got, root)   -> root: the tree at root, committed to a fresh git repository
+    tree_from_tarball(tar, root)  -> the same from the cached tarball's path, checked again
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
 
-PACKAGE, SUITE = "pytorch", "trixie"
+from testbed.release_inputs import (PACKAGE, REFUSAL, Checked, Refused, Unavailable, cache_dir, checked_dir,
+                                    checked_source, copy_checked, index_pins, vouched)
+from torchgen_patch.cache import Dir
+
+SUITE = "trixie"
 SOURCES = ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")) + \
     sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -42,74 +47,6 @@ def mirror(sources: list[str] = SOURCES) -> str:
     return DEFAULT_MIRROR
 
 
-def dsc_checksums(path: str) -> dict[str, tuple[str, int]]:
-    """file name -> (SHA-256, size), from a .dsc's Checksums-Sha256 field."""
-    out, inside = {}, False
-    for line in open(path, encoding="utf-8", errors="replace").read().split("\n"):
-        if line.startswith("Checksums-Sha256:"):
-            inside = True
-        elif inside and line.startswith(" "):
-            parts = line.split()
-            if len(parts) == 3 and re.fullmatch(r"[0-9a-f]{64}", parts[0]) and parts[1].isdigit():
-                out[parts[2]] = (parts[0], int(parts[1]))
-        else:
-            inside = False
-    return out
-
-
-def _pins(src: str) -> dict[str, set[tuple[str, int]]]:
-    """file name -> every (SHA-256, size) the package's .dsc files in ``src`` give it."""
-    pins: dict[str, set[tuple[str, int]]] = {}
-    for dsc in sorted(glob.glob(os.path.join(src, f"{PACKAGE}_*.dsc"))):
-        for name, pin in dsc_checksums(dsc).items():
-            pins.setdefault(name, set()).add(pin)
-    return pins
-
-
-def _mismatch(path: str, fh, pins: dict) -> str | None:
-    """Why the open tarball ``fh`` (named ``path``) is not the one a .dsc pins, or None (``fh`` is left at
-    its start)."""
-    name = os.path.basename(path)
-    pin = pins.get(name, set())
-    if not pin:
-        return f"{name}: no {PACKAGE}_*.dsc beside it gives its SHA-256"
-    if len(pin) > 1:
-        return f"{name}: the .dsc files beside it give it different SHA-256s"
-    (sha, size), = pin
-    fh.seek(0)
-    h, got_size = hashlib.sha256(), 0
-    for block in iter(lambda: fh.read(1 << 20), b""):
-        h.update(block)
-        got_size += len(block)
-    fh.seek(0)
-    if (h.hexdigest(), got_size) != (sha, size):
-        return f"{name}: SHA-256 {h.hexdigest()[:12]}… ({got_size} bytes), not the {sha[:12]}… ({size} bytes) " \
-               "its .dsc gives"
-    return None
-
-
-def pinned_sha256(tarball: str) -> str:
-    """The SHA-256 the .dsc beside ``tarball`` gives it (ValueError unless exactly one is given)."""
-    pin = _pins(os.path.dirname(tarball)).get(os.path.basename(tarball), set())
-    if len(pin) != 1:
-        raise ValueError(f"no single SHA-256 for {os.path.basename(tarball)} in the .dsc files beside it")
-    return next(iter(pin))[0]
-
-
-def cached_tarball(cache: str) -> tuple[str | None, str]:
-    """The newest upstream tarball in ``cache/src`` whose bytes are those a .dsc there pins, every cached
-    copy checked at every use: (path, "") or (None, why none is)."""
-    src = os.path.join(cache, "src")
-    pins, why = _pins(src), []
-    for path in sorted(glob.glob(os.path.join(src, f"{PACKAGE}_*.orig.tar.*")), reverse=True):
-        with open(path, "rb") as fh:
-            bad = _mismatch(path, fh, pins)
-        if bad is None:
-            return path, ""
-        why.append(bad)
-    return None, "; ".join(why) or f"no {PACKAGE}_*.orig.tar.* in {src}"
-
-
 APT_ACCOUNT = "_apt"  # the account apt downloads as when it runs as root (APT::Sandbox::User)
 
 
@@ -125,16 +62,32 @@ def _sandbox_uid() -> int | None:
         return None
 
 
-def fetch_tarball(cache: str, timeout: int = 600) -> tuple[str | None, str]:
-    """The upstream tarball of the source package, downloaded into ``cache/src`` once and checked against
-    its .dsc at every use; (None, why) when apt is missing, the mirror cannot be reached, apt could not
-    drop its privileges, or what it fetched is not what the .dsc pins."""
-    found, why = cached_tarball(cache)
-    if found:
-        return found, ""
+def fetch_source(cache: str, timeout: int = 600) -> Checked:
+    """The source package: its checked .dsc and upstream tarball in ``cache/src`` (``release_inputs``),
+    downloaded there first when none is. Refused (one line) when apt is missing, the mirror cannot be
+    reached, apt could not drop its privileges, or nothing a pin vouches for is to be had."""
+    src = os.path.join(cache, "src")
+    try:
+        return checked_source(src)
+    except Refused as e:
+        cached = e
     if shutil.which("apt-get") is None:
-        cached = glob.glob(os.path.join(cache, "src", f"{PACKAGE}_*.orig.tar.*"))
-        return None, "no apt-get on this machine" + (f", and no cached copy is the pinned one: {why}" if cached else "")
+        if isinstance(cached, Unavailable):
+            raise Unavailable("no apt-get on this machine")
+        raise Refused(f"no apt-get on this machine, and nothing cached is usable: {cached}")
+    try:
+        pins = _download(src, timeout)
+    except OSError as e:  # the temporary directory apt downloads into: full, gone, not writable
+        raise Unavailable(f"cannot fetch with apt-get: {e}") from None
+    try:
+        return checked_source(src, pins)
+    except Refused as e:
+        raise Refused(f"apt-get source left no checked {PACKAGE} source in {src}: {e}") from None
+
+
+def _download(src: str, timeout: int) -> dict[str, tuple[str, int]]:
+    """apt-get source into a private directory, what it fetched checked and copied into ``src``; the
+    pins that vouched for it."""
     work = tempfile.mkdtemp(prefix="pytorch-src-apt-")  # in the temporary directory, which _apt can reach
     try:
         os.chmod(work, 0o755)
@@ -148,37 +101,51 @@ def fetch_tarball(cache: str, timeout: int = 600) -> tuple[str | None, str]:
         with open(os.path.join(work, "sources.list"), "w", encoding="utf-8") as f:
             f.write(f"deb-src {signed}{mirror()} {SUITE} main\n")
         opts = [f"-oDir::Etc::SourceList={work}/sources.list", "-oDir::Etc::SourceParts=/dev/null",
-                f"-oDir::State::Lists={lists}"]
+                f"-oDir::State::Lists={lists}", "-oDir::Cache::pkgcache=", "-oDir::Cache::srcpkgcache="]
         for args, cwd in ((["update"], work), (["source", "--download-only", PACKAGE], down)):
             try:
                 r = subprocess.run(["apt-get", "-q", *opts, *args], cwd=cwd, capture_output=True, text=True,
                                    timeout=timeout)
             except (OSError, subprocess.TimeoutExpired) as e:
-                return None, f"apt-get {args[0]}: {e}"
+                raise Unavailable(f"apt-get {args[0]}: {e}") from None
             said = (r.stderr or "") + (r.stdout or "")
             if r.returncode != 0:
                 lines = [ln for ln in said.splitlines() if ln.startswith(("E:", "Err"))]
-                return None, f"apt-get {args[0]} exited {r.returncode}: {(lines or ['no message'])[0]}"
+                raise Unavailable(f"apt-get {args[0]} exited {r.returncode}: {(lines or ['no message'])[0]}")
             unsandboxed = [ln.strip() for ln in said.splitlines() if "unsandboxed" in ln]
             if unsandboxed:
-                return None, f"apt-get {args[0]} could not drop its privileges: {unsandboxed[0]}"
-        pins = _pins(down)
-        for name in sorted(os.listdir(down)):
-            if re.fullmatch(rf"{PACKAGE}_.*\.orig\.tar\.\w+", name):
-                with open(os.path.join(down, name), "rb") as fh:
-                    bad = _mismatch(name, fh, pins)
-                if bad:
-                    return None, f"apt-get source fetched {bad}"
-        src = os.path.join(cache, "src")
-        os.makedirs(src, exist_ok=True)
-        for name in sorted(os.listdir(down)):
-            if name.startswith(f"{PACKAGE}_") and os.path.isfile(os.path.join(down, name)):
-                shutil.copyfile(os.path.join(down, name), os.path.join(src, f".{name}.part"))
-                os.replace(os.path.join(src, f".{name}.part"), os.path.join(src, name))
+                raise Refused(f"apt-get {args[0]} could not drop its privileges: {unsandboxed[0]}")
+        # the .dsc entries of the index apt just verified against the signed Release, then the project's pins
+        pins = vouched(index_pins(_showsrc(opts, work, timeout)))
+        with Dir(os.open(down, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), down, REFUSAL) as d:
+            try:
+                got = checked_dir(d, pins, owners=False)  # _apt's files: their pins vouch for them
+            except Refused as e:
+                raise Refused(f"apt-get source fetched nothing a pin vouches for: {e}") from None
+            with got, cache_dir(src, create=True) as to:
+                copy_checked(got, d, to)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    found, why = cached_tarball(cache)
-    return (found, "") if found else (None, f"apt-get source left no checked {PACKAGE}_*.orig.tar.*: {why}")
+    return pins
+
+
+def _showsrc(opts: list[str], cwd: str, timeout: int) -> str:
+    """``apt-cache showsrc`` of the package from the private lists ('' when apt-cache says nothing)."""
+    try:
+        r = subprocess.run(["apt-cache", "-q", *opts, "showsrc", "--only-source", PACKAGE], cwd=cwd,
+                           capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return r.stdout if r.returncode == 0 else ""
+
+
+def fetch_tarball(cache: str, timeout: int = 600) -> tuple[str | None, str]:
+    """``fetch_source`` as (the upstream tarball's path, "") or (None, why not)."""
+    try:
+        with fetch_source(cache, timeout) as got:
+            return got.tarball, ""
+    except Refused as e:
+        return None, str(e)
 
 
 def release_of(tarball: str) -> str:
@@ -189,25 +156,47 @@ def release_of(tarball: str) -> str:
     return m.group(1)
 
 
-def tree_from_tarball(tarball: str, root: str, parts: list[str] | None = None, git: bool = True) -> str:
-    """Unpack the tarball's single top folder at ``root`` (only the given top-level ``parts`` when
-    given, e.g. ``["torchgen", "tools", "aten/src/ATen"]``), committed to a fresh git repository. What
-    is unpacked is what was checked: the bytes of one open file, pinned by the .dsc beside it, read by
-    tar from that descriptor (ValueError when they are not the pinned ones)."""
+def tree_from_source(got: Checked, root: str, parts: list[str] | None = None, git: bool = True) -> str:
+    """Unpack the checked tarball's single top folder at ``root`` (only the given top-level ``parts``
+    when given, e.g. ``["torchgen", "tools", "aten/src/ATen"]``), committed to a fresh git repository.
+    What is unpacked is what was checked: tar reads the descriptor whose bytes were hashed."""
     os.makedirs(root, exist_ok=True)
-    z = {".xz": ["-J"], ".gz": ["-z"], ".bz2": ["-j"]}.get(os.path.splitext(tarball)[1], [])
-    with open(tarball, "rb") as fh:
-        bad = _mismatch(tarball, fh, _pins(os.path.dirname(tarball)))
-        if bad:
-            raise ValueError(f"not unpacking {tarball}: {bad}")
-        with subprocess.Popen(["tar", *z, "-tf", "-"], stdin=fh, stdout=subprocess.PIPE, text=True) as lister:
+    z = {".xz": ["-J"], ".gz": ["-z"], ".bz2": ["-j"]}.get(os.path.splitext(got.tarball)[1], [])
+    fd = got.fh.fileno()
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        with subprocess.Popen(["tar", *z, "-tf", "-"], stdin=fd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) as lister:
             top = lister.stdout.readline().split("/", 1)[0]  # the first member names the top folder
             lister.kill()
-        fh.seek(0)
-        members = [f"{top}/{p}" for p in parts] if parts else []
-        subprocess.run(["tar", *z, "-xf", "-", "-C", root, "--strip-components=1", *members], stdin=fh, check=True)
+    except OSError as e:
+        raise Unavailable(f"cannot run tar: {e.strerror}") from None
+    os.lseek(fd, 0, os.SEEK_SET)
+    members = [f"{top}/{p}" for p in parts] if parts else []
+    steps = [["tar", *z, "-xf", "-", "-C", root, "--strip-components=1", *members]]
     if git:
-        for args in (["init", "-q"], ["add", "-A"],
-                     ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree", "--no-verify"]):
-            subprocess.run(["git", *args], cwd=root, check=True)
+        steps += [["git", "init", "-q"], ["git", "add", "-A"],
+                  ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree", "--no-verify"]]
+    for argv in steps:  # the bytes were checked: a failure here is the machine's (a full disk, no git)
+        try:
+            r = subprocess.run(argv, stdin=fd if argv[0] == "tar" else subprocess.DEVNULL,
+                               cwd=None if argv[0] == "tar" else root, capture_output=True, text=True)
+        except OSError as e:
+            raise Unavailable(f"cannot run {argv[0]}: {e.strerror}") from None
+        if r.returncode != 0:
+            said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+            raise Unavailable(f"{' '.join(argv[:2])} in {root} failed: {said}")
     return root
+
+
+def tree_from_tarball(tarball: str, root: str, parts: list[str] | None = None, git: bool = True) -> str:
+    """``tree_from_source`` of the cached source package whose tarball is ``tarball``, checked again
+    (Refused, a ValueError, when its .dsc or its bytes are not the pinned ones)."""
+    try:
+        got = checked_source(os.path.dirname(tarball))
+    except Refused as e:
+        raise Refused(f"not unpacking {tarball}: {e}") from None
+    with got:
+        if got.tarball != tarball:
+            raise Refused(f"not unpacking {tarball}: the checked {got.dsc} pins {os.path.basename(got.tarball)}")
+        return tree_from_source(got, root, parts, git)

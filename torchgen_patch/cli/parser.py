@@ -171,6 +171,16 @@ def _patching(p: argparse.ArgumentParser) -> None:
     p.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
 
 
+def _check_saved(p: argparse.ArgumentParser) -> None:
+    """--check-saved of `run` and `enable`: the saved-tensor check in each process too."""
+    p.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), type=_member(CheckMode),
+                   metavar="warn|raise",
+                   help="also check every tensor autograd saves for backward, in each process: a write that changed "
+                        "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
+                        "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "
+                        "at exit; raise: an exception at the first (docs/unseen-writes.md)")
+
+
 def _scan_command(sub) -> None:
     """The `scan` subcommand."""
     s = sub.add_parser("scan", help="classify every function of native_functions.yaml")
@@ -305,12 +315,7 @@ def _run_command(sub) -> None:
                         "repeatable), defined by the modules of --import; checked before the program starts")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
-    r.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), type=_member(CheckMode),
-                   metavar="warn|raise",
-                   help="also check every tensor autograd saves for backward, in each process: a write that changed "
-                        "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
-                        "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "
-                        "at exit; raise: an exception at the first (docs/unseen-writes.md)")
+    _check_saved(r)
     _output(r, compiles=True)
     r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the command to run, after --")
@@ -325,9 +330,15 @@ def _enable_command(sub) -> None:
                                    "Jupyter kernels, subprocesses with a clean environment, python -I and -E; not "
                                    "-S) then gets the kernels right after its first `import torch`, and says so in "
                                    "one line (-q: only when the patch is NOT active or an op was refused). The "
-                                   "library is built now; each process pays the install step only. Undone by "
-                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch`.")
+                                   "library is built now; each process pays the install step only. A process "
+                                   "that cannot have the kernels (the build unusable, no compiler to make one) "
+                                   "runs unpatched and says why in one line, unless --strict. Undone by "
+                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch` (docs/enable.md: the "
+                                   "repair of an environment whose interpreter cannot start).")
     _patching(e)
+    e.add_argument("--strict", action="store_true",
+                   help="a process that cannot have the kernels stops (exit 3) instead of running unpatched")
+    _check_saved(e)
     _output(e, compiles=True)
 
 

@@ -213,7 +213,7 @@ def _publish(made: str, target: str, out_dir: str) -> None:
                 raise InputError(target, None, "cannot write the wheel: not a regular file")
             f.check_replace(target, "wheel")
             f.make_dirs()
-            files.replace_at(f.dir_fd, f.name, data)
+            files.replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise EnvironmentProblem(f"no space left on the device of {out_dir}: the wheel was not written",
