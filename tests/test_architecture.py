@@ -640,3 +640,14 @@ def _sources_in(folder: str, pattern: str) -> set[str]:
     return {n for n in os.listdir(folder) if n.endswith(".py")
             and rx.search(open(os.path.join(folder, n), encoding="utf-8").read())}
 
+
+def test_every_package_of_the_tree_ships():
+    """pyproject.toml lists its packages by name: a sub-package missing there is missing from every
+    installed copy (a wheel, a non-editable install), though the tests from the tree pass."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {os.path.relpath(base, ROOT).replace(os.sep, ".") for base, _, names in os.walk(PKG)
+             if "__init__.py" in names and "__pycache__" not in base}
+    assert found - listed == set()
