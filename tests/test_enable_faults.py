@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -130,6 +131,29 @@ def test_a_pth_of_bytes_not_utf8_is_repaired_by_the_documented_line_then_status_
     assert r.returncode == 0 and r.stdout.startswith("disabled: removed ") and "Traceback" not in r.stderr, r.stderr
     assert not os.path.exists(os.path.join(env.site, "torchgen_patch_enable.json"))
     assert "torchgen_patch_enable" not in open(env.record).read()
+
+
+@pytest.mark.parametrize("base", ["/usr/bin/python3", sys.executable])
+def test_the_documented_repair_finds_the_file_in_a_venv_of_any_python(base, tmp_path):
+    """Under -S, Debian's and Ubuntu's Python pick a site-packages scheme of their own (posix_local:
+    /usr/local/lib/pythonX/dist-packages) and no Python knows its venv: the line finds the file in a venv
+    made from the system's Python as from this one's, removes only it and says where it was."""
+    if not os.path.exists(base):
+        pytest.skip(f"no {base}")
+    venv = tmp_path / "v"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pth = os.path.join(site, "torchgen_patch_enable.pth")
+    with open(pth, "wb") as fh:
+        fh.write(b"import os # \xff\xfe damaged\n")
+    open(os.path.join(site, "other.pth"), "w").close()
+    r = subprocess.run(["sh", "-c", _repair()], capture_output=True, text=True, cwd="/",
+                       env=dict(os.environ, PATH=str(venv / "bin") + os.pathsep + os.environ["PATH"]))
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", f"removed {os.path.realpath(pth)}\n"), r.stderr
+    assert not os.path.exists(pth) and os.path.exists(os.path.join(site, "other.pth"))
+    assert subprocess.run([python, "-c", "pass"]).returncode == 0
 
 
 def test_a_truncated_data_file_starts_every_program_with_one_line_and_no_syntax_error(cached):
