@@ -545,7 +545,7 @@ OVER_THE_LIMITS = {
     "files.py": 673, "files.py:find": 67,
     "codegen/output.py": 566,
     "cli/commands.py": 543,
-    "runtime/site/_torchgen_patch_hook.py": 723,
+    "runtime/site/_torchgen_patch_hook.py": 740,
 }
 
 
