@@ -546,15 +546,15 @@ COMPILERS = ("torch._inductor", "torch._dynamo", "torch.utils.cpp_extension", "t
 
 
 def _from_compiler():
-    """Whether the process being started comes from torch's compile machinery: a frame of one of
-    COMPILERS' modules on the stack (walked only for a process that would drop the hook)."""
+    """Whether torch's compile machinery starts the process: the frame nearest the start past this hook's
+    and the standard library's is one of COMPILERS' (only the nearest: a program's function compiled by
+    torch.compile runs under torch._dynamo's frames, and what it starts is the program's)."""
+    std = tuple(d + os.sep for d in _stdlib_dirs())
     f = sys._getframe(1)
-    while f is not None:
-        name = f.f_globals.get("__name__") or ""
-        if isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS):
-            return True
+    while f is not None and (f.f_globals is globals() or f.f_code.co_filename.startswith(std)):
         f = f.f_back
-    return False
+    name = f.f_globals.get("__name__") if f is not None else None
+    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS)
 
 
 def _shown(argv):
