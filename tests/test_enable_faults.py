@@ -334,3 +334,22 @@ def test_an_empty_data_file_is_said_as_such(cached):
     assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(data)}: it is empty \(hint: "
                         r"`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it\)\n",
                         r.stderr), r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cases set modes of the cache's build")
+def test_where_none_can_be_built_the_named_builds_own_cause_is_said_first(cached):
+    """The named build's directory writable by its group and no compiler on PATH: the line names the
+    directory and its fix first, then why none could be made instead (it named only the compiler)."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    name, break_it, undo, _ = _cases(env)[0]
+    break_it()
+    try:
+        r = _prog(env, _no_compiler(env))
+    finally:
+        undo()
+    assert (r.returncode, r.stdout) == (0, "end\n"), r.stderr
+    line = UNPATCHED.match(r.stderr.rstrip("\n"))
+    assert r.stderr.count("\n") == 1 and line, r.stderr
+    assert line.group(1).index(name) < line.group(1).index("none can be had instead"), r.stderr
+    assert "chmod" in line.group(2), r.stderr
