@@ -353,3 +353,24 @@ def test_where_none_can_be_built_the_named_builds_own_cause_is_said_first(cached
     assert r.stderr.count("\n") == 1 and line, r.stderr
     assert line.group(1).index(name) < line.group(1).index("none can be had instead"), r.stderr
     assert "chmod" in line.group(2), r.stderr
+
+
+def test_a_directory_at_the_data_files_name_stops_disable_before_it_removes_anything(cached):
+    """disable removed the .pth, then failed at the directory (exit 3, no hint), leaving pip's RECORD
+    lines: now one line first, and nothing removed."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    data = os.path.join(env.site, "torchgen_patch_enable.json")
+    old = open(data, "rb").read()
+    os.unlink(data)
+    os.mkdir(data)
+    record = open(env.record, "rb").read()
+    try:
+        r = _tool(env, "disable")
+        assert r.returncode == 3 and r.stderr.count("\n") == 1 and "is a directory" in r.stderr, r.stderr
+        assert os.path.exists(env.pth) and open(env.record, "rb").read() == record
+    finally:
+        os.rmdir(data)
+        with open(data, "wb") as fh:
+            fh.write(old)
+    assert _tool(env, "disable").returncode == 0
