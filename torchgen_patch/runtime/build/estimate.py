@@ -27,6 +27,32 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
             return None
     if isinstance(units, int):
         units = {str(i): 0 for i in range(units)}
+    seen, links, jobs, then, n = _earlier(builds)
+    points = [p for ps in seen.values() for p in ps]
+    if not points:
+        return None
+    a, b = _fit(points)
+    lo, hi = min(t for _, t in points), max(t for _, t in points)
+
+    def one(unit: str, size: int) -> float:
+        if unit in seen:
+            old, t = min(seen[unit], key=lambda p: abs(p[0] - size))
+            return max(0.1, t + b * (size - old))
+        return min(hi, max(lo, a + b * size))
+
+    times = sorted((one(u, size) for u, size in units.items()), reverse=True)
+    workers = [0.0] * max(1, min(len(times), max(jobs) if jobs else 1))
+    for t in times:  # longest first, each on the worker that is free first
+        workers[workers.index(min(workers))] += t
+    total = max(workers) + (sum(links) / len(links) if links else 0.0)
+    now = crowding(load_now(), len(workers), os.cpu_count() or 1)
+    total *= now / (sum(then) / len(then) if then else 1.0)
+    return f"about {max(1, round(total))} s, going by {plural(n, 'earlier build')} here"
+
+
+def _earlier(builds: cache.Dir):
+    """What the earlier builds in ``builds`` recorded: (unit name -> [(bytes, seconds)], link times,
+    worker counts, how crowded each was, how many builds)."""
     seen: dict[str, list[tuple[int, float]]] = {}
     links, jobs, then, n = [], [], [], 0
     try:
@@ -52,26 +78,7 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
         if isinstance(info.get("load"), (int, float)) and type(info.get("cpus")) is int and info["cpus"] > 0:
             busy = min(info.get("jobs") or 1, info.get("units") or 1)  # the workers that build had at once
             then.append(crowding(float(info["load"]), busy, info["cpus"]))
-    points = [p for ps in seen.values() for p in ps]
-    if not points:
-        return None
-    a, b = _fit(points)
-    lo, hi = min(t for _, t in points), max(t for _, t in points)
-
-    def one(unit: str, size: int) -> float:
-        if unit in seen:
-            old, t = min(seen[unit], key=lambda p: abs(p[0] - size))
-            return max(0.1, t + b * (size - old))
-        return min(hi, max(lo, a + b * size))
-
-    times = sorted((one(u, size) for u, size in units.items()), reverse=True)
-    workers = [0.0] * max(1, min(len(times), max(jobs) if jobs else 1))
-    for t in times:  # longest first, each on the worker that is free first
-        workers[workers.index(min(workers))] += t
-    total = max(workers) + (sum(links) / len(links) if links else 0.0)
-    now = crowding(load_now(), len(workers), os.cpu_count() or 1)
-    total *= now / (sum(then) / len(then) if then else 1.0)
-    return f"about {max(1, round(total))} s, going by {plural(n, 'earlier build')} here"
+    return seen, links, jobs, then, n
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
