@@ -31,10 +31,17 @@ class Location(NamedTuple):
 
 
 class InputError(Exception):
+    """Bad input. Besides what is said (``message``, ``hint``), the data a caller may act on, so no
+    caller parses a message back: ``cause``, the reason alone (an OS error's text) where the message
+    wraps one; ``errno``, the OS error behind it; ``facts``, the part of the hint that states what
+    there is (a caller with other advice keeps it and gives its own)."""
+
     exit_code = 2
 
-    def __init__(self, path: str | None, line: int | None, message: str, hint: str | None = None):
+    def __init__(self, path: str | None, line: int | None, message: str, hint: str | None = None, *,
+                 cause: str | None = None, errno: int | None = None, facts: str | None = None):
         self.path, self.line, self.message, self.hint = path, line, message, hint
+        self.cause, self.errno, self.facts = cause, errno, facts
         super().__init__(self.render())
 
     @property
@@ -57,8 +64,9 @@ class EnvironmentProblem(InputError):
 
     exit_code = 3
 
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(None, None, message, hint)
+    def __init__(self, message: str, hint: str | None = None, *, cause: str | None = None,
+                 errno: int | None = None, facts: str | None = None):
+        super().__init__(None, None, message, hint, cause=cause, errno=errno, facts=facts)
 
 
 def no_descriptor(e: BaseException, what: str | None = None) -> EnvironmentProblem | None:

@@ -273,7 +273,7 @@ def _check_runtime_ops(names: list[str], opts) -> list[str]:
     try:
         ops = expand_patterns(names)
     except InputError as e:  # the pattern's own message; how to make its operators exist, for run
-        raise InputError(e.path, e.line, e.message, (e.hint or "").split("; import the library")[0] + "; "
+        raise InputError(e.path, e.line, e.message, ((e.hint or "") if e.facts is None else e.facts) + "; "
                          + IMPORT_HINT.format("them")) from None
     todo = plan_runtime(ops, runtime_overlay(opts), live_op, set())
     for name in names:
