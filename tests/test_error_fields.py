@@ -118,3 +118,25 @@ def test_the_check_of_parsed_messages_finds_them():
     code = ("def f(e):\n    a = e.message.rsplit(': ', 1)[-1]\n    b = (e.hint or '').split('; x')[0]\n"
             "    e.errno = 5\n    c = str(e).partition(':')\n    d = 'a: b'.split(': ')\n    g = e.path.split('/')\n")
     assert sorted(_parsed_back(ast.parse(code))) == [2, 3, 4, 5]
+
+
+def test_what_the_machine_lacks_is_no_bad_input_and_both_are_said_the_same_way(monkeypatch):
+    """EnvironmentProblem and InputError are siblings under ToolError: code that catches bad input
+    lets what the machine lacks go on with its own exit code. Before, EnvironmentProblem was an
+    InputError, and run's --runtime-op check said a missing torch as bad input (exit 2)."""
+    from torchgen_patch.errors import EnvironmentProblem, InputError, ToolError
+    from torchgen_patch.runtime import install, launch
+
+    assert not issubclass(EnvironmentProblem, InputError) and issubclass(EnvironmentProblem, ToolError)
+    assert issubclass(InputError, ToolError)
+    e, p = InputError("f.yaml", 3, "bad", "fix it"), EnvironmentProblem("no compiler", "install one")
+    assert (e.render(), e.exit_code) == ("f.yaml:3: error: bad (hint: fix it)", 2)
+    assert (p.render(), p.exit_code) == ("torchgen-patch: error: no compiler (hint: install one)", 3)
+
+    def lacking(_names):
+        raise EnvironmentProblem("--runtime-op needs torch, and this Python has none")
+
+    monkeypatch.setattr(install, "expand_patterns", lacking)
+    with pytest.raises(EnvironmentProblem) as raised:
+        launch._check_runtime_ops(["ns::*"], None)
+    assert raised.value.exit_code == 3 and raised.value.hint is None

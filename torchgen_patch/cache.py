@@ -37,7 +37,7 @@ import os
 import stat
 import time
 
-from .errors import EnvironmentProblem, InputError
+from .errors import EnvironmentProblem, InputError, ToolError
 from .errors import no_descriptor as _descriptors
 from .files import MAX_LINKS, loads, may_follow, owner_name
 from .version import __version__
@@ -591,7 +591,7 @@ def _walked_root() -> str | None:
     if d not in _WALKED:
         try:
             root = open_root()
-        except InputError:
+        except ToolError:
             return None
         if root is None:
             return None
@@ -611,10 +611,8 @@ def open_root(create: bool = False) -> Dir | None:
         return open_dir(d, cache_refusal(d), create=create)
     except Missing:
         return None
-    except InputError as e:
-        if type(e) is InputError:  # could not create it
-            return None
-        raise
+    except InputError:  # could not create it (one others could write: EnvironmentProblem, raised)
+        return None
 
 
 def subdir(name: str) -> Dir:
@@ -623,9 +621,7 @@ def subdir(name: str) -> Dir:
     try:
         with open_dir(d, cache_refusal(d), create=True) as r:
             return r.sub(name, create=True)
-    except InputError as e:
-        if type(e) is not InputError:
-            raise
+    except InputError as e:  # could not be made
         raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.cause or e.message}",
                                  f"set {ENV} to a writable directory") from None
     except OSError as e:
@@ -744,7 +740,7 @@ def bytecode_dir(identity: str) -> str | None:
     try:
         with open_dir(d, cache_refusal(d), create=True) as b:
             st = os.fstat(b.fd)
-    except (InputError, Missing, OSError):
+    except (ToolError, Missing, OSError):
         return None
     if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
         return None

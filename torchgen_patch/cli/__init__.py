@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import InputError, descriptors_said
+from ..errors import ToolError, descriptors_said
 from ..vocabulary import Format
 
 
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with descriptors_said():
             from .parser import no_command, parser, unrecognized
-    except InputError as e:  # no free descriptor, before the arguments are known
+    except ToolError as e:  # no free descriptor, before the arguments are known
         print(e.render(), file=sys.stderr)
         return e.exit_code
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
             with notes(args):
                 return COMMANDS[args.cmd](args)
-    except InputError as e:
+    except ToolError as e:  # bad input (exit 2) and what this machine lacks (exit 3), said the same way
         if getattr(args, "format", None) == Format.LINTRUNNER:  # lintrunner's protocol: a message, exit 0
             from ..diagnostics.render import lintrunner_failure
 

@@ -123,9 +123,7 @@ def _builds_root(root: str | None) -> cache.Dir:
         return cache.subdir("builds")
     try:
         return cache.open_dir(root, cache.cache_refusal(root), create=True)
-    except InputError as e:
-        if type(e) is not InputError:
-            raise
+    except InputError as e:  # could not be made (what this machine lacks, EnvironmentProblem, goes on)
         raise _not_writable(root, e.cause or e.message) from None
 
 

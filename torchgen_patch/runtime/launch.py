@@ -26,7 +26,7 @@ import os
 import sys
 
 from .. import cache
-from ..errors import InputError
+from ..errors import InputError, ToolError
 from ..vocabulary import Backend
 from .process import build_log, resolve
 from .site import _torchgen_patch_hook as hook
@@ -253,7 +253,7 @@ def _check_main() -> None:
         boxed = build_boxed(verbose=spec.verbose, log=log).path if spec.backend == Backend.CPP else None
         library, _ = resolve(spec, log)  # torch is imported here anyway: the processes skip the lookup
         answer = {"ops": ops, "boxed": boxed, "library": library}
-    except InputError as e:
+    except ToolError as e:  # bad input (exit 2) or what this machine lacks (exit 3): the parent says it as its own
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,
                             "code": e.exit_code}}
     sys.stdout.write(json.dumps(answer) + "\n")

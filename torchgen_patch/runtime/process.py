@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InputError, ToolError
 from ..vocabulary import Backend, plural
 from .spec import LaunchSpec, is_run_source
 
@@ -113,7 +113,7 @@ def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:
     if spec.library:
         try:
             return artifact_at(spec.library, "cache").path, "from the cached build"
-        except InputError:  # gone, another torch's, not this account's to use: found or built as without it
+        except ToolError:  # gone, another torch's, not this account's to use: found or built as without it
             pass
     art = compose(spec.options, verbose=spec.verbose, log=log)
     if art.origin == "prebuilt":  # install() finds them itself
@@ -139,7 +139,7 @@ def after_import(name: str, spec: LaunchSpec, mode: str, program_import=None) ->
     try:
         with _usable_streams():
             line = _install(spec, name, mode, program_import)
-    except InputError as e:  # the kernels cannot be had (no compiler, a refused cache)
+    except ToolError as e:  # the kernels cannot be had (a refused cache: exit 2; no compiler: exit 3)
         _DONE.update(("kernels", "runtime"))
         if mode == "enable" and not spec.strict:  # every program of an environment goes on: said, not stopped
             return Outcome(True, unpatched_line(e, _who(mode)))
@@ -150,7 +150,7 @@ def after_import(name: str, spec: LaunchSpec, mode: str, program_import=None) ->
     return Outcome("runtime" in _DONE, line)
 
 
-def unpatched_line(e: InputError, who: str) -> str:
+def unpatched_line(e: ToolError, who: str) -> str:
     """The one line of an enabled environment's process that runs unpatched: the cause and its fix."""
     where = f"{e.location.render()}: " if e.location else ""
     hint = f"{e.hint}; " if e.hint else ""
@@ -202,7 +202,7 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
             line += f"{part}: {len(r.registered) + len(r.already)} active, {len(r.refused)} refused"
             refused = refused or bool(r.refused)
         except Exception as e:  # noqa: BLE001
-            line += f"{part} NOT active: " + (e.message if isinstance(e, InputError) else f"{type(e).__name__}: {e}")
+            line += f"{part} NOT active: " + (e.message if isinstance(e, ToolError) else f"{type(e).__name__}: {e}")
     elif not spec.runtime_ops:
         _DONE.add("runtime")
     if line and (not spec.quiet or "NOT active" in line or refused):
