@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -132,6 +133,29 @@ def test_a_pth_of_bytes_not_utf8_is_repaired_by_the_documented_line_then_status_
     assert "torchgen_patch_enable" not in open(env.record).read()
 
 
+@pytest.mark.parametrize("base", ["/usr/bin/python3", sys.executable])
+def test_the_documented_repair_finds_the_file_in_a_venv_of_any_python(base, tmp_path):
+    """Under -S, Debian's and Ubuntu's Python pick a site-packages scheme of their own (posix_local:
+    /usr/local/lib/pythonX/dist-packages) and no Python knows its venv: the line finds the file in a venv
+    made from the system's Python as from this one's, removes only it and says where it was."""
+    if not os.path.exists(base):
+        pytest.skip(f"no {base}")
+    venv = tmp_path / "v"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pth = os.path.join(site, "torchgen_patch_enable.pth")
+    with open(pth, "wb") as fh:
+        fh.write(b"import os # \xff\xfe damaged\n")
+    open(os.path.join(site, "other.pth"), "w").close()
+    r = subprocess.run(["sh", "-c", _repair()], capture_output=True, text=True, cwd="/",
+                       env=dict(os.environ, PATH=str(venv / "bin") + os.pathsep + os.environ["PATH"]))
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", f"removed {os.path.realpath(pth)}\n"), r.stderr
+    assert not os.path.exists(pth) and os.path.exists(os.path.join(site, "other.pth"))
+    assert subprocess.run([python, "-c", "pass"]).returncode == 0
+
+
 def test_a_truncated_data_file_starts_every_program_with_one_line_and_no_syntax_error(cached):
     """Cut in the middle: a program that never imports torch says nothing, one that does runs to its
     end with one line naming the data file; never a SyntaxError at start (the .pth names no data)."""
@@ -242,3 +266,71 @@ def test_enable_writes_the_data_first_and_a_failure_leaves_the_old_state_whole(t
     assert "not even UTF-8: Python's site stops every interpreter of this environment at start (repair: rm " \
         in en.state(str(site)).problem
     assert en.disable(str(site)).present and os.listdir(site) == []
+
+
+def test_a_record_with_bytes_not_utf8_keeps_every_line_through_enable_and_disable(cached):
+    """pip's RECORD with a line that is not UTF-8 (damage, another tool's edit): enable adds its two lines
+    and disable takes them away, every other byte kept (it was written back holding only enable's lines,
+    so `pip uninstall` left the package's files behind)."""
+    env = cached
+    assert _tool(env, "disable").returncode in (0, 1)
+    with open(env.record, "ab") as fh:
+        fh.write(b"caf\xe9.txt,,\n")
+    before = open(env.record, "rb").read()
+    r = _tool(env, "enable", "-q")
+    assert r.returncode == 0, r.stderr
+    during = open(env.record, "rb").read()
+    assert during.startswith(before) and during.count(b"\n") == before.count(b"\n") + 2
+    assert _tool(env, "disable").returncode == 0
+    assert open(env.record, "rb").read() == before
+    with open(env.record, "wb") as fh:
+        fh.write(before.replace(b"caf\xe9.txt,,\n", b""))
+
+
+def _edit_data(env, change=None) -> bytes:
+    """Change the enabled environment's data file in place as its owner would (same file, same mode;
+    ``change`` None: empty it); returns the bytes it had."""
+    data = os.path.join(env.site, "torchgen_patch_enable.json")
+    old = open(data, "rb").read()
+    spec = json.loads(old)
+    if change is not None:
+        change(spec)
+    with open(data, "w") as fh:
+        fh.write(json.dumps(spec) if change is not None else "")
+    return old
+
+
+def _put_back(env, old: bytes) -> None:
+    with open(os.path.join(env.site, "torchgen_patch_enable.json"), "wb") as fh:
+        fh.write(old)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_failure_the_tool_did_not_foresee_stops_a_strict_environments_program_only(cached, strict):
+    """The tool's own package not where the data file says (a removed or broken dependency fails the
+    same way): one line naming it; the program runs on unpatched, or with --strict stops with exit 3
+    (it ran on before, whatever --strict said)."""
+    env = cached
+    assert _tool(env, "enable", "-q", *(["--strict"] if strict else [])).returncode == 0
+    old = _edit_data(env, lambda spec: spec["roots"].update(torchgen_patch="/nonexistent"))
+    try:
+        r = _prog(env)
+    finally:
+        _put_back(env, old)
+    assert r.stderr.count("\n") == 1 and "NOT active" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (r.returncode, r.stdout) == ((3, "") if strict else (0, "end\n")), r.stderr
+
+
+def test_an_empty_data_file_is_said_as_such(cached):
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    old = _edit_data(env)
+    try:
+        r = _prog(env)
+    finally:
+        _put_back(env, old)
+    data = os.path.join(env.site, "torchgen_patch_enable.json")
+    assert (r.returncode, r.stdout) == (0, "end\n")
+    assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(data)}: it is empty \(hint: "
+                        r"`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it\)\n",
+                        r.stderr), r.stderr

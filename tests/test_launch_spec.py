@@ -131,10 +131,8 @@ def _spec_indexed(tree) -> list[int]:
     return out
 
 
-# where an Options is made from a mapping: the spec's parse, and the Python API's own keyword arguments
-# (install(overlay=..., no_cache=...)), which are no spec
-OPTIONS_FROM_A_MAPPING = {os.path.join("torchgen_patch", "runtime", "spec.py"): 1,
-                          os.path.join("torchgen_patch", "runtime", "install.py"): 1}
+# where an Options is made from a mapping: the spec's parse, once
+OPTIONS_FROM_A_MAPPING = {os.path.join("torchgen_patch", "runtime", "spec.py"): 1}
 
 
 def test_options_are_rebuilt_from_a_spec_in_one_place_and_nothing_indexes_a_spec():

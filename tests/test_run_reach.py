@@ -363,6 +363,22 @@ subprocess.run([sys.executable, "-c", "print(2)"], env=env)
     assert [cmd.split(" -c ")[-1] for *_, cmd, _ in lines] == ["print(2)"], r.stderr
 
 
+def test_a_child_the_programs_own_compiled_function_starts_is_still_named(short_tmp):
+    """A function of the program's own, compiled by torch.compile, runs under torch._dynamo's frames:
+    what it starts is the program's, and is named as any other."""
+    prog = short_tmp / "own.py"
+    prog.write_text("""import subprocess, sys, torch
+def f(x):
+    subprocess.run([sys.executable, "-I", "-c", "print(1)"])
+    return x + 1
+torch.compile(f)(torch.ones(2))
+""")
+    r = tgp_run("--", PY, prog)
+    assert r.returncode == 0, r.stderr
+    assert [why for *_, why in NOT_ACTIVE.findall(r.stderr)] == [f"{NAME} -I: isolated mode ignores PYTHONPATH"], \
+        r.stderr
+
+
 def test_a_compiled_program_under_run_prints_no_line_of_its_compile_workers(short_tmp):
     """torch.compile on CPU (inductor probes the CPU and compiles C++ in processes of its own), forward and
     backward: the program runs patched and no line names a process it did not start."""

@@ -289,12 +289,17 @@ def disable(site: str) -> State:
     """Remove the ``.pth`` line, then the data file, then their RECORD lines; the state before."""
     before = state(site)
     record = _record_path(site)
+    rewritten = None  # RECORD without enable's lines, made before anything is removed (one that cannot be
+    if record is not None:  # read stops here, with nothing done)
+        lines = _lines(record)
+        if before.recorded or any(_names(x) == DATA for x in lines):
+            rewritten = _record_with(record, None)
     if before.present:
         _remove(before.path, site)
     if before.data_present:
         _remove(before.data, site)
-    if record is not None and (before.recorded or any(_names(x) == DATA for x in _lines(record))):
-        _write(record, _record_with(record, None), site)
+    if rewritten is not None:
+        _write(record, rewritten, site)
     return before
 
 
@@ -343,15 +348,23 @@ def _recorded(site: str) -> bool | None:
     record = _record_path(site)
     if record is None:
         return None
-    return any(_names(line) == FILE for line in _lines(record))
+    try:
+        return any(_names(line) == FILE for line in _lines(record))
+    except EnvironmentProblem:
+        return None
 
 
 def _lines(record: str) -> list[str]:
+    """RECORD's lines, each with its end; bytes that are not UTF-8 (a damaged or foreign line) kept as
+    they are (surrogate escapes), so a RECORD written back holds them byte for byte. One that cannot be
+    read: EnvironmentProblem (never an empty RECORD, which would be written back as one)."""
     try:
-        with open(record, newline="", encoding="utf-8") as fh:
-            return fh.read().splitlines(keepends=True)
-    except (OSError, UnicodeDecodeError):
-        return []
+        with open(record, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot read pip's record {record}: {e.strerror or e}",
+                                 "make it readable, or reinstall torchgen-patch") from None
+    return data.decode("utf-8", "surrogateescape").splitlines(keepends=True)
 
 
 def _names(line: str) -> str | None:
@@ -378,7 +391,7 @@ def _record_with(record: str, files: dict[str, bytes] | None) -> bytes:
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             w.writerow([name, f"sha256={digest}", str(len(data))])
         kept.append(out.getvalue())
-    return "".join(kept).encode()
+    return "".join(kept).encode("utf-8", "surrogateescape")
 
 
 def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, verbose: bool = False,

@@ -146,7 +146,9 @@ def after_import(name: str, spec: LaunchSpec, mode: str, program_import=None) ->
         return Outcome(True, e.render(), e.exit_code)  # run, or enable --strict: never run unpatched
     except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
         _DONE.update(("kernels", "runtime"))
-        return Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}")
+        line = f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}"
+        # enable --strict: a process that cannot have the kernels stops, whatever the cause
+        return Outcome(True, line, 3 if mode == "enable" and spec.strict else None)
     return Outcome("runtime" in _DONE, line)
 
 

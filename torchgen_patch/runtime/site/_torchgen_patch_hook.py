@@ -127,16 +127,21 @@ def stand_down():
 
 def _watched():
     """torch, and the modules of --import (their operators exist once they finished importing). Only
-    a spec of ``run`` names any (an enabled environment's has none, and its file is not read at start);
-    it is read here for that one list, with the standard library's JSON decoder: the tool's own parse
-    (``LaunchSpec.parse``) needs its package, imported once torch has been, and says what is wrong."""
-    if _spec is None:
-        return {"torch"}
-    try:
-        imports = _std("json").loads(_spec).get("imports")
-    except (ValueError, TypeError, AttributeError, RecursionError):
-        return {"torch"}  # said at `import torch`, where the spec is read
+    a spec of ``run`` names any (an enabled environment's has none, and its file is not read at start)."""
+    imports = _early("imports") if _spec is not None else None
     return {"torch", *(m for m in imports if isinstance(m, str))} if isinstance(imports, list) else {"torch"}
+
+
+def _early(field):
+    """A field of the launch spec the hook needs before the tool's own parse (``LaunchSpec.parse``) can
+    run, or where the tool failed to load: ``imports`` at start, ``roots`` to import the tool from,
+    ``strict`` when it could not be loaded; read with the standard library's JSON decoder, None where
+    the text is no JSON object (the tool's parse says what is wrong)."""
+    try:
+        data = _std("json").loads(_spec)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return data.get(field) if isinstance(data, dict) else None
 
 
 def _say(text):
@@ -290,11 +295,19 @@ def _work(name):
     except Exception as e:  # noqa: BLE001 — the tool cannot load: the program goes on unpatched, and says so
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}")
+        if _mode == "enable" and _strict():
+            _exit(3)  # enable --strict: a process that cannot have the kernels stops, whatever the cause
+
+
+def _strict():
+    """Whether the launch spec says ``strict`` (an enabled environment whose processes never run
+    unpatched); a spec that cannot be read says not."""
+    return _value.strict if _value is not None else _early("strict") is True
 
 
 def _launch_spec():
-    """The launch spec as the tool parses it (``LaunchSpec.parse``, imported from where this hook is
-    installed), once per process; None where there is none to use, said in one line: a spec of
+    """The launch spec as the tool parses it (``LaunchSpec.parse``, imported from where the spec says
+    the tool is: where this hook is, where it says nothing readable), once per process; None where there is none to use, said in one line: a spec of
     ``run`` that is not one stops the process (exit 2), as every bad input does; an enabled
     environment's file that is not one leaves the program unpatched (as when it names what cannot be
     had)."""
@@ -309,12 +322,19 @@ def _launch_spec():
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: {_broken} (hint: `torchgen-patch enable` "
              "writes it again, `torchgen-patch disable` removes it)")
         return None
+    if not _spec and _mode == "enable" and not _source.startswith("$"):  # an enabled environment's file, empty
+        _finished = True
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: it is empty (hint: `torchgen-patch "
+             "enable` writes it again, `torchgen-patch disable` removes it)")
+        return None  # as every damaged data file: what it would have said, strict included, is unknown
     if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
              f"this one left it out of its environment) (hint: {HINT})")
         return None
-    with _Own({"torchgen_patch": PACKAGE}):  # the parse needs the package and the standard library only
+    roots = _early("roots")
+    root = roots.get("torchgen_patch") if isinstance(roots, dict) else None
+    with _Own({"torchgen_patch": root if isinstance(root, str) else PACKAGE}):  # the package and the stdlib only
         from torchgen_patch.runtime.process import read
 
         _value, refused = read(_spec, _mode, _source)
@@ -526,15 +546,15 @@ COMPILERS = ("torch._inductor", "torch._dynamo", "torch.utils.cpp_extension", "t
 
 
 def _from_compiler():
-    """Whether the process being started comes from torch's compile machinery: a frame of one of
-    COMPILERS' modules on the stack (walked only for a process that would drop the hook)."""
+    """Whether torch's compile machinery starts the process: the frame nearest the start past this hook's
+    and the standard library's is one of COMPILERS' (only the nearest: a program's function compiled by
+    torch.compile runs under torch._dynamo's frames, and what it starts is the program's)."""
+    std = tuple(d + os.sep for d in _stdlib_dirs())
     f = sys._getframe(1)
-    while f is not None:
-        name = f.f_globals.get("__name__") or ""
-        if isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS):
-            return True
+    while f is not None and (f.f_globals is globals() or f.f_code.co_filename.startswith(std)):
         f = f.f_back
-    return False
+    name = f.f_globals.get("__name__") if f is not None else None
+    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS)
 
 
 def _shown(argv):
