@@ -428,9 +428,10 @@ def test_a_lease_taken_without_proc_names_no_kernel_and_is_swept_once_its_proces
     next build (there too) removes it as soon as its process is gone, not a day later; one whose
     process lives stays."""
     from torchgen_patch import cache
+    from torchgen_patch.fs import leases
 
     cache.host_identity.cache_clear()
-    monkeypatch.setattr(cache, "_proc", lambda *a, **k: None)  # no /proc
+    monkeypatch.setattr(leases, "_proc", lambda *a, **k: None)  # no /proc (where the leases look)
     try:
         r, w = os.pipe()
         pid = os.fork()
@@ -463,6 +464,7 @@ def test_a_lease_an_earlier_version_wrote_without_proc_is_not_kept_for_a_day(bui
     is gone (judged where /proc is missing too: same host, no namespace to tell apart), or, where it
     cannot be judged, after an hour; a lease of another kernel still stays for a day."""
     from torchgen_patch import cache
+    from torchgen_patch.fs import leases
 
     real = cache.host_identity()
     host = real["host"]
@@ -473,7 +475,7 @@ def test_a_lease_an_earlier_version_wrote_without_proc_is_not_kept_for_a_day(bui
     names = {n.split("-")[1]: n for n in builds.names()}
     for n in (names["hours"], names["other"]):
         os.utime(n, (time.time() - 2 * 3600,) * 2, dir_fd=builds.fd)
-    monkeypatch.setattr(cache, "host_identity", lambda: {"boot": None, "pidns": None, "host": host})
+    monkeypatch.setattr(leases, "host_identity", lambda: {"boot": None, "pidns": None, "host": host})
     assert sorted(cache.sweep(builds, (".build-",))) == sorted([names["gone"], names["hours"]])
     assert builds.names() == [names["other"]]
 

@@ -3,21 +3,19 @@ torchgen's FileManager writes them) and the CMake output-dependency fragment."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
 import stat
-import sys
 
 from .. import files as _files
-from ..errors import EnvironmentProblem, InputError, ToolError
+from ..errors import EnvironmentProblem, InputError
+from ..fs.atomic import RENAME_EXCHANGE, renameat2
+from ..fs.locks import LOCK, WAIT_S, _locked  # noqa: F401 (LOCK, WAIT_S re-exported: the old place)
 from .render import MANIFEST
 
 
 STAGING = ".staging-"  # .DIR.staging-XXXX: a directory gen fills beside its output directory DIR
-LOCK = ".torchgen-patch-lock"  # .DIR.torchgen-patch-lock: gen's lock beside DIR, where only the user can write
-WAIT_S = 1.0  # after this long waiting for the lock, a line says so
 _GEN_NAME = re.compile(r"ADInplaceOrViewPatch_\d+\.cpp|ADInplaceOrViewPatchEverything\.cpp|"
                        r"RegisterADInplaceOrViewPatch\.cpp|TorchgenPatchRuntime\.h|torchgen_patch_manifest\.json")
 _TEMP = re.compile(r"\.tmp-[0-9a-f]{12}")  # files.replace_at's temporary files
@@ -334,134 +332,6 @@ def snapshot(directory: str, log=None) -> dict[str, bytes]:
             return _read_through(f.dir_fd, f.name, f.path, None)
 
 
-@contextlib.contextmanager
-def _locked(parent: int, base: str, shown: str, log=None, required: bool = True):
-    """gen's lock on the output ``base`` of the open directory ``parent``, in a place no other
-    account can write: where ``parent`` is this user's and nobody else can write it, the file
-    ``.base`` + LOCK there (``_beside``); anywhere else (a sticky shared directory, a group's, another
-    account's), a lock file in this user's cache, named by ``parent``'s device and inode and ``base``
-    (``cache.lock_file``), so nothing another account makes in ``parent`` is used, or can stop a gen.
-    After WAIT_S a line tells ``log``. ``required`` False: where no lock of one's own can be had,
-    none is taken."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): no serialization, the swap is still whole
-        yield
-        return
-    up = os.fstat(parent)
-    if up.st_uid == os.geteuid() and not up.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        with _beside(parent, base, shown, log, required, fcntl):
-            yield
-        return
-    from .. import cache
-
-    try:
-        fd = cache.lock_file("gen", str(up.st_dev), str(up.st_ino), base)
-    except ToolError as e:
-        if not required:
-            yield
-            return
-        raise EnvironmentProblem(f"cannot take gen's lock for {_files.display(shown)}, kept in the cache as "
-                                 f"others can write {_files.display(os.path.dirname(shown))}: {e.message}",
-                                 e.hint) from None
-    try:
-        _wait(fd, fcntl, shown, log)
-        yield
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _beside(parent: int, base: str, shown: str, log, required: bool, fcntl):
-    """The lock file ``.base`` + LOCK in ``parent``, a directory only this user can write (created
-    O_EXCL|O_NOFOLLOW, 0600; one owned by another account, or no regular file, is refused). The
-    holder removes the file when done; a waiter that finds its file gone takes the new one."""
-    name = f".{base}{LOCK}"
-    path = os.path.join(os.path.dirname(shown), name)
-    while True:
-        fd = _open_lock(parent, name, path, required)
-        if fd is None:
-            yield
-            return
-        _wait(fd, fcntl, shown, log)
-        try:
-            now = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            now = None
-        if now is not None and os.path.samestat(now, os.fstat(fd)):
-            break
-        os.close(fd)  # the run we waited for removed it: take the one there now
-    try:
-        yield
-    finally:
-        try:
-            os.unlink(name, dir_fd=parent)
-        except OSError:
-            pass
-        os.close(fd)
-
-
-def _open_lock(parent: int, name: str, path: str, required: bool) -> int | None:
-    while True:
-        try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=parent)
-            break
-        except FileExistsError:
-            pass
-        except OSError as e:
-            if not required:
-                return None
-            raise InputError(path, None, f"cannot create gen's lock: {e.strerror}",
-                             "write the output into a directory you can write") from None
-        try:
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # removed meanwhile: make it
-        why = None if stat.S_ISREG(st.st_mode) else "is not a regular file"
-        if why is None and st.st_uid not in (os.geteuid(), 0):
-            why = f"is owned by {_files.owner_name(st.st_uid)}, not by you"
-        if why is None:
-            try:
-                fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0),
-                             dir_fd=parent)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                why = f"cannot be opened ({e.strerror})"
-            else:
-                now = os.fstat(fd)
-                if stat.S_ISREG(now.st_mode) and now.st_uid in (os.geteuid(), 0):
-                    break
-                os.close(fd)
-                why = "changed while it was opened"
-        if not required:
-            return None
-        raise InputError(path, None, f"gen's lock {why}: another account could stall or race every gen "
-                         "into this directory", f"remove {_files.display(path)}, or write the output "
-                         "into a directory of your own")
-    return fd
-
-
-def _wait(fd: int, fcntl, shown: str, log) -> None:
-    """flock ``fd`` exclusively; a line to ``log`` (default: stderr) once it has taken WAIT_S."""
-    import threading
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
-    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    timer = threading.Timer(WAIT_S, say, [f"waiting for another gen into {_files.display(shown)}"])
-    timer.daemon = True
-    timer.start()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    finally:
-        timer.cancel()
-
-
 def _carry(src: int, dst: int, name: str) -> None:
     """``name`` from the old directory into the new one as it is: a hard link (same inode, same
     mtime), a copy where links cannot be made, a symlink as a symlink."""
@@ -484,7 +354,7 @@ def _carry(src: int, dst: int, name: str) -> None:
 def _exchange(parent: int, a: str, b: str) -> bool:
     """Exchange the entries ``a`` and ``b`` of ``parent`` in one step (Linux renameat2
     RENAME_EXCHANGE); False where this system or file system cannot."""
-    return _files.renameat2(parent, a, b, _files.RENAME_EXCHANGE)
+    return renameat2(parent, a, b, RENAME_EXCHANGE)
 
 
 def _fsync(fd: int) -> None:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import EnvironmentProblem, InputError, ToolError
-from ..files import loads
+from ..fs.decode import loads
 from ..sources import Options
 
 __all__ = ["Artifact", "library", "artifact_at", "build_there"]

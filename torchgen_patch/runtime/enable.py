@@ -78,7 +78,7 @@ def check_writable(site: str, removing: bool = False) -> None:
     """Refuse, before any work, a site-packages directory this account may not write into: another
     account's (the file would be this account's in an environment it does not own), a read-only one,
     and for a file to be written (not ``removing`` one: ``disable``), one others can write."""
-    from ..cache import owner_name
+    from ..fs.protected import owner_name
 
     try:
         st = os.stat(site)
@@ -235,7 +235,7 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None
     raw, st = got
     if st.st_uid != owner or st.st_mode & 0o022:
         return None, None, None, f"{data_path} is not as torchgen-patch writes it ({_by(st.st_uid)})"
-    from ..files import loads
+    from ..fs.decode import loads
 
     try:
         by = loads(raw.decode("utf-8")).get("enabled_by") if len(raw) <= MAX_DATA else None
@@ -248,7 +248,7 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None
 
 
 def _by(uid: int) -> str:
-    from ..cache import owner_name
+    from ..fs.protected import owner_name
 
     return "edited?" if uid == os.geteuid() else f"{owner_name(uid)} owns it: replaced by that account?"
 

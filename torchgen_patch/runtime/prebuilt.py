@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .. import cache
 from ..errors import EnvironmentProblem, InputError, ToolError
-from ..files import loads
+from ..fs.decode import loads
 from ..sources import Options, overlay_path
 from ..version import __version__
 from .build import torch_identity  # noqa: F401  (re-exported: what the wheel records)

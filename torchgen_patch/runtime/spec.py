@@ -57,7 +57,7 @@ class LaunchSpec:
 
     @classmethod
     def _build(cls, text) -> LaunchSpec:
-        from ..files import loads
+        from ..fs.decode import loads
 
         try:
             raw = loads(text or "")

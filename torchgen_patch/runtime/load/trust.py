@@ -27,8 +27,9 @@ import os
 import stat
 
 from ... import cache
-from ...cache import OWNERS_ENV, inside, trusted_uids
-from ...cache import owner_name as _owner  # noqa: F401  (the name the tests use)
+from ...fs.protected import inside, trusted_uids
+from ...fs.protected import owner_name as _owner  # noqa: F401  (the name the tests use)
+from ...fs.root import OWNERS_ENV
 from ...errors import EnvironmentProblem
 from ..build.record import sha256_of
 
