@@ -39,7 +39,8 @@ def summary(runs: dict[str, list[OpResult]]) -> str:
 def table(results: list[OpResult]) -> str:
     """One run as a table for a terminal: a row per op, then its counts."""
     w = max([len(r.op) for r in results] + [2])
-    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  versions (per written argument: before->after)"]
+    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  "
+             "versions (per written argument: before->after)"]
     for r in results:
         lines.append(f"{r.op:<{w}}  {r.device:<6}  {'yes' if r.patched else 'no':<5}  {r.verdict:<7}  "
                      f"{_versions(r)}{('  ' + r.message) if r.message else ''}")

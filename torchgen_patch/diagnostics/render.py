@@ -110,7 +110,8 @@ def _says_left_out(s: Summary | None) -> bool:
 def lintrunner_failure(err: InputError) -> str:
     """Bad input as a LintMessage: at its file and line when known, else a general failure (path null)."""
     return json.dumps({
-        "path": display_path(err.path) if err.path and os.path.isfile(err.path) else None, "line": err.line, "char": None,
+        "path": display_path(err.path) if err.path and os.path.isfile(err.path) else None,
+        "line": err.line, "char": None,
         "code": CODE, "severity": "error", "name": "bad-input", "original": None, "replacement": None,
         "description": err.render(),
     }, sort_keys=True) + "\n"
@@ -190,7 +191,8 @@ def github(fs: list[Finding], s: Summary | None = None) -> str:
         out.append(f"::{kind} {props}::{_escape_data(f.message)}\n")
     if _says_left_out(s):
         out.append(f"::notice title={_escape_property(CODE)}::{_escape_data(_left_out(s))}\n")
-    out += [f"::notice title={_escape_property(CODE)}::{_escape_data(c + ': covered by an optimizer entry of the overlay')}\n"
+    out += [f"::notice title={_escape_property(CODE)}::"
+            f"{_escape_data(c + ': covered by an optimizer entry of the overlay')}\n"
             for c in (s.covered if s is not None else ())]
     return "".join(out)
 

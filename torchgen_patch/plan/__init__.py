@@ -236,8 +236,9 @@ def _kernel(r: OpRecord, entry, sig: CppSig, requires_grad_check: bool = True) -
         formals = {n for _, n in sig.formals}
         asked = tuple(dict.fromkeys((*r.grad_inputs, *(w.name for w in r.written))))
         if not (_IDENTIFIER.match(r.grad_name or "") and all(a in formals for a in (rename.get(n, n) for n in asked))):
-            raise InputError(r.loc.path, r.loc.line, f"{r.name}: the autograd facts name {printable(repr(r.grad_name))} "
-                                                     "or arguments the schema does not have", "regenerate the scan (--no-cache)")
+            raise InputError(r.loc.path, r.loc.line,
+                             f"{r.name}: the autograd facts name {printable(repr(r.grad_name))} "
+                             "or arguments the schema does not have", "regenerate the scan (--no-cache)")
         refuse_args = tuple(rename.get(n, n) for n in asked)
     xfail_devices = None
     xfail_reason = None

@@ -157,7 +157,8 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
         ninja = _ninja()  # said before "compiling ... with ninja", never after
         with contextlib.ExitStack() as held:
             try:  # a concurrent build of the key waits here
-                held.enter_context(builds.lock(f"{final}.lock", wait_note=f"waiting for another build of {lib.directory}"))
+                held.enter_context(builds.lock(f"{final}.lock",
+                                               wait_note=f"waiting for another build of {lib.directory}"))
             except EnvironmentProblem as e:
                 if getattr(e, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
                     raise _not_writable(builds.path, e.message.rsplit(": ", 1)[-1]) from None
@@ -338,7 +339,7 @@ def build_ninja(compiler: str, cflags: list[str], ldflags: list[str], units: lis
              "rule compile", "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out", "  depfile = $out.d",
              "  deps = gcc", "  description = compile $in", "",
              "rule link", "  command = $cxx $in $ldflags -o $out", "  description = link $out", ""]
-    lines += [f"build {o}: compile src/{u}" for u, o in zip(units, objects)]
+    lines += [f"build {o}: compile src/{u}" for u, o in zip(units, objects, strict=True)]
     lines += [f"build {library}: link {' '.join(objects)}", f"default {library}", ""]
     return "\n".join(lines)
 
@@ -622,7 +623,8 @@ def python_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     include = sysconfig.get_paths().get("include") or ""
     if not os.path.isfile(os.path.join(include, "Python.h")):
-        raise EnvironmentProblem(f"this Python's headers are not installed (no Python.h in {include or 'its include path'})",
+        raise EnvironmentProblem("this Python's headers are not installed "
+                                 f"(no Python.h in {include or 'its include path'})",
                                  "install them (python3-dev on Debian and Ubuntu)")
     return ("-isystem", include, "-O3"), ("-ltorch_python",)
 

@@ -190,7 +190,8 @@ def make_wheel(out_dir: str, artifact, opts: Options, log=None, saved=None) -> s
         if r.returncode != 0 or len(wheels) != 1:
             tail = " ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
             raise EnvironmentProblem(f"pip wheel could not pack the kernels: {tail or 'no wheel made'}",
-                                     "this Python needs pip and setuptools>=70.1 (bdist_wheel built in), or the wheel package")
+                                     "this Python needs pip and setuptools>=70.1 (bdist_wheel built in), "
+                                     "or the wheel package")
         target = os.path.join(out_dir, wheels[0])
         _publish(os.path.join(dist, wheels[0]), target, out_dir)
     return target

@@ -35,7 +35,7 @@ def import_modules(modules: list[str]) -> None:
         for m in modules:
             try:
                 importlib.import_module(m)
-            except Exception as e:  # the user's module failed to import: bad input, not our bug
+            except Exception as e:  # noqa: BLE001 — the user's module failed to import: bad input, not our bug
                 raise InputError(None, None, f"--import {m}: {type(e).__name__}: {e}") from None
 
 

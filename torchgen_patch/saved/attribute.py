@@ -41,7 +41,7 @@ _PROGRAM: dict = {}  # code object -> 2 (the program's own), 1 (a library outsid
 
 
 def _kind(code) -> int:
-    global _LIBS, _TORCH_OR_OURS
+    global _LIBS, _TORCH_OR_OURS  # noqa: PLW0603 (the process's torch and library paths, found at first use)
     if _LIBS is None:
         import torch
 

@@ -133,7 +133,7 @@ def skip_reason(t) -> str | None:
 
 
 def _init() -> None:
-    global _PLAIN, _STRIDED
+    global _PLAIN, _STRIDED  # noqa: PLW0603 (torch's types, set once torch is imported)
     import torch
 
     _STRIDED = torch.strided
@@ -183,7 +183,7 @@ def readable(t) -> bool:
     if not t.numel():
         return True  # nothing to read
     last = t.storage_offset()
-    for size, stride in zip(t.shape, t.stride()):
+    for size, stride in zip(t.shape, t.stride(), strict=True):
         if stride < 0:
             return False
         last += (size - 1) * stride
@@ -195,7 +195,7 @@ def dense(t) -> bool:
     if t.is_contiguous():
         return True
     expect = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1):
         if stride != expect:
             return False
         expect *= size

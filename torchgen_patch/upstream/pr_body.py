@@ -77,7 +77,8 @@ def _table(m: Measurement) -> list[str]:
     lines += ["", "PASS: every written tensor advanced by exactly one; MISS: one did not advance; EXTRA: one "
               "advanced by more; NOT_RUN: the call needs what this machine lacks."]
     if m.refused:
-        lines.append("Refused by the runtime install: " + "; ".join(f"`{k}`: {r}" for k, r in sorted(m.refused.items())))
+        lines.append("Refused by the runtime install: "
+                     + "; ".join(f"`{k}`: {r}" for k, r in sorted(m.refused.items())))
     if m.grad_before:
         lines += ["", f"The {len(m.grad_before)} `out=` operators that return nothing, called in grad mode with "
                   "every floating input requiring grad:", "",

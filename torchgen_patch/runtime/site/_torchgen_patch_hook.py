@@ -44,7 +44,7 @@ _busy = set()  # threads doing the tool's own work right now
 
 def start(spec_text, mode, source=None):
     """Start watching (once per process; ``run`` after ``enable``: run's spec governs)."""
-    global _spec, _mode, _source, _start_path, _enabled_here
+    global _spec, _mode, _source, _start_path, _enabled_here  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
     if _mode is not None:
         if mode == "run" and spec_text:
             _spec, _mode, _source = spec_text, "run", "$" + ENV
@@ -69,7 +69,7 @@ def start(spec_text, mode, source=None):
 
 def stand_down():
     """The tool's own command line runs in this process: leave its torch alone."""
-    global _down
+    global _down  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
     _down = True
 
 
@@ -215,7 +215,7 @@ _pending = []  # modules finished importing, not yet handed to the tool
 
 
 def _work(name):
-    global _finished
+    global _finished  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
     try:
         roots = _roots()
         if roots is None:
@@ -241,7 +241,7 @@ def _roots():
     ``run`` that is not one stops the process (one line, exit 2), as every bad input does; an enabled
     environment's file that is not one leaves the program unpatched, said in one line (as when it
     names what cannot be had)."""
-    global _finished
+    global _finished  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
     if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
@@ -266,7 +266,7 @@ def _roots():
 
 
 def _fail(message, hint):
-    global _finished
+    global _finished  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
     _finished = True
     _say(f"torchgen-patch: error: {message} (hint: {hint})")
     _exit(2)
@@ -329,7 +329,7 @@ class _Own:
             saved = sys.modules.pop(top)
             try:
                 theirs = importlib.util.find_spec(top)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 — a finder that fails: the module counts as not found there
                 theirs = None
             sys.modules[top] = saved
             if not _same(theirs, getattr(module, "__spec__", None)):
