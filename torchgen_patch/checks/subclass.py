@@ -45,9 +45,9 @@ def wrapper_type():
                 dtype=inner.dtype, layout=inner.layout, device=inner.device, requires_grad=inner.requires_grad)
 
         def __init__(self, inner):
-            self.inner = inner
+            self.inner = inner  # type: ignore[method-assign]  # the wrapped tensor, over Tensor.inner
 
-        def __repr__(self):
+        def __repr__(self):  # type: ignore[override]  # no tensor_contents: nothing of its own to print
             return f"Wrapper({self.inner!r})"
 
         def __tensor_flatten__(self):
@@ -60,7 +60,7 @@ def wrapper_type():
         __torch_function__ = disabled_torch_function()
 
         @classmethod
-        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]  # the documented form
             args, kwargs = tree_map_only(Wrapper, lambda w: w.inner, (args, kwargs or {}))
             out = func(*args, **kwargs)
             return tree_map_only(torch.Tensor, Wrapper, out)

@@ -15,6 +15,7 @@ are lost), ERROR (another failure), NOT_RUN (no sample here, or no floating inpu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..runtime.pykernel import OUT_REQUIRES_GRAD
@@ -67,7 +68,7 @@ def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = 
         try:
             call(*s.args, **s.kwargs)
         except Exception as e:  # noqa: BLE001 — the op's own failure is a result, not a crash of verify
-            reason = subclass != "plain" and cannot_run(op, device, subclass, mesh, placement, call)
+            reason = (subclass != "plain" and cannot_run(op, device, subclass, mesh, placement, call)) or ""
             if reason:
                 continue  # the subclass's own limit: the next placement, or NOT_RUN
             return OpResult(op, device, patched, ERROR, message=f"{type(e).__name__}: {str(e).splitlines()[0]}",
@@ -111,7 +112,7 @@ def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None, 
         return [OpResult(op, device, patched, NOT_RUN, message=str(e), subclass=subclass) for op in sorted(ops)]
 
 
-def counts(results: list[OpResult] | list[GradResult]) -> dict[Outcome, int]:
+def counts(results: Sequence[OpResult] | Sequence[GradResult]) -> dict[Outcome, int]:
     """How many results of each verdict, by verdict."""
     c: dict[Outcome, int] = {}
     for r in results:

@@ -15,7 +15,7 @@ class Drift:
     detail: str
 
 
-def cross_check(scan: Scan, patched: set[str] = frozenset()) -> list[Drift]:
+def cross_check(scan: Scan, patched: set[str] | frozenset[str] = frozenset()) -> list[Drift]:
     drifts = []
     for r in scan.records:
         schema, has_kernel = dispatcher_state(r.name)

@@ -42,7 +42,7 @@ def check(plan: Plan, directory: str) -> list[Finding]:
         text = files.get(MANIFEST)
         doc = load_json(text, manifest, MANIFEST, "generate it again with `torchgen-patch gen --out DIR`") \
             if text is not None else None
-        shards = doc["shards"]
+        shards = doc["shards"]  # type: ignore[index]  # None: the TypeError below
         if isinstance(shards, bool) or not isinstance(shards, int):
             raise TypeError(shards)
     except (ValueError, KeyError, TypeError):

@@ -10,10 +10,11 @@ import json
 import os
 
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from ..version import __version__
 from ..scan.model import VERDICTS, Scan
-from ..vocabulary import Format
+from ..vocabulary import Format, Verdict
 from ..errors import InputError, display_path, printable
 from . import CODE, Finding
 from .rules import RULES
@@ -28,7 +29,7 @@ class Summary:
     """What a report says beyond its findings."""
 
     source: str = "yaml"  # yaml | runtime (the live operator registry)
-    counts: dict[str, int] = field(default_factory=dict)  # verdict -> functions, over every yaml linted
+    counts: dict[Verdict, int] = field(default_factory=dict)  # verdict -> functions, over every yaml linted
     torch: str | None = None
     inputs: tuple[str, ...] = ()  # the native_functions.yaml files linted
     baseline: str | None = None  # the --baseline file, when one was applied
@@ -101,7 +102,7 @@ def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
     }, sort_keys=True) + "\n" for f in fs) + "".join(notes)
 
 
-def _says_left_out(s: Summary | None) -> bool:
+def _says_left_out(s: Summary | None) -> TypeGuard[Summary]:
     """Machine formats note the runtime operators the overlay left out when there are any (the text
     and JSON summaries always give the count)."""
     return s is not None and s.source == "runtime" and s.left_out > 0
@@ -126,7 +127,7 @@ def sarif(fs: list[Finding], s: Summary | None = None) -> str:
         locations = []
         if f.path:
             uri, base = _uri(f.path)
-            loc = {"artifactLocation": {"uri": uri}, "region": {"startLine": max(1, f.line)}}
+            loc: dict[str, dict] = {"artifactLocation": {"uri": uri}, "region": {"startLine": max(1, f.line or 1)}}
             if base:
                 loc["artifactLocation"]["uriBaseId"] = base
             locations.append({"physicalLocation": loc})
@@ -228,7 +229,7 @@ def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
         "native_functions": [display_path(scan.native_path)],
         "counts": scan.counts(),
         "total": len(scan.records),
-        "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records
+        "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records  # type: ignore[arg-type]  # a yaml's record
                 if verdicts is None or r.verdict in verdicts],
         "sources": {k: display_path(v) if k in _PATHS and v else v for k, v in scan.sources.describe().items()},
     }

@@ -234,7 +234,7 @@ def _install(spec: dict, name: str, mode: str, program_import) -> str | None:
                              boxed_library=spec["boxed"])
             line += f"{part}: {len(r.registered) + len(r.already)} active, {len(r.refused)} refused"
             refused = refused or bool(r.refused)
-        except Exception as e:  # noqa: BLE001 — the runtime ops fail alone: said on the start line, the program goes on
+        except Exception as e:  # noqa: BLE001 — said on the start line; the program goes on
             line += f"{part} NOT active: " + (e.message if isinstance(e, InputError) else f"{type(e).__name__}: {e}")
     elif not spec["runtime_ops"]:
         _DONE.add("runtime")

@@ -26,7 +26,7 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import EnvironmentProblem, InputError, one_line, printable
 from ..files import check_depth, yaml_error
@@ -119,7 +119,7 @@ def _owned(name: str) -> bool:
 
 
 def _from(module, directory: str) -> bool:
-    f = getattr(module, "__file__", None)
+    f = getattr(module, "__file__", None) or ""
     return bool(f) and os.path.abspath(f).startswith(directory + os.sep)
 
 
@@ -239,9 +239,9 @@ def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
     if len(es) > MAX_ENTRIES:  # torchgen's parse costs about a millisecond an entry
         raise InputError(path, None, f"{what} has {len(es):,} entries; the limit is {MAX_ENTRIES:,} (PyTorch's "
                                      "own has about 2,600)")
-    for e in es:
-        if not isinstance(e, dict):
-            raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(e).__name__}")
+    for entry in es:
+        if not isinstance(entry, dict):
+            raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(entry).__name__}")
     _refuse_shared(path, es, what)
     return es
 
@@ -260,7 +260,7 @@ def _bounded(base: type) -> type:
         if len(node.value) > MAX_KEYS:
             raise yaml.constructor.ConstructorError(None, None, f"a mapping of {len(node.value):,} keys (the "
                                                     f"limit is {MAX_KEYS})", node.start_mark)
-        return base.construct_mapping(self, node, deep=deep)
+        return base.construct_mapping(self, node, deep=deep)  # type: ignore[attr-defined]  # a yaml Loader's
 
     return type(f"Bounded{base.__name__}", (base,), {"construct_mapping": construct_mapping})
 
@@ -428,9 +428,9 @@ class _Asker:
                                    if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS]
                                   if self.autograd else [])
         none = (Gap.NONE, "", ())
-        return [self.one(f, reg, w, v, raw)._replace(**dict(zip(("autograd_gap", "grad_name", "grad_inputs"),
-                                                                gaps.get(str(f.func.name), none), strict=True)))
-                for f, reg, w, v in zip(functions, registers, written, views, strict=True)]
+        return [self.one(f, reg, w, v, raw)._replace(autograd_gap=g[0], grad_name=g[1], grad_inputs=g[2])
+                for f, reg, w, v in zip(functions, registers, written, views, strict=True)
+                for g in (gaps.get(str(f.func.name), none),)]
 
     def autograd_gaps(self, functions: list) -> dict[str, tuple[Gap, str, tuple[str, ...]]]:
         """Ask the tree's own ``gen_variable_type`` for the VariableType kernel of each void
@@ -543,7 +543,7 @@ class _Asker:
             try:
                 with self._parse_shared():
                     self._infos, _ = ld.load_derivatives(path, self.native_path, self.tags_path)
-            except Exception as e:  # noqa: BLE001 — the autograd codegen's own checks of derivatives.yaml against the yaml
+            except Exception as e:  # noqa: BLE001 — the autograd codegen's checks of derivatives.yaml
                 raise _rejected(self.tc, path, e, who="autograd codegen") from None
             finally:  # keyed by path: a file edited later in this process must be read again
                 getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((path, self.native_path), None)
@@ -554,7 +554,7 @@ class _Asker:
         """load_derivatives parses the yaml again through torchgen's parse_native_yaml, whose cache
         (by path) is given this scan's own parse of the same text for the call: the same result,
         once instead of twice (about a second). Emptied after, so an edited file is parsed afresh."""
-        cache = getattr(_import(self.tc, "torchgen.gen"), "_GLOBAL_PARSE_NATIVE_YAML_CACHE", None)
+        cache: Any = getattr(_import(self.tc, "torchgen.gen"), "_GLOBAL_PARSE_NATIVE_YAML_CACHE", None)
         seeded = isinstance(cache, dict) and self.parsed is not None and self.native_path not in cache
         if seeded:
             cache[self.native_path] = self.parsed
@@ -633,7 +633,7 @@ class _Entry(NamedTuple):
     """What ``cpp_signature`` reads of a NativeFunction: its schema, where it is, and the two fields of
     its yaml entry that decide its C++ types (torchgen's native_function_manager)."""
 
-    func: object
+    func: Any  # torchgen's FunctionSchema
     loc: object
     use_const_ref_for_mutable_tensors: bool
     part_of_structured_group: bool

@@ -9,6 +9,7 @@ states only what was measured here.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..checks import verify as v
@@ -35,8 +36,8 @@ class Measurement:
     before: list[v.OpResult]
     after: list[v.OpResult]
     refused: dict[str, str]
-    grad_before: list[v.GradResult] = ()  # the out= ops whose kernels refuse requires_grad, unpatched
-    grad_after: list[v.GradResult] = ()
+    grad_before: Sequence[v.GradResult] = ()  # the out= ops whose kernels refuse requires_grad, unpatched
+    grad_after: Sequence[v.GradResult] = ()
 
 
 def measure(plan, device: str) -> Measurement:
@@ -90,7 +91,7 @@ def _table(m: Measurement) -> list[str]:
     return lines
 
 
-def render(missing_kinds: dict[str, int], checkout_version: str, measurements: list[Measurement],
+def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: list[Measurement],
            unchecked: int = 0) -> str:
     """The markdown body. ``missing_kinds``: kernels the patched codegen adds, by kind; ``unchecked``:
     out= operators whose VariableType kernels gain the requires-grad refusal."""

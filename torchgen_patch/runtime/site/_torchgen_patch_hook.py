@@ -37,14 +37,15 @@ _mode = None  # "run" | "enable"; None until start()
 _down = False  # the tool itself runs in this process (its CLI): it installs nothing behind its back
 _finished = False  # everything installed (or refused, said so): the audit hook only watches children
 _enabled_here = False  # the .pth of an enabled environment loaded this hook
-_start_path = ()  # sys.path when the hook started: an entry put first later is the program's own directory
+# sys.path when the hook started: an entry put first later is the program's own directory
+_start_path: tuple[str, ...] = ()
 _lock = _thread.allocate_lock()
-_busy = set()  # threads doing the tool's own work right now
+_busy: set[int] = set()  # threads doing the tool's own work right now
 
 
 def start(spec_text, mode, source=None):
     """Start watching (once per process; ``run`` after ``enable``: run's spec governs)."""
-    global _spec, _mode, _source, _start_path, _enabled_here  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
+    global _spec, _mode, _source, _start_path, _enabled_here  # noqa: PLW0603 (the hook's state, one per process)
     if _mode is not None:
         if mode == "run" and spec_text:
             _spec, _mode, _source = spec_text, "run", "$" + ENV
@@ -69,7 +70,7 @@ def start(spec_text, mode, source=None):
 
 def stand_down():
     """The tool's own command line runs in this process: leave its torch alone."""
-    global _down  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
+    global _down  # noqa: PLW0603 (the hook's state, one per process)
     _down = True
 
 
@@ -105,7 +106,7 @@ class _Watch:
     (importlib.util.find_spec("torch"), as libraries do to see whether torch is there) leaves the
     module watched."""
 
-    watched = set()
+    watched: set[str] = set()
 
     @classmethod
     def _ran(cls, name):
@@ -141,7 +142,7 @@ class _Watch:
             cls._ran(name)
             _after(name)
 
-        exec_module._torchgen_patch_of = wrapped or run_module
+        exec_module._torchgen_patch_of = wrapped or run_module  # type: ignore[attr-defined]  # a mark on the function
         try:
             loader.exec_module = exec_module
         except AttributeError:  # a loader that takes no attributes: the audit hook installs at the next import
@@ -211,11 +212,11 @@ def _after(name):
             _lock.release()
 
 
-_pending = []  # modules finished importing, not yet handed to the tool
+_pending: list[str] = []  # modules finished importing, not yet handed to the tool
 
 
 def _work(name):
-    global _finished  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
+    global _finished  # noqa: PLW0603 (the hook's state, one per process)
     try:
         roots = _roots()
         if roots is None:
@@ -223,7 +224,8 @@ def _work(name):
         with _Own(roots):
             from torchgen_patch.runtime.process import after_import
 
-            outcome = after_import(name, _spec, _mode, _source, program_import)
+            outcome = after_import(name, _spec, _mode,  # type: ignore[arg-type]  # start() set _mode
+                                   _source, program_import)
         _finished = outcome.done
         if outcome.line:
             _say(outcome.line)
@@ -241,7 +243,7 @@ def _roots():
     ``run`` that is not one stops the process (one line, exit 2), as every bad input does; an enabled
     environment's file that is not one leaves the program unpatched, said in one line (as when it
     names what cannot be had)."""
-    global _finished  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
+    global _finished  # noqa: PLW0603 (the hook's state, one per process)
     if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
@@ -266,7 +268,7 @@ def _roots():
 
 
 def _fail(message, hint):
-    global _finished  # noqa: PLW0603 (the hook's state: one per process, in a module loaded by path with the standard library only)
+    global _finished  # noqa: PLW0603 (the hook's state, one per process)
     _finished = True
     _say(f"torchgen-patch: error: {message} (hint: {hint})")
     _exit(2)
@@ -289,7 +291,7 @@ class _Own:
     meanwhile. Afterwards a module the tool imported stays in ``sys.modules`` only where the program's
     own import would find that same file, so the program imports what it imported before."""
 
-    _kept = {}  # the tool's modules the program could not have imported: the next block uses them again
+    _kept: dict = {}  # the tool's modules the program could not have imported: the next block uses them again
     active = None  # the block running now
 
     def __init__(self, roots):
@@ -298,7 +300,7 @@ class _Own:
     def __enter__(self):
         self.outer, _Own.active = _Own.active, self
         self.finder = _PathFinder
-        self.thread = _thread.get_ident()
+        self.thread: int | None = _thread.get_ident()
         self.own = {"", "."}
         if sys.path and sys.path[0] not in _start_path:
             self.own.add(sys.path[0])
@@ -368,7 +370,7 @@ class _Own:
 
 _PathFinder = sys.modules["_frozen_importlib_external"].PathFinder  # importlib.machinery's, loaded at start
 _STD_FINDERS = (sys.modules["_frozen_importlib"].BuiltinImporter, sys.modules["_frozen_importlib"].FrozenImporter)
-_std_dirs = []  # the standard library's directories on sys.path, once known
+_std_dirs: list[str] = []  # the standard library's directories on sys.path, once known
 
 
 def _stdlib_dirs():
@@ -435,7 +437,7 @@ def program_import(name):
 
 
 def _under(module, root):
-    f = getattr(module, "__file__", None)
+    f = getattr(module, "__file__", None) or ""
     return bool(f) and os.path.abspath(f).startswith(os.path.join(os.path.abspath(root), ""))
 
 
@@ -537,7 +539,7 @@ def _is_python(name):
 
 def interpreter_flags(argv):
     """The single-letter options of a ``python`` command line, up to its script, -c or -m."""
-    flags = set()
+    flags: set[str] = set()
     args = iter(argv[1:])
     for a in args:
         if a in ("-", "--") or not a.startswith("-"):
