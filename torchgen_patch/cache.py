@@ -180,7 +180,7 @@ def _link_problem(link: str, st: os.stat_result, parent: os.stat_result, uids, r
 
 def _with_errno(e: EnvironmentProblem, code: int | None) -> EnvironmentProblem:
     """``e`` carrying the errno of the failure behind it (for callers that say more about some)."""
-    e.errno = code
+    e.errno = code  # type: ignore[attr-defined]  # read as getattr(e, "errno", None)
     return e
 
 
@@ -358,6 +358,7 @@ class Dir:
     def owner_writable_only(self) -> None:
         """chmod go-w everything below (a umask of 002 would leave a build group-writable, which
         install refuses); symlinks are left as they are."""
+        st: os.stat_result | None  # the directory's, then each entry's (None: gone)
         st = os.fstat(self.fd)
         if st.st_mode & 0o022:
             os.chmod(self.fd, stat.S_IMODE(st.st_mode) & ~0o022)
@@ -786,7 +787,8 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
 def sweep(d: Dir, prefixes: tuple[str, ...]) -> list[str]:
     """Remove the temporary directories (names starting with ``prefixes``) under ``d`` whose lease
     expired; returns their names."""
-    gone, now = [], time.time()
+    gone: list[str] = []
+    now = time.time()
     try:
         names = d.names()
     except OSError:

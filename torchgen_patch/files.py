@@ -421,7 +421,8 @@ def check_not_input(path: str, inputs=(), what: str = "output") -> None:
     ``inputs``: paths of files and directories the run reads; missing ones are ignored."""
     if path == STDOUT or not inputs:
         return
-    files, dirs = {}, {}
+    files: dict = {}  # (device, inode) -> the input's path (looked up with None too)
+    dirs: dict = {}
     for i in inputs:
         if not i:
             continue
@@ -532,7 +533,8 @@ def _write_through(f: Found, data: bytes, path: str, what: str) -> bool:
     fd = os.open(f.name, os.O_WRONLY | os.O_CLOEXEC | (0 if f.through else os.O_NOFOLLOW), dir_fd=f.dir_fd)
     with os.fdopen(fd, "wb") as fh:
         st = os.fstat(fd)
-        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) or not os.path.samestat(st, f.st):
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) \
+                or not os.path.samestat(st, f.st):  # type: ignore[arg-type]  # the caller's f.st is set
             raise InputError(path, None, f"cannot write {what}: {display(f.path)} changed while it was checked; "
                              "nothing was written")
         fh.write(data)

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .. import cache
 from .. import files as _files
@@ -250,7 +251,7 @@ def own_process_group():
     import signal
     import threading
 
-    handlers = {}
+    handlers: dict = {}
     if threading.current_thread() is threading.main_thread():
         def on_signal(signum, frame):
             _kill_children()
@@ -550,7 +551,7 @@ class Progress:
         self.pending = {os.path.splitext(os.path.basename(s))[0] + ".o": os.path.basename(s) for s in sources}
         self.total = len(self.pending)
         self.on = bool(getattr(log, "isatty", lambda: False)()) and not os.environ.get("CI")
-        self._stop = None
+        self._stop: Any = None  # a threading.Event while it watches
 
     def poll(self) -> None:
         times = ninja_times(self.directory)

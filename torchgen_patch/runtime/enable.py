@@ -119,7 +119,7 @@ def _parse(text: str) -> tuple[str, dict, str, str]:
     if len(lines) != 2 or not lines[0].startswith("# torchgen-patch ") or ":" not in lines[0]:
         raise ValueError("not two lines in torchgen-patch's form")
     version = lines[0][len("# torchgen-patch "):].split(":", 1)[0]
-    call = ast.parse(lines[1]).body[-1].value
+    call = ast.parse(lines[1]).body[-1].value  # type: ignore[attr-defined]  # not an Expr: AttributeError
     code = ast.literal_eval(call.args[0])
     tree = ast.parse(code)
     hook = ast.literal_eval(tree.body[0].test.args[0])

@@ -155,6 +155,7 @@ def _check_key(spec: dict) -> str | None:
     torch = importlib.machinery.PathFinder.find_spec("torch", path)
     if torch is None or not torch.origin:
         return None
+    parts: list[bytes | str]  # cache.key's
     parts = [json.dumps({k: spec[k] for k in ("backend", "runtime_ops", "imports", "options")}, sort_keys=True),
              sys.executable, os.getcwd(), cache.tool_fingerprint(), os.path.dirname(torch.origin),
              _read(os.path.join(os.path.dirname(torch.origin), "version.py"))]
@@ -243,7 +244,7 @@ def _check_main() -> None:
         log = build_log(spec["quiet"])
         boxed = build_boxed(verbose=spec["verbose"], log=log).path if spec["backend"] == Backend.CPP else None
         library, _ = resolve(spec, log)  # torch is imported here anyway: the processes skip the lookup
-        answer = {"ops": ops, "boxed": boxed, "library": library}
+        answer: dict = {"ops": ops, "boxed": boxed, "library": library}
     except InputError as e:
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,
                             "code": e.exit_code}}
@@ -272,10 +273,10 @@ def _check_runtime_ops(names: list[str], opts) -> list[str]:
         if why is None:
             continue
         if live_op(name).schema is None:
-            e = unknown_names("this process's mutating operators without an ADInplaceOrView kernel", [name],
+            unknown = unknown_names("this process's mutating operators without an ADInplaceOrView kernel", [name],
                               [o.name for o in uncovered()])
             raise InputError(None, None, f"--runtime-op {name}: no such operator",
-                             (e.hint + "; " if e.hint else "") + IMPORT_HINT.format("it"))
+                             (unknown.hint + "; " if unknown.hint else "") + IMPORT_HINT.format("it"))
         raise InputError(None, None, f"--runtime-op {name}: {why}")
     return ops
 

@@ -24,7 +24,7 @@ import threading
 _LOCK = threading.Lock()
 _ENTRIES: dict = {}  # class path -> plan.overlay.OptimizerEntry
 _BY_CLASS: dict = {}  # class -> its entry or None, resolved at its first step
-_PENDING: dict[int, list] = {}  # id(optimizer) -> [(tensor, version, is a parameter)] of the step running
+_PENDING: dict[int, tuple] = {}  # id(optimizer) -> _snapshot's lists (tensor, version, ...) of the step running
 _HANDLES: list = []  # the two hooks' handles while any entry is active
 _UNRESOLVED = object()
 _TENSOR: list = []  # torch.Tensor, once an entry is active

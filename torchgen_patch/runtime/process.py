@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 from ..vocabulary import Backend, plural
 
+_SPEC_TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstance
 _SPEC_TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
                "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
                "verbose": bool, "roots": dict, "check_saved": (str, type(None))}
