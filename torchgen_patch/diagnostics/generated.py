@@ -21,7 +21,7 @@ def _kernels(text: str) -> dict[str, str]:
     """op -> kernel text (from its marker comment to the closing brace at column 0)."""
     out = {}
     starts = [(m.start(), m.group(1)) for m in _KERNEL.finditer(text)]
-    for (pos, op), nxt in zip(starts, starts[1:] + [(len(text), None)], strict=True):
+    for (pos, op), nxt in zip(starts, starts[1:] + [(len(text), None)], strict=False):  # no start: the end alone
         block = text[pos:nxt[0]]
         end = block.find("\n}\n")
         out[op] = block[: end + 3] if end >= 0 else block
