@@ -146,15 +146,61 @@ def test_one_composer_sequences_plan_render_build():
     assert "runtime.build import build" not in conftest and "import library as compose" in conftest
 
 
-def test_install_is_a_thin_facade_and_registration_takes_an_artifact():
+def signature_problems(fn) -> list[str]:
+    """What makes ``fn``'s signature hide what it accepts: a ``*args`` or ``**kwargs``, more than two
+    positional parameters, a parameter its docstring does not name (as ``name``)."""
     import inspect
 
-    from torchgen_patch.runtime import install as inst
+    params = inspect.signature(fn).parameters.values()
+    doc = inspect.getdoc(fn) or ""
+    out = [f"*{p.name}" if p.kind is p.VAR_POSITIONAL else f"**{p.name}" for p in params
+           if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    out += [f"{len(positional)} positional parameters"] if len(positional) > 2 else []
+    return out + [f"{p.name} undocumented" for p in params if f"``{p.name}``" not in doc]
 
-    assert len(inspect.signature(inst.install).parameters) <= 6
+
+def test_install_has_an_honest_signature_and_registration_takes_an_artifact():
+    """``install()`` names every keyword it takes (none hidden behind ``**keywords``), each documented:
+    the inputs (``Options``'s fields), how it works (``InstallOptions``'s fields), or those two values
+    whole; ``torchgen_patch.install`` is that very function."""
+    import dataclasses
+    import inspect
+
+    import torchgen_patch
+    from torchgen_patch.runtime import install as inst
+    from torchgen_patch.sources import Options
+
+    assert torchgen_patch.install is inst.install
+    assert signature_problems(inst.install) == []
+    keywords = {p.name for p in inspect.signature(inst.install).parameters.values() if p.kind is p.KEYWORD_ONLY}
+    assert keywords == {"options", "plan", "how"} | {f.name for f in dataclasses.fields(inst.InstallOptions)} \
+        | {f.name for f in dataclasses.fields(Options)} - {"pytorch_root"}
     assert list(inspect.signature(inst.register).parameters) == ["artifact", "ops", "backend"]
     # live-registry operators are planned in the plan stage, not decided in the runtime
     assert _sources_matching(r"already has an ADInplaceOrView kernel\"") == {"plan/__init__.py"}
+
+
+def test_the_check_of_signatures_finds_what_they_hide():
+    def hides(ops=None, backend="cpp", *, options=None, **keywords):
+        """``ops``, ``backend``, ``options``, ``keywords``."""
+
+    def three(a, b, c):
+        """``a`` ``b``"""
+
+    assert signature_problems(hides) == ["**keywords"]
+    assert signature_problems(three) == ["3 positional parameters", "c undocumented"]
+
+
+def test_install_takes_a_value_or_its_keywords_not_both():
+    """A keyword that would be ignored beside the value that holds it is refused before anything happens."""
+    from torchgen_patch.runtime.install import InstallOptions, install
+    from torchgen_patch.sources import Options
+
+    with pytest.raises(TypeError, match="give them in options= or as keywords"):
+        install(options=Options(), overlay="elsewhere.yaml")
+    with pytest.raises(TypeError, match="how= and build, library"):
+        install(how=InstallOptions(), library="x.so", build=False)
 
 
 def test_vocabulary_is_typed():
@@ -285,6 +331,8 @@ USER_PATHS = {
     "files.py": "inputs and outputs the user names",
     "sources/__init__.py": "the inputs the user names, and where the installed torch keeps its yaml",
     "sources/torchgen.py": "the toolchains' own files (torchgen, the autograd codegen, derivatives.yaml)",
+    "sources/toolchain.py": "the toolchains' own files, found and hashed",
+    "sources/rejected.py": "the toolchains' own files, named where they failed",
     "codegen/output.py": "gen's output directory",
     "codegen/render.py": "the package's templates",
     "diagnostics/lint.py": "the yaml and generated files the user lints",
@@ -300,7 +348,7 @@ USER_PATHS = {
 }
 ALLOWED = {
     ("runtime/__init__.py", "_inputs_key"): "the package's templates and the overlay, hashed into the index key",
-    ("runtime/build.py", "python_flags"): "this Python's header, looked for (the compiler reads it)",
+    ("runtime/build/toolchain.py", "python_flags"): "this Python's header, looked for (the compiler reads it)",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",
     ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by files.find)",
@@ -310,9 +358,11 @@ ALLOWED = {
     ("runtime/launch.py", "_read"): "the installed torch's version file and the overlay, hashed into the check's key",
     ("runtime/launch.py", "_stamp"): "the files of the --import modules, stamped into the check's key",
     ("runtime/launch.py", "_silenced"): "the null device, for what the --import modules print",
+    ("cli/__init__.py", "_silence_stdout"): "the null device, in place of a standard output that failed",
     ("runtime/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
     ("runtime/enable.py", "check_writable"): "the environment's site-packages",
-    ("runtime/enable.py", "state"): "enable's output file, and the hook of this install it names",
+    ("runtime/enable.py", "state"): "enable's output files, and the hook of this install they name",
+    ("runtime/enable.py", "_read"): "enable's output files (the .pth line and its data file)",
     ("runtime/enable.py", "_write"): "enable's output file and pip's RECORD of this tool",
     ("runtime/enable.py", "_remove"): "enable's output file",
     ("runtime/enable.py", "_record_path"): "pip's RECORD of this tool in the site-packages",
@@ -395,7 +445,7 @@ def test_the_cache_directory_is_named_only_where_it_is_handed_on():
 
 def test_nothing_loads_a_library_by_path():
     """No cpp_extension.load()/load_inline(), no torch.ops.load_library(); the one dlopen is of the checked
-    descriptor's name (runtime/loader.py's _dlopen; CDLL(None) is the process itself)."""
+    descriptor's name (runtime/load/loader.py's _dlopen; CDLL(None) is the process itself)."""
     loads, dlopens = [], []
     for path in _modules().values():
         rel = os.path.relpath(path, PKG)
@@ -411,7 +461,7 @@ def test_nothing_loads_a_library_by_path():
                 arg = ast.unparse(node.args[0]) if node.args else ""
                 dlopens.append((rel, arg))
     assert loads == []
-    assert {d for d in dlopens if d[1] != "None"} == {("runtime/loader.py", "name")}  # None: the process itself
+    assert {d for d in dlopens if d[1] != "None"} == {("runtime/load/loader.py", "name")}  # None: the process itself
 
 
 # ---- the tools stand on their own -----------------------------------------------------------------
@@ -485,3 +535,120 @@ def test_the_check_of_private_names_finds_them():
                                       "import torchgen_patch\ntorchgen_patch._x\n")) == 3
     assert _private_names_reached("from torchgen_patch.runtime import optim\noptim.before_step(1)\n"
                                   "import torch\ntorch._foreach_add_(x, 1)\n") == []
+
+
+# ---- sizes: a module is read in one sitting, a function on one screen ---------------------------------
+
+MODULE_LINES, FUNCTION_LINES = 500, 60
+# modules and functions over the limits, each at its size now: it may shrink, never grow
+OVER_THE_LIMITS = {
+    "cache.py": 932,
+    "files.py": 673, "files.py:find": 67,
+    "codegen/output.py": 566,
+    "cli/commands.py": 543,
+    "runtime/site/_torchgen_patch_hook.py": 740,
+}
+
+
+def sizes(source: str) -> tuple[int, dict[str, int]]:
+    """(lines of ``source``, lines of each function in it: every ``def``, nested ones and methods
+    included, by its dotted name)."""
+    out: dict[str, int] = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}.{child.name}" if prefix else child.name
+                if not isinstance(child, ast.ClassDef):
+                    out[name] = max(out.get(name, 0), child.end_lineno - child.lineno + 1)
+            visit(child, name)
+
+    visit(ast.parse(source), "")
+    return len(source.splitlines()), out
+
+
+def test_no_module_over_500_lines_and_no_function_over_60():
+    over = {}
+    for path in _modules().values():
+        rel = os.path.relpath(path, PKG)
+        lines, functions = sizes(open(path, encoding="utf-8").read())
+        if lines > OVER_THE_LIMITS.get(rel, MODULE_LINES):
+            over[rel] = lines
+        for fn, n in functions.items():
+            if n > OVER_THE_LIMITS.get(f"{rel}:{fn}", FUNCTION_LINES):
+                over[f"{rel}:{fn}"] = n
+    assert over == {}
+    assert {k.split(":")[0] for k in OVER_THE_LIMITS} <= {os.path.relpath(p, PKG) for p in _modules().values()}
+
+
+def test_the_measure_of_sizes_counts_every_def():
+    source = ("def f():\n    def inner():\n        return 1\n    return inner\n\n\n"
+              "class C:\n    def method(self):\n        x = 1\n        return x\n")
+    assert sizes(source) == (10, {"f": 4, "f.inner": 2, "C.method": 3})
+
+
+# ---- the release check: small modules of small functions ---------------------------------------------
+
+RELEASE_CHECK = os.path.join(ROOT, "scripts", "release_check")
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def _long_functions(source: str, limit: int) -> list[str]:
+    """The functions and methods of ``source`` (nested ones too) longer than ``limit`` lines, each from its
+    ``def`` to its last line."""
+    return [f"{node.name}:{node.lineno}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def _release_check_sources() -> list[str]:
+    return sorted([os.path.join(RELEASE_CHECK, n) for n in os.listdir(RELEASE_CHECK) if n.endswith(".py")]
+                  + [os.path.join(ROOT, "scripts", "pytorch_check.py")])
+
+
+def test_the_release_check_is_small_modules_of_small_functions():
+    """scripts/release_check/ (and its entry point, scripts/pytorch_check.py): no module over 400 lines, no
+    function over 60."""
+    sources = _release_check_sources()
+    assert len(sources) > 5  # the package is there, split by job
+    long_modules, long_functions = [], []
+    for path in sources:
+        text = open(path, encoding="utf-8").read()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{os.path.relpath(path, ROOT)}: {len(text.splitlines())} lines")
+        long_functions += [f"{os.path.relpath(path, ROOT)}:{f}" for f in _long_functions(text, MAX_FUNCTION_LINES)]
+    assert long_modules == [] and long_functions == []
+
+
+def test_the_check_of_long_functions_finds_them():
+    lines = [f"x{i} = {i}\n" for i in range(60)]
+    method = "".join("        " + ln for ln in lines)
+    found = _long_functions(f"def short():\n    pass\n\n\nclass C:\n    def long(self):\n{method}", MAX_FUNCTION_LINES)
+    assert found == ["long:6: 61 lines"]
+    assert _long_functions("def fits():\n" + "".join("    " + ln for ln in lines[:59]), MAX_FUNCTION_LINES) == []
+
+
+def test_the_release_check_imports_no_tests_and_one_module_composes_it():
+    """The release check's modules import the product and testbed/, never tests/ (test_nothing_outside_the_tests_
+    imports_them walks scripts/); argparse and the steps' order are main.py's alone."""
+    assert _sources_in(RELEASE_CHECK, r"^\s*(import argparse|from argparse)") == {"main.py"}
+    assert _sources_in(RELEASE_CHECK, r"\bstep_checkout\(") == {"main.py", "checkout.py"}
+    assert _sources_in(RELEASE_CHECK, r"\bstep_tests\(") == {"main.py", "groups.py"}
+
+
+def _sources_in(folder: str, pattern: str) -> set[str]:
+    rx = re.compile(pattern, re.M)
+    return {n for n in os.listdir(folder) if n.endswith(".py")
+            and rx.search(open(os.path.join(folder, n), encoding="utf-8").read())}
+
+
+def test_every_package_of_the_tree_ships():
+    """pyproject.toml lists its packages by name: a sub-package missing there is missing from every
+    installed copy (a wheel, a non-editable install), though the tests from the tree pass."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {os.path.relpath(base, ROOT).replace(os.sep, ".") for base, _, names in os.walk(PKG)
+             if "__init__.py" in names and "__pycache__" not in base}
+    assert found - listed == set()

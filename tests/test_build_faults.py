@@ -149,7 +149,7 @@ def test_install_in_a_child_forked_while_another_thread_installs(tmp_path):
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with installer._LOCK:
+        with installer.REGISTRY.lock:
             held.set()
             release.wait(30)
 
@@ -159,7 +159,7 @@ def test_install_in_a_child_forked_while_another_thread_installs(tmp_path):
     try:
         pid = os.fork()
         if pid == 0:
-            os._exit(0 if installer._LOCK.acquire(timeout=10) else 1)
+            os._exit(0 if installer.REGISTRY.lock.acquire(timeout=10) else 1)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -20,8 +20,8 @@ from torchgen_patch import cache
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
 from torchgen_patch.runtime import install as installer
-from torchgen_patch.runtime import loader
-from torchgen_patch.runtime import trust
+from torchgen_patch.runtime.load import loader
+from torchgen_patch.runtime.load import trust
 from tests.test_trust import _sha, cached  # noqa: F401  (the fixture: a private cache holding the session's build)
 
 NOBODY = 65534
@@ -245,7 +245,7 @@ def test_a_symlink_on_the_path_owned_by_another_account_is_refused(cached, tmp_p
         pytest.skip("lchown to another account needs root")
     os.lchown(link, NOBODY, -1)
     with pytest.raises(EnvironmentProblem) as e:
-        installer._load(str(link), _sha(lib), str(tmp_path))
+        loader.load(str(link), _sha(lib), str(tmp_path))
     assert e.value.message.startswith(f"{link} is owned by ")
     assert torchgen_patch.installed_ops() == []
 

@@ -291,7 +291,9 @@ def p_wheel_output_dir(run_cli, monkeypatch, tmp_path, **_):
 
     made = []
     _stub_build(monkeypatch)
-    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, art, opts, log=None: made.append(out) or out + "/w.whl")
+    monkeypatch.setattr(prebuilt, "make_wheel",
+                        lambda out, art, opts, log=None, saved=None: made.append(out) or saved.append(out) or
+                        out + "/w.whl")
     assert run_cli("wheel", "-o", tmp_path / "w")[:2] == (0, f"{tmp_path / 'w'}/w.whl\n")
     assert run_cli("wheel")[0] == 0
     assert made == [str(tmp_path / "w"), "."]
@@ -304,7 +306,7 @@ def p_wheel_quiet_verbose(run_cli, monkeypatch, tmp_path, **_):
     from torchgen_patch.runtime import prebuilt
 
     calls = _stub_build(monkeypatch)
-    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, art, opts, log=None: out + "/w.whl")
+    monkeypatch.setattr(prebuilt, "make_wheel", lambda out, art, opts, log=None, saved=None: out + "/w.whl")
     assert "kernels packed" in run_cli("wheel", "-o", tmp_path)[2]
     assert run_cli("wheel", "-o", tmp_path, "-q")[2] == ""
     run_cli("wheel", "-o", tmp_path, "-v")
@@ -601,6 +603,8 @@ PROBES = {
     ("enable", "--backend"): p_enable("backend", ["--backend", "cpp"], "cpp", "python"),
     ("enable", "--op"): p_enable("ops", ["--op", "_cummax_helper"], ["aten::_cummax_helper"], None),
     ("enable", "--quiet"): p_enable("quiet", ["-q"], True, False), ("enable", "--verbose"): p_enable_verbose,
+    ("enable", "--strict"): p_enable("strict", ["--strict"], True, False),
+    ("enable", "--check-saved"): p_enable("check_saved", ["--check-saved=raise"], "raise", None),
     ("disable", "--quiet"): p_disable_quiet_verbose, ("disable", "--verbose"): p_disable_quiet_verbose,
     ("status", "--quiet"): p_status_quiet_verbose, ("status", "--verbose"): p_status_quiet_verbose,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
@@ -642,6 +646,7 @@ def test_flag_is_honoured(cmd, flag, run_cli, monkeypatch, subset, tree, tmp_pat
 
 def _stub_build(monkeypatch):
     from torchgen_patch import runtime
+    from torchgen_patch.runtime import checklib
     from torchgen_patch.runtime import build as b
 
     calls = []
@@ -650,13 +655,16 @@ def _stub_build(monkeypatch):
         calls.append({"files": sorted(files), "ops": list(ops), "shards": shards, "verbose": verbose})
         return b.Library("/x.so", "/", "k", "t", tuple(ops), False)
 
-    def fake_artifact(path, origin="given"):  # the composer's checks of the (fake) build it got
+    def fake_artifact(path, origin="given", manifest=True):  # the composer's checks of the (fake) build it got
         ops = calls[-1]["ops"] if calls else []
         return runtime.Artifact(path, "0" * 64, "t", tuple((op, "") for op in ops), origin, "/", {})
 
     monkeypatch.setattr(b, "build", fake)
     monkeypatch.setattr(runtime, "artifact_at", fake_artifact)
     monkeypatch.setattr(runtime, "_indexed", lambda index: None)  # every call reaches the (fake) build
+    # the saved-tensor check's native hooks, which the wheel packs beside the kernels: a list the fake
+    # make_wheel appends to (so a wheel made without them fails the probe)
+    monkeypatch.setattr(checklib, "saved_build", lambda verbose=False, log=None: [])
     return calls
 
 

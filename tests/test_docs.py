@@ -8,7 +8,6 @@ call only what exists; toml, yaml and CMake blocks parse and name only what exis
 from __future__ import annotations
 
 import ast
-import dataclasses
 import fnmatch
 import glob
 import importlib
@@ -240,6 +239,8 @@ def check_command(words: list[str]) -> None:
         _pip(args[2:] if cmd != "pip" else args)
     elif cmd in ("python", "python3") and args and args[0].endswith(".py"):
         assert os.path.isfile(os.path.join(ROOT, args[0])), words
+    elif cmd in ("python", "python3") and "-c" in args[:2] and len(args) == args.index("-c") + 2:
+        compile(args[-1], "<docs>", "exec")  # what it does: the test of the page that gives it (enable.md's repair)
     elif cmd == "cd":
         assert len(args) == 1, words
     elif cmd == "git":
@@ -273,9 +274,7 @@ def _python_names_exist(tree: ast.AST) -> None:
     import torchgen_patch
     from torchgen_patch.runtime import install as install_module
 
-    install_kwargs = (set(inspect.signature(install_module.install).parameters) - {"keywords"}
-                      | {f.name for f in dataclasses.fields(install_module.InstallOptions)}
-                      | set(install_module._SOURCE_KEYWORDS))
+    install_kwargs = set(inspect.signature(install_module.install).parameters)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torchgen_patch":
             assert hasattr(torchgen_patch, node.attr), f"torchgen_patch.{node.attr}"

@@ -57,6 +57,7 @@ class Env:
                            text=True, env=dict(clean, PIP_CONFIG_FILE=os.devnull))
         assert r.returncode == 0, r.stderr
         self.pth = os.path.join(self.site, "torchgen_patch_enable.pth")
+        self.data = os.path.join(self.site, "torchgen_patch_enable.json")
         records = glob.glob(os.path.join(self.site, "torchgen_patch-*.dist-info", "RECORD"))
         assert len(records) == 1, (r.stdout, r.stderr, sorted(os.listdir(self.site)))
         self.record = records[0]
@@ -119,7 +120,8 @@ def test_enabled_adds_at_most_10ms_to_a_start_and_disable_leaves_it_as_before(en
         enabled.append(_start(env.python))
     assert min(enabled) - min(plain) <= 0.01, (min(enabled), min(plain))
     r = env.tool("disable")
-    assert (r.returncode, r.stdout) == (0, f"disabled: removed {env.pth} and its line in pip's RECORD\n"), r.stderr
+    assert (r.returncode, r.stdout) == (0, f"disabled: removed {env.pth} and {env.data}, and their lines in pip's "
+                                           "RECORD\n"), r.stderr
     assert env.listing() == before
     r = env.tool("disable")
     assert r.returncode == 0 and r.stderr == f"disable: not enabled ({env.pth} does not exist)\n"
@@ -138,9 +140,10 @@ def test_pip_uninstall_removes_it_and_a_tool_gone_or_damaged_does_nothing(env, t
     with open(hook, "w") as fh:  # damaged: no Python at all
         fh.write("this is not Python (\n")
     shutil.rmtree(os.path.join(other.site, "torchgen_patch", "runtime", "site", "__pycache__"), ignore_errors=True)
-    for _ in range(2):
+    for says in ("SyntaxError: ", f"LookupError: its hook {hook} is gone"):  # damaged, then gone: one line, never a stop
         r = other.run("-c", "import torch; print('started')")
-        assert (r.returncode, r.stdout, r.stderr) == (0, "started\n", ""), r.stderr
+        assert (r.returncode, r.stdout) == (0, "started\n") and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"torchgen-patch: NOT active in pid ") and f"{other.pth}: {says}" in r.stderr
         shutil.rmtree(os.path.join(other.site, "torchgen_patch"))  # then gone (removed by hand), the file left
         os.makedirs(os.path.join(other.site, "torchgen_patch"))
     r = subprocess.run([sys.executable, "-m", "torchgen_patch", "status"], capture_output=True, text=True,
@@ -150,25 +153,26 @@ def test_pip_uninstall_removes_it_and_a_tool_gone_or_damaged_does_nothing(env, t
 
 def test_a_damaged_file_leaves_every_program_running_unpatched_and_says_so(env):
     """A spec edited into one no torchgen-patch installs: each process that imports torch goes on, with
-    one line naming the file and what to do; status names it once. Enabled again with one op: counts of one."""
+    one line naming the data file and what to do; status names it once. Enabled again with one op:
+    counts of one."""
     assert env.tool("enable", "--op", "aten::_cummin_helper").returncode == 0
-    text = open(env.pth).read()
-    with open(env.pth, "w") as fh:
+    text = open(env.data).read()
+    with open(env.data, "w") as fh:
         fh.write(text.replace('"backend": "cpp"', '"backend": "pyth0n"'))
     hint = "(hint: `torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)"
     for args in (("-c", PROBE), ("-I", "-c", PROBE)):
         r = env.run(*args)
         assert (r.returncode, r.stdout) == (0, "active 0\n"), r.stderr
-        assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(env.pth)}: unknown backend 'pyth0n' "
+        assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(env.data)}: unknown backend 'pyth0n' "
                             rf"{re.escape(hint)}\n", r.stderr), r.stderr
     r = env.tool("status")
-    assert (r.returncode, r.stdout) == (1, f"{env.pth}: unknown backend 'pyth0n' (`torchgen-patch enable` writes it "
-                                           "again, `torchgen-patch disable` removes it)\n")
-    with open(env.pth, "w") as fh:  # the spec no longer one: the hook's own reading of it, the same rule
+    assert (r.returncode, r.stdout) == (1, f"{env.pth}: {env.data}: unknown backend 'pyth0n' (`torchgen-patch enable` "
+                                           "writes it again, `torchgen-patch disable` removes it)\n")
+    with open(env.data, "w") as fh:  # the spec no longer one: the hook's own reading of it, the same rule
         fh.write(text.replace('"roots"', '"rootz"'))
     r = env.run("-c", PROBE)
     assert (r.returncode, r.stdout) == (0, "active 0\n"), r.stderr
-    assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(env.pth)}: not a launch spec of "
+    assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(env.data)}: not a launch spec of "
                         rf"torchgen-patch \(KeyError: 'roots'\) {re.escape(hint)}\n", r.stderr), r.stderr
     r = env.tool("enable", "--op", "aten::_cummin_helper")
     assert r.returncode == 0 and re.search(r"\(cpp: 1 kernel, (from the cached build|built now)\)", r.stdout), r.stdout
@@ -185,21 +189,29 @@ def test_status_says_what_the_file_is(env):
     r = env.tool("status")
     assert r.returncode == 0 and r.stdout.startswith(f"enabled: {env.pth} (torchgen-patch 0.1.0; cpp, every op of "
                                                      "the plan; the build it names is there; one line per process; "
+                                                     "fail open: a process that cannot have the kernels runs "
+                                                     "unpatched, said in one line; saved-tensor check: off; "
                                                      "pip uninstall torchgen-patch removes it)"), r.stdout
-    text = open(env.pth).read()
-    for changed, says in [
-        (text.replace("torchgen-patch 0.1.0:", "torchgen-patch 0.0.9:", 1), "written by torchgen-patch 0.0.9; this is "
-                                                                           "0.1.0"),
-        (text.replace(os.path.join(env.site, "torchgen_patch"), "/gone/torchgen_patch"),
+    text, data = open(env.pth).read(), open(env.data).read()
+    gone = os.path.join(env.site, "torchgen_patch", ""), "/gone/torchgen_patch/"
+    old = "# torchgen-patch 0.0.9: every Python process ...\nimport os, sys; exec('pass')\n"
+    for (changed, changed_data), says in [
+        ((text, data.replace('"torchgen_patch": "0.1.0"', '"torchgen_patch": "0.0.9"')),
+         "written by torchgen-patch 0.0.9; this is 0.1.0"),
+        ((text.replace(*gone), data.replace(*gone)),
          "its hook /gone/torchgen_patch/runtime/site/_torchgen_patch_hook.py is gone (that torchgen-patch was "
          "uninstalled or moved): it does nothing"),
-        (text.replace("import os, sys", "import os, sys, antigravity"), "it was edited since torchgen-patch wrote it"),
-        ("import os\n", "it is not as torchgen-patch writes it (edited?): what it does is its own"),
-        (text.replace('"backend": "cpp"', '"backend": "pyth0n"'), "unknown backend 'pyth0n'"),  # the file named once
+        ((text.replace("import os, sys", "import os, sys, antigravity"), data),
+         "it is not as torchgen-patch writes it (edited?): what it does is its own"),
+        (("import os\n", data), "it is not as torchgen-patch writes it (edited?): what it does is its own"),
+        ((old, data), "written by torchgen-patch 0.0.9 in a form this one does not read"),
+        ((text, data.replace('"backend": "cpp"', '"backend": "pyth0n"')), f"{env.data}: unknown backend 'pyth0n'"),
+        ((text, data[:len(data) // 2]), f"{env.data} is damaged (not the JSON torchgen-patch writes)"),
     ]:
-        assert changed != text
-        with open(env.pth, "w") as fh:
-            fh.write(changed)
+        assert (changed, changed_data) != (text, data)
+        for path, content in ((env.pth, changed), (env.data, changed_data)):
+            with open(path, "w") as fh:
+                fh.write(content)
         r = env.tool("status")
         assert (r.returncode, r.stdout.split(": ", 1)[-1].split(" (`torchgen-patch enable`")[0]) == (1, says)
 

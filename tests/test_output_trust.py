@@ -274,9 +274,10 @@ def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_re
     os.chown(pth, NOBODY, NOBODY)
     assert enable.state(str(site)).problem == ("it is not as torchgen-patch writes it (nobody (uid 65534) owns it: "
                                                "replaced by that account?): what it does is its own")
-    os.chown(pth, os.geteuid(), os.getegid())  # a file in the writer's form whose spec is nested 100,000 deep
-    pth.write_text(enable.render({"x": "Q"}, str(pth)).replace('{"x": "Q"}', "[" * 100000 + "]" * 100000))
-    assert enable.state(str(site)).problem.startswith("it is not as torchgen-patch writes it")  # no RecursionError
+    os.chown(pth, os.geteuid(), os.getegid())  # the writer's line, with data nested 100,000 deep
+    pth.write_text(enable.render(str(site)))
+    (site / enable.DATA).write_text("[" * 100000 + "]" * 100000)
+    assert enable.state(str(site)).problem.endswith("is damaged (not the JSON torchgen-patch writes)")  # no RecursionError
 
 
 def test_a_directory_swapped_for_a_link_after_the_lookup_gets_nothing(ctx, run_cli, monkeypatch):

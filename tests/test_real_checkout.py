@@ -1,6 +1,6 @@
 """The checkout world on PyTorch's real source tree (Debian's source package `pytorch`, fetched with apt
 into .cache/pytorch-src/ by testbed/debian_source.py; skipped with the reason when it cannot be had), in a
-venv without torch; and the release check's report (scripts/pytorch_check.py): its rendering, its
+venv without torch; and the release check's report (scripts/release_check/): its rendering, its
 verdicts and the docs' table generated from it. PyTorch's own test files are the release check's, not CI's."""
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ import pytest
 from tests.conftest import ROOT
 import testbed.release_inputs as ri
 from testbed.debian_source import fetch_tarball, mirror, release_of, tree_from_tarball
-from tests.support import script
 
-pc = script("pytorch_check")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))  # the release check (scripts/release_check/) and stack_dump
+import stack_dump as sd  # noqa: E402
+from release_check import adapters, checkout, config, groups, ranks, report, runner, verdicts  # noqa: E402
 
 REPORT = os.path.join(ROOT, "reports", "pytorch-own-2.6.0.json")
 
 
 @pytest.fixture(scope="module")
 def tarball():
-    found, why = fetch_tarball(pc.CACHE, timeout=180)  # a mirror that hangs costs CI minutes, not an hour
+    found, why = fetch_tarball(config.CACHE, timeout=180)  # a mirror that hangs costs CI minutes, not an hour
     if found is None:
         pytest.skip(f"PyTorch's source tarball is neither cached nor fetchable: {why}")
     return found
@@ -40,7 +41,7 @@ def test_the_real_tree_gives_the_matrix_row_and_the_fix_adds_exactly_the_missing
     release = release_of(tarball)
     tree = tree_from_tarball(tarball, str(tmp_path / "pytorch"),
                              ["torchgen", "tools", "aten/src/ATen", "version.txt", ".lintrunner.toml"])
-    row = pc.step_checkout(tree, str(tmp_path), release)
+    row = checkout.step_checkout(tree, str(tmp_path), release)
     assert "failed" not in row, row
     matrix = json.load(open(os.path.join(ROOT, "reports", "compat-matrix.json")))["releases"][release]
     assert row["counts"] == matrix["counts"] and row["total"] == matrix["total"], (row, matrix)
@@ -49,8 +50,8 @@ def test_the_real_tree_gives_the_matrix_row_and_the_fix_adds_exactly_the_missing
     assert row["upstream_after"] - row["upstream_before"] == row["counts"]["missing"] == row["gen_kernels"]
     assert row["patched_findings"] == 0
     assert row["lintrunner_halves"] == "both"  # the block checks the requires-grad half too
-    assert (row["lintrunner_before"], row["lintrunner_after"]) == (pc.lintrunner_expected(row), 0)
-    assert pc.lintrunner_expected(row) > row["findings"] > 0
+    assert (row["lintrunner_before"], row["lintrunner_after"]) == (checkout.lintrunner_expected(row), 0)
+    assert checkout.lintrunner_expected(row) > row["findings"] > 0
     assert row["requires_grad_checks_removed"] == []
     assert row["requires_grad_checks_added_are_the_lint_ops"] and row["requires_grad_checks_added_ops"] > 0
     assert "tools/autograd/gen_inplace_or_view_type.py" in row["fix_edits"]
@@ -68,13 +69,13 @@ def test_the_mirror_is_the_one_the_machines_apt_sources_name(tmp_path):
 
 
 def test_linters_are_matched_by_their_patterns():
-    config = {"linter": [
+    lint_config = {"linter": [
         {"code": "ALLPY", "include_patterns": ["**/*.py"]},
         {"code": "TESTS", "include_patterns": ["test/**/test_*.py"], "exclude_patterns": ["test/run_test.py"]},
         {"code": "TOOLS", "include_patterns": ["tools/**"], "exclude_patterns": ["tools/autograd/*.py"]},
         {"code": "YAML", "include_patterns": ["aten/src/ATen/native/*.yaml"]}]}
     files = ["tools/autograd/gen_inplace_or_view_type.py", "test/test_autograd_inplace_or_view.py"]
-    assert pc.linters_for(config, files) == {"ALLPY": files, "TESTS": [files[1]]}
+    assert adapters.linters_for(lint_config, files) == {"ALLPY": files, "TESTS": [files[1]]}
 
 
 _CASE = {"passed": "", "failed": "<failure message='x'/>", "skipped": "<skipped/>", "error": "<error/>"}
@@ -86,31 +87,31 @@ def test_outcomes_are_read_test_by_test_and_a_difference_needs_a_verdict(tmp_pat
              ("test_x.TestB", "test_1", "skipped"), ("test_x.TestB", "test_3", "error")]
     xml.write_text("<testsuites><testsuite>" + "".join(
         f"<testcase classname='{c}' name='{n}'>{_CASE[o]}</testcase>" for c, n, o in cases) + "</testsuite></testsuites>")
-    assert pc._junit(str(xml)) == {f"{c}.{n}": o for c, n, o in cases}
-    assert pc._junit(str(tmp_path / "absent.xml")) == {}
+    assert runner._junit(str(xml)) == {f"{c}.{n}": o for c, n, o in cases}
+    assert runner._junit(str(tmp_path / "absent.xml")) == {}
     data = json.load(open(REPORT))
-    group = next(iter(pc.TEST_GROUPS))
+    group = next(iter(config.TEST_GROUPS))
     data["tests"][group] = dict(data["tests"].get(group) or {"unpatched": {}, "patched": {}},
                                 differ=[{"test": "test_x.TestA.test_2", "unpatched": "passed", "patched": "failed"}])
-    assert f"{group}: test_x.TestA.test_2: unjudged" in pc.defects(data)
-    monkeypatch.setitem(pc.VERDICTS, "test_x.TestA.test_2", ("intended", "asserted the old counter"))
-    assert not [d for d in pc.defects(data) if "test_x" in d]
-    monkeypatch.setitem(pc.VERDICTS, "test_x.TestA.test_2", ("defect", "a launcher bug"))
-    assert f"{group}: test_x.TestA.test_2: defect" in pc.defects(data)
+    assert f"{group}: test_x.TestA.test_2: unjudged" in verdicts.defects(data)
+    monkeypatch.setitem(config.VERDICTS, "test_x.TestA.test_2", ("intended", "asserted the old counter"))
+    assert not [d for d in verdicts.defects(data) if "test_x" in d]
+    monkeypatch.setitem(config.VERDICTS, "test_x.TestA.test_2", ("defect", "a launcher bug"))
+    assert f"{group}: test_x.TestA.test_2: defect" in verdicts.defects(data)
     # passing every time when run alone again is no verdict: the failure may be this project's
-    monkeypatch.delitem(pc.VERDICTS, "test_x.TestA.test_2")
+    monkeypatch.delitem(config.VERDICTS, "test_x.TestA.test_2")
     d = data["tests"][group]["differ"][0]
-    d["reruns"] = {"unpatched": [{"outcome": "passed"}] * pc.RERUNS, "patched": [{"outcome": "passed"}] * pc.RERUNS}
-    assert f"{group}: test_x.TestA.test_2: unjudged" in pc.defects(data)
+    d["reruns"] = {"unpatched": [{"outcome": "passed"}] * config.RERUNS, "patched": [{"outcome": "passed"}] * config.RERUNS}
+    assert f"{group}: test_x.TestA.test_2: unjudged" in verdicts.defects(data)
 
 
 def test_report_and_docs_table_are_rendered_from_the_json():
     data = json.load(open(REPORT))
     with open(REPORT[:-len(".json")] + ".md", encoding="utf-8") as f:
-        assert f.read() == pc.report_md(data), "stale: run `python scripts/pytorch_check.py --render-only --report`"
-    for doc in pc.DOCS:
+        assert f.read() == report.report_md(data), "stale: run `python scripts/pytorch_check.py --render-only --report`"
+    for doc in config.DOCS:
         with open(doc, encoding="utf-8") as f:
-            assert pc.doc_block(f.read()) == pc.results_table(data), f"{doc}'s table differs from the report"
+            assert report.doc_block(f.read()) == report.results_table(data), f"{doc}'s table differs from the report"
 
 
 def _source_package(d, monkeypatch, release="2.6.0", pin=True) -> str:
@@ -212,16 +213,16 @@ TIMEOUT = ("failed", "RuntimeError: Process 2 terminated or timed out after 125.
 
 def test_a_stuck_rank_is_read_from_its_stacks():
     dump = open(STUCK).read()
-    assert pc.read_stuck(dump) == {"test": "TestDTensorOptimizer.test_adamw_1d_sharding",
+    assert sd.read_stuck(dump) == {"test": "TestDTensorOptimizer.test_adamw_1d_sharding",
                                    "gloo_teardown_deadlock": True, "ours": False}
     # a frame of this project's kernels on any thread: not PyTorch's own hang
     ours = dump.replace("c10::TensorImpl::~TensorImpl (libc10.so)",
                         "at::(anonymous namespace)::kernel (torchgen_patch_kernels_0123456789ab.so)", 1)
-    assert ours != dump and pc.read_stuck(ours)["ours"]
+    assert ours != dump and sd.read_stuck(ours)["ours"]
     # the destructor waiting without a worker waiting for the GIL is another hang
-    alone = "".join(t for t in pc._threads(dump) if "gil_scoped_acquire" not in t)
-    assert not pc.read_stuck("x\n" + alone)["gloo_teardown_deadlock"]
-    excerpt = pc.deadlock_excerpt(dump)
+    alone = "".join(t for t in sd.thread_texts(dump) if "gil_scoped_acquire" not in t)
+    assert not sd.read_stuck("x\n" + alone)["gloo_teardown_deadlock"]
+    excerpt = sd.deadlock_excerpt(dump)
     assert "std::_Hashtable<…>::clear (libtorch_cpu.so)" in excerpt and "0x7f" not in excerpt
     assert "with_comms.<locals>.decorator" in excerpt  # Python frames keep their names
 
@@ -242,24 +243,24 @@ OWN_WAIT = ('Thread 10 (idle): "MainThread"\n'
 
 def test_a_dump_is_judged_by_its_frames_never_by_text_in_its_locals(tmp_path):
     """The deadlock's function names, or this project's, in a local's value are no frames."""
-    assert pc.read_stuck(OWN_WAIT) == {"test": "TestDTensorOptimizer.test_adamw_1d_sharding",
+    assert sd.read_stuck(OWN_WAIT) == {"test": "TestDTensorOptimizer.test_adamw_1d_sharding",
                                        "gloo_teardown_deadlock": False, "ours": False}
     (tmp_path / "stuck-1.txt").write_text(OWN_WAIT)
-    assert pc.explain_failures({TEST: TIMEOUT}, [str(tmp_path / "stuck-1.txt")], str(tmp_path))[TEST] == {
+    assert ranks.explain_failures({TEST: TIMEOUT}, [str(tmp_path / "stuck-1.txt")], str(tmp_path))[TEST] == {
         "cause": "unexplained", "stacks": ["stuck-1.txt"]}
     # nor is this project's name in a value a frame of it (py-spy escapes a value's newlines)
     dump = open(STUCK).read()
     named = dump.replace('test_name: "test_adamw_1d_sharding"\n', 'test_name: "test_adamw_1d_sharding"\n'
                          '            path: "x\\n    kernel (torchgen_patch_kernels_0123.so)"\n', 1)
-    assert named != dump and pc.read_stuck(named) == pc.read_stuck(dump)
+    assert named != dump and sd.read_stuck(named) == sd.read_stuck(dump)
     # the deadlock's frames in the right order, in the libraries they live in: it
-    assert pc.read_stuck(dump)["gloo_teardown_deadlock"]
+    assert sd.read_stuck(dump)["gloo_teardown_deadlock"]
     join = "    std::thread::join (libstdc++.so.6.0.30)\n"
     below = dump.replace(join, "", 1).replace("    pybind11::class_<", join + "    pybind11::class_<", 1)
-    assert below != dump and not pc.read_stuck(below)["gloo_teardown_deadlock"]  # join calling the destructor
+    assert below != dump and not sd.read_stuck(below)["gloo_teardown_deadlock"]  # join calling the destructor
     elsewhere = dump.replace("c10d::ProcessGroupGloo::runLoop (libtorch_cpu.so)",
                              "c10d::ProcessGroupGloo::runLoop (test_helpers.py:12)")
-    assert not pc.read_stuck(elsewhere)["gloo_teardown_deadlock"]
+    assert not sd.read_stuck(elsewhere)["gloo_teardown_deadlock"]
 
 
 def test_rank_timeouts_are_explained_by_their_stuck_ranks_only(tmp_path):
@@ -267,8 +268,8 @@ def test_rank_timeouts_are_explained_by_their_stuck_ranks_only(tmp_path):
     other = TEST.replace("adamw", "sgd")
     cases = {TEST: TIMEOUT, other: TIMEOUT, TEST.replace("adamw", "adam"): ("failed", "AssertionError: x"),
              TEST.replace("adamw", "asgd"): ("passed", "")}
-    got = pc.explain_failures(cases, [str(tmp_path / "stuck-1.txt")], str(tmp_path))
-    assert got == {TEST: {"cause": pc.GLOO_TEARDOWN_DEADLOCK, "stacks": ["stuck-1.txt"]},
+    got = ranks.explain_failures(cases, [str(tmp_path / "stuck-1.txt")], str(tmp_path))
+    assert got == {TEST: {"cause": ranks.GLOO_TEARDOWN_DEADLOCK, "stacks": ["stuck-1.txt"]},
                    other: {"cause": "unexplained", "stacks": []}}  # a failure that is no timeout is not read
 
 
@@ -276,93 +277,93 @@ def _group(unpatched_hangs: int, patched_hangs: int, runs: int = 33) -> dict:
     """A group's results with these many test runs a rank timeout failed by PyTorch's hang, on each side."""
     def side(h):
         return {"counts": {"passed": runs - h, "failed": h},
-                "stuck": {"ranks": h, "tests_by_cause": {pc.GLOO_TEARDOWN_DEADLOCK: h} if h else {}}}
+                "stuck": {"ranks": h, "tests_by_cause": {ranks.GLOO_TEARDOWN_DEADLOCK: h} if h else {}}}
     return {"unpatched": side(unpatched_hangs), "patched": side(patched_hangs)}
 
 
 def test_a_difference_that_is_pytorchs_own_hang_is_judged_so():
-    hang = {"cause": pc.GLOO_TEARDOWN_DEADLOCK, "stacks": ["stuck-1.txt"]}
+    hang = {"cause": ranks.GLOO_TEARDOWN_DEADLOCK, "stacks": ["stuck-1.txt"]}
     d = {"test": TEST, "unpatched": "passed", "patched": "failed", "stuck": {"patched": hang},
-         "reruns": {"unpatched": [{"outcome": "passed"}] * pc.RERUNS,
-                    "patched": [{"outcome": "failed", "stuck": hang}] + [{"outcome": "passed"}] * (pc.RERUNS - 1)}}
+         "reruns": {"unpatched": [{"outcome": "passed"}] * config.RERUNS,
+                    "patched": [{"outcome": "failed", "stuck": hang}] + [{"outcome": "passed"}] * (config.RERUNS - 1)}}
     t = _group(2, 3)
-    v, why = pc.verdict(d, t)
-    assert v == pc.UPSTREAM_HANG and "patched, group run, patched, alone 1" in why and "#154976" in why
+    v, why = verdicts.verdict(d, t)
+    assert v == verdicts.UPSTREAM_HANG and "patched, group run, patched, alone 1" in why and "#154976" in why
     assert "unpatched 2 of 33, patched 3 of 33" in why
     data = json.load(open(REPORT))
-    group = next(iter(pc.TEST_GROUPS))
+    group = next(iter(config.TEST_GROUPS))
     data["tests"][group] = dict(data["tests"].get(group) or {}, **t, differ=[d])
-    assert not [x for x in pc.defects(data) if TEST in x]
+    assert not [x for x in verdicts.defects(data) if TEST in x]
     # the hang never seen unpatched, or seen patched more often than chance allows: not judged so
-    assert pc.verdict(d, _group(0, 3))[0] == "unjudged"
-    assert pc.more_often_patched(pc.hang_rates(_group(1, 9))) < pc.RATE_P
-    assert pc.verdict(d, _group(1, 9))[0] == "unjudged"
-    assert pc.more_often_patched(pc.hang_rates(_group(3, 3))) > 0.5
-    assert pc.more_often_patched(pc.hang_rates(_group(0, 0))) == 1.0
-    assert pc.verdict(d)[0] == "unjudged"  # and never without its group's figures
+    assert verdicts.verdict(d, _group(0, 3))[0] == "unjudged"
+    assert verdicts.more_often_patched(verdicts.hang_rates(_group(1, 9))) < verdicts.RATE_P
+    assert verdicts.verdict(d, _group(1, 9))[0] == "unjudged"
+    assert verdicts.more_often_patched(verdicts.hang_rates(_group(3, 3))) > 0.5
+    assert verdicts.more_often_patched(verdicts.hang_rates(_group(0, 0))) == 1.0
+    assert verdicts.verdict(d)[0] == "unjudged"  # and never without its group's figures
     # a test that hangs patched far more often than unpatched, in a group whose rates alone pass: not so
     many = dict(d, reruns={"unpatched": [{"outcome": "passed"}] * 5,
                            "patched": [{"outcome": "failed", "stuck": hang}] * 4 + [{"outcome": "passed"}]})
     t2 = _group(6, 11, runs=66)
-    assert pc.more_often_patched(pc.hang_rates(t2)) >= pc.RATE_P and pc.verdict(many, t2)[0] == "unjudged"
-    assert "this test's runs p = 0.0" in pc.verdict(many, t2)[1]
+    assert verdicts.more_often_patched(verdicts.hang_rates(t2)) >= verdicts.RATE_P and verdicts.verdict(many, t2)[0] == "unjudged"
+    assert "this test's runs p = 0.0" in verdicts.verdict(many, t2)[1]
     # one failure the stacks do not explain, or none captured: not PyTorch's hang
     d["reruns"]["patched"][0] = {"outcome": "failed", "stuck": {"cause": "unexplained", "stacks": []}}
-    assert pc.verdict(d, t)[0] == "unjudged" and f"{group}: {TEST}: unjudged" in pc.defects(data)
+    assert verdicts.verdict(d, t)[0] == "unjudged" and f"{group}: {TEST}: unjudged" in verdicts.defects(data)
     d["reruns"]["patched"][0] = {"outcome": "failed"}
-    assert pc.verdict(d, t)[0] == "unjudged"
+    assert verdicts.verdict(d, t)[0] == "unjudged"
     # a test that never passed on one side is not judged so, whatever its stacks
-    d["reruns"]["patched"] = [{"outcome": "failed", "stuck": hang}] * pc.RERUNS
-    assert pc.verdict(d, t)[0] == "unjudged"
+    d["reruns"]["patched"] = [{"outcome": "failed", "stuck": hang}] * config.RERUNS
+    assert verdicts.verdict(d, t)[0] == "unjudged"
     del d["reruns"]  # and never without the runs alone
-    assert pc.verdict(d, t)[0] == "unjudged"
+    assert verdicts.verdict(d, t)[0] == "unjudged"
 
 
 def test_results_of_other_settings_than_the_checks_are_no_pass():
     data = json.load(open(REPORT))
     group = "DTensor optimizers (CPU)"
-    assert not [x for x in pc.defects(data) if "other files" in x]
-    data["tests"][group]["runs"] = pc.GROUP_RUNS[group] - 1
+    assert not [x for x in verdicts.defects(data) if "other files" in x]
+    data["tests"][group]["runs"] = config.GROUP_RUNS[group] - 1
     assert f"{group}: its results are of other files, runs or settings than the check's now: run it again" \
-        in pc.defects(data)
+        in verdicts.defects(data)
 
 
 def test_a_dump_that_failed_or_names_no_test_explains_nothing(tmp_path):
     (tmp_path / "stuck-1.txt").write_text(open(STUCK).read())
     cases = {TEST: TIMEOUT}
-    assert pc.explain_failures(cases, [str(tmp_path / "stuck-1.txt")], str(tmp_path), failed_dumps=1)[TEST][
+    assert ranks.explain_failures(cases, [str(tmp_path / "stuck-1.txt")], str(tmp_path), failed_dumps=1)[TEST][
         "cause"] == "unexplained"
     # a run_test frame without its arguments (py-spy without --locals) names no test, and is read at once
     bare = "Thread 1 (idle): \"MainThread\"\n" + "    MultiProcessTestCase.run_test (x.py:1)\n" + \
         "    f (x.py:2)\n" * 2000
     t0 = time.monotonic()
-    assert pc.read_stuck(bare)["test"] is None and time.monotonic() - t0 < 1
+    assert sd.read_stuck(bare)["test"] is None and time.monotonic() - t0 < 1
     (tmp_path / "stuck-2.txt").write_text(bare)
-    assert pc.explain_failures(cases, [str(tmp_path / "stuck-2.txt")], str(tmp_path))[TEST]["cause"] == "unexplained"
+    assert ranks.explain_failures(cases, [str(tmp_path / "stuck-2.txt")], str(tmp_path))[TEST]["cause"] == "unexplained"
     # a dump beside it that names no test, or shows a frame of this project, may be this test's rank
-    assert pc.explain_failures(cases, [str(tmp_path / "stuck-1.txt"), str(tmp_path / "stuck-2.txt")],
+    assert ranks.explain_failures(cases, [str(tmp_path / "stuck-1.txt"), str(tmp_path / "stuck-2.txt")],
                                str(tmp_path))[TEST]["cause"] == "unexplained"
     ours = open(STUCK).read().replace("test_adamw_1d_sharding", "test_sgd_1d_sharding").replace(
         "(libc10.so)", "(torchgen_patch_boxed_0123.so)", 1)
     (tmp_path / "stuck-3.txt").write_text(ours)
-    assert pc.explain_failures(cases, [str(tmp_path / "stuck-1.txt"), str(tmp_path / "stuck-3.txt")],
+    assert ranks.explain_failures(cases, [str(tmp_path / "stuck-1.txt"), str(tmp_path / "stuck-3.txt")],
                                str(tmp_path))[TEST]["cause"] == "unexplained"
     # the main thread not in the destructor's join: another hang
     no_join = open(STUCK).read().replace("std::thread::join", "std::condition_variable::wait")
-    assert not pc.read_stuck(no_join)["gloo_teardown_deadlock"]
+    assert not sd.read_stuck(no_join)["gloo_teardown_deadlock"]
 
 
 def test_ranks_alive_too_long_are_dumped_while_they_run(tmp_path, monkeypatch):
     """StuckRanks on a real process tree: a child whose command line marks it as a multiprocessing rank is
     dumped once (by a stand-in py-spy printing the stuck rank's stacks), its parent is not."""
-    monkeypatch.setattr(pc, "STUCK_AFTER_S", 1)
+    monkeypatch.setattr(ranks, "STUCK_AFTER_S", 1)
     py_spy = tmp_path / "py-spy"
     py_spy.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\ncat {STUCK}\n")
     py_spy.chmod(0o755)
     rank = "import time; time.sleep(30)"
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
                                f"{rank!r}, 'multiprocessing.' + 'spawn'])"])
-    watch = pc.StuckRanks(parent.pid, str(py_spy), str(tmp_path))
+    watch = ranks.StuckRanks(parent.pid, str(py_spy), str(tmp_path))
     watch.start()
     try:
         deadline = time.monotonic() + 20
@@ -372,7 +373,7 @@ def test_ranks_alive_too_long_are_dumped_while_they_run(tmp_path, monkeypatch):
     finally:
         watch.done.set()
         watch.join()
-        for p in pc._children(parent.pid):  # the rank first: once its parent is gone, it is no child of it
+        for p in ranks.children(parent.pid):  # the rank first: once its parent is gone, it is no child of it
             os.kill(p, 9)
         parent.kill()
         parent.wait()
@@ -386,7 +387,7 @@ def test_a_group_run_several_times_is_compared_over_all_its_runs(tmp_path, monke
     """step_tests with the runs stood in for: outcomes over three runs a side, alternating; a test whose every
     failure is PyTorch's hang (on either side) is judged so, one with a failure nothing explains is not."""
     group = "DTensor optimizers (CPU)"
-    hang = {"cause": pc.GLOO_TEARDOWN_DEADLOCK, "stacks": ["x"]}
+    hang = {"cause": ranks.GLOO_TEARDOWN_DEADLOCK, "stacks": ["x"]}
     other = {"cause": "unexplained", "stacks": []}
     A, B, C = (f"t.TestD.test_{x}" for x in "abc")
     plan = iter([  # unpatched 1, patched 1, unpatched 2, ...: (outcomes, stuck)
@@ -404,15 +405,15 @@ def test_a_group_run_several_times_is_compared_over_all_its_runs(tmp_path, monke
         return {"rc": int("failed" in counts), "wall_s": 1.0, "counts": counts, "outcomes": outcomes,
                 "skip_reasons": {}, "stuck": stuck, "stuck_ranks": len(stuck)}
 
-    monkeypatch.setattr(pc, "run_tests", fake)
-    monkeypatch.setitem(pc.GROUP_RUNS, group, 3)
-    t = pc.step_tests(group, str(tmp_path), str(tmp_path), "python")
+    monkeypatch.setattr(groups, "run_tests", fake)
+    monkeypatch.setitem(config.GROUP_RUNS, group, 3)
+    t = groups.step_tests(group, str(tmp_path), str(tmp_path), "python")
     assert order == ["unpatched", "patched"] * 3
     assert t["runs"] == 3 and t["unpatched"]["counts"] == {"passed": 8, "failed": 1}
-    assert t["patched"]["stuck"] == {"ranks": 2, "tests_by_cause": {pc.GLOO_TEARDOWN_DEADLOCK: 1, "unexplained": 1},
+    assert t["patched"]["stuck"] == {"ranks": 2, "tests_by_cause": {ranks.GLOO_TEARDOWN_DEADLOCK: 1, "unexplained": 1},
                                      "failed_dumps": 0}
-    got = {d["test"]: (d["unpatched"], d["patched"], pc.verdict(d, t)[0]) for d in t["differ"]}
-    assert got == {A: ("passed", "failed 1, passed 2", pc.UPSTREAM_HANG),
-                   B: ("failed 1, passed 2", "passed", pc.UPSTREAM_HANG),
+    got = {d["test"]: (d["unpatched"], d["patched"], verdicts.verdict(d, t)[0]) for d in t["differ"]}
+    assert got == {A: ("passed", "failed 1, passed 2", verdicts.UPSTREAM_HANG),
+                   B: ("failed 1, passed 2", "passed", verdicts.UPSTREAM_HANG),
                    C: ("passed", "failed 1, passed 2", "unjudged")}
     assert "reruns" not in t["differ"][0]  # three runs a side are the evidence; none alone

@@ -343,3 +343,52 @@ def test_a_cached_runtime_op_verdict_is_used_only_while_the_builds_it_names_are_
         checked.clear()
         ops, _, _ = launch._runtime_check(spec)
         assert (ops, len(checked)) == ((["tgp_test::cached"], 0) if used else (["tgp_test::fresh"], 1)), boxed
+
+
+def test_the_processes_torchs_compile_machinery_starts_are_not_named_and_a_programs_own_still_are(short_tmp):
+    """Inductor's probe of the CPU's vector units runs `python -c` with a PYTHONPATH of its own: a child of
+    torch's compile machinery (a frame of torch._inductor, torch._dynamo, Triton on the stack) compiles and
+    runs no autograd, so it is not named; the same child started by the program's own code still is."""
+    prog = short_tmp / "spawns.py"
+    prog.write_text("""import os, subprocess, sys
+env = dict(os.environ, PYTHONPATH="/nonexistent")
+ns = {"__name__": "torch._inductor.cpu_vec_isa", "subprocess": subprocess, "sys": sys, "env": env}
+exec("def probe():\\n    subprocess.run([sys.executable, '-c', 'print(1)'], env=env)\\n", ns)
+ns["probe"]()
+subprocess.run([sys.executable, "-c", "print(2)"], env=env)
+""")
+    r = tgp_run("--", PY, prog)
+    assert r.returncode == 0 and r.stdout.split() == ["1", "2"], r.stderr
+    lines = NOT_ACTIVE.findall(r.stderr)
+    assert [cmd.split(" -c ")[-1] for *_, cmd, _ in lines] == ["print(2)"], r.stderr
+
+
+def test_a_child_the_programs_own_compiled_function_starts_is_still_named(short_tmp):
+    """A function of the program's own, compiled by torch.compile, runs under torch._dynamo's frames:
+    what it starts is the program's, and is named as any other."""
+    prog = short_tmp / "own.py"
+    prog.write_text("""import subprocess, sys, torch
+def f(x):
+    subprocess.run([sys.executable, "-I", "-c", "print(1)"])
+    return x + 1
+torch.compile(f)(torch.ones(2))
+""")
+    r = tgp_run("--", PY, prog)
+    assert r.returncode == 0, r.stderr
+    assert [why for *_, why in NOT_ACTIVE.findall(r.stderr)] == [f"{NAME} -I: isolated mode ignores PYTHONPATH"], \
+        r.stderr
+
+
+def test_a_compiled_program_under_run_prints_no_line_of_its_compile_workers(short_tmp):
+    """torch.compile on CPU (inductor probes the CPU and compiles C++ in processes of its own), forward and
+    backward: the program runs patched and no line names a process it did not start."""
+    prog = short_tmp / "compiled.py"
+    prog.write_text("""import torch
+f = torch.compile(lambda x: (x.sin() + 1).sum())
+x = torch.randn(8, requires_grad=True)
+f(x).backward()
+print("grad", tuple(x.grad.shape))
+""")
+    r = tgp_run("--", PY, prog)
+    assert r.returncode == 0 and r.stdout.split() == ["grad", "(8,)"], r.stderr
+    assert "NOT active" not in r.stderr, r.stderr

@@ -22,7 +22,7 @@ import torchgen_patch
 from tests.conftest import ROOT
 from torchgen_patch.saved import SavedTensorChanged, check_saved
 from torchgen_patch.saved import fingerprint as fp
-from torchgen_patch.saved import hooks
+from torchgen_patch.saved import compose, hooks
 from torchgen_patch.vocabulary import Writer
 
 MODIFIED = "modified by an inplace operation"
@@ -972,7 +972,7 @@ def test_hooks_already_pushed_are_wrapped_and_put_back():
                 loss.backward()
         assert hooks.engine.top() == before  # the program's own hooks on top again, as they were
     assert seen  # theirs ran inside the check's
-    assert hooks.engine.top() is None and not hooks.patched()
+    assert hooks.engine.top() is None and not compose.patched()
 
 
 def test_torch_compile_saves_through_autograd_and_is_checked(tmp_path, monkeypatch):
@@ -1016,14 +1016,14 @@ def test_on_a_torch_that_cannot_read_the_hook_stack_the_check_tracks_it_itself(m
     """torch before 2.8 has no ``_top_saved_tensors_default_hooks``: the check's own record of what it
     and the program pushed stands in."""
     monkeypatch.setattr(hooks.engine, "top", lambda: ...)
-    monkeypatch.setattr(hooks, "_TLS", __import__("threading").local())
+    monkeypatch.setattr(compose, "_TLS", __import__("threading").local())
     m, x, loss_of = _checkpointed(False)
     with check_saved("raise"):
         loss = loss_of()
         m[2].weight.data.mul_(2)
         with pytest.raises(SavedTensorChanged):
             loss.backward()
-    assert hooks._mirror() == []
+    assert compose._mirror() == []
 
 
 # --- the device path: one read per backward pass ------------------------------------------------------
@@ -1108,13 +1108,13 @@ def test_with_the_check_off_nothing_of_it_runs():
     import torch.autograd.graph as graph
     from torch.optim import optimizer
 
-    assert hooks.engine.top() is None and not hooks.patched()
+    assert hooks.engine.top() is None and not compose.patched()
     assert graph.saved_tensors_hooks.__enter__.__module__ == "torch.autograd.graph"
     n = len(optimizer._global_optimizer_post_hooks)
     with check_saved("raise"):
-        assert hooks.engine.top() is not None and hooks.patched()
+        assert hooks.engine.top() is not None and compose.patched()
         assert len(optimizer._global_optimizer_post_hooks) == n + 1
-    assert hooks.engine.top() is None and not hooks.patched()
+    assert hooks.engine.top() is None and not compose.patched()
     assert len(optimizer._global_optimizer_post_hooks) == n
 
 
@@ -1446,7 +1446,7 @@ def test_checks_started_and_stopped_are_freed():
         refs.append(weakref.ref(c))
         del c
     gc.collect()
-    assert sum(r() is not None for r in refs) == 0 and len(hooks._OWN) == 0
+    assert sum(r() is not None for r in refs) == 0 and len(compose._OWN) == 0
 
 
 def test_a_backward_that_raised_leaves_no_comparison_waiting(monkeypatch):

@@ -18,7 +18,7 @@ import torchgen_patch
 from tests.conftest import ROOT
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
-from torchgen_patch.runtime import trust
+from torchgen_patch.runtime.load import trust
 from torchgen_patch import cache
 
 pytestmark = pytest.mark.build

@@ -8,11 +8,16 @@ from .vocabulary import CheckMode
 __all__ = ["__version__", "check_saved", "evidence", "install", "installed_ops", "uninstall"]
 
 
-def install(*args, **kwargs):
+def __getattr__(name: str):
+    """``install`` is ``runtime.install.install`` itself (its own signature and documentation),
+    imported when first named, so ``import torchgen_patch`` stays light."""
+    if name != "install":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     with descriptors_said():  # a process out of descriptors: one EnvironmentProblem, whichever open met it
-        from .runtime.install import install as _install
+        from .runtime.install import install
 
-        return _install(*args, **kwargs)
+    globals()["install"] = install
+    return install
 
 
 def installed_ops():
@@ -29,7 +34,7 @@ def uninstall():
 
 def evidence():
     """Per runtime op and written argument, calls and calls that changed it (``install(evidence=True)``)."""
-    from .runtime.install import evidence as _evidence
+    from .runtime.load import evidence as _evidence
 
     return _evidence()
 

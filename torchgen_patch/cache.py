@@ -235,17 +235,7 @@ class Dir:
         here, fd = self, None
         try:
             for part in [p for p in name.split(os.sep) if p]:
-                if create:
-                    try:
-                        os.mkdir(part, 0o700, dir_fd=here.fd)
-                    except FileExistsError:
-                        pass
-                try:
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=here.fd)
-                except FileNotFoundError:
-                    raise Missing(here.join(part)) from None
-                except OSError as e:
-                    raise _descriptors(e, here.join(part)) or _not_a_directory(here, part, e) from None
+                nfd = here._open_sub(part, create)
                 nxt = Dir(nfd, here.join(part), refusal)
                 try:
                     nxt._check("", os.fstat(nfd))
@@ -260,6 +250,26 @@ class Dir:
             if fd is not None:
                 fd.close()
             raise
+
+    def _open_sub(self, part: str, create: bool) -> int:
+        """The directory ``part`` here, opened (never through a symlink); made private first when
+        ``create`` and missing, again as often as it is removed meanwhile (a few times)."""
+        for _ in range(_TRIES if create else 1):
+            if create:
+                try:
+                    os.mkdir(part, 0o700, dir_fd=self.fd)
+                except FileExistsError:
+                    pass
+            try:
+                return os.open(part, _DIR_FLAGS, dir_fd=self.fd)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise _descriptors(e, self.join(part)) or _not_a_directory(self, part, e) from None
+        if create:
+            raise EnvironmentProblem(f"{self.join(part)} kept changing while torchgen-patch made it (another process "
+                                     "is removing it)")
+        raise Missing(self.join(part))
 
     def open(self, name: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
         """An fd on the regular file ``name`` (no symlink followed), checked: a trusted owner, nobody
@@ -338,16 +348,15 @@ class Dir:
 
     def remove(self, name: str) -> None:
         """``name`` and, for a directory, everything below it, never following a symlink."""
-        st = self.lstat(name)
-        if st is None:
-            return
-        if not stat.S_ISDIR(st.st_mode):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=self.fd)
-            return
-        try:
+        try:  # opened first, as a directory, never through a symlink: what is emptied is what was opened
             fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
         except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            with contextlib.suppress(FileNotFoundError):  # a file, a symlink: the entry itself goes
+                os.unlink(name, dir_fd=self.fd)
             return
         with Dir(fd, self.join(name), self.refusal) as d:
             for n in d.names():
@@ -358,10 +367,9 @@ class Dir:
     def owner_writable_only(self) -> None:
         """chmod go-w everything below (a umask of 002 would leave a build group-writable, which
         install refuses); symlinks are left as they are."""
-        st: os.stat_result | None  # the directory's, then each entry's (None: gone)
-        st = os.fstat(self.fd)
-        if st.st_mode & 0o022:
-            os.chmod(self.fd, stat.S_IMODE(st.st_mode) & ~0o022)
+        own = os.fstat(self.fd)
+        if own.st_mode & 0o022:
+            os.chmod(self.fd, stat.S_IMODE(own.st_mode) & ~0o022)
         for n in self.names():
             st = self.lstat(n)
             if st is None or stat.S_ISLNK(st.st_mode):
@@ -468,41 +476,19 @@ def open_dir(path: str, refusal: tuple[str, str] | None = None, create: bool = F
                     os.close(stack.pop()[0])
                 continue
             p = os.path.join(here, name)
-            try:
-                lst = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                if not create:
-                    raise Missing(p) from None
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                except OSError as e:
-                    raise InputError(p, None, f"cannot create the directory: {e.strerror}",
-                                     f"set {ENV} to a writable directory") from None
-                lst = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError as e:
-                raise _descriptors(e, p) or EnvironmentProblem(
-                    f"cannot check {p} before torchgen-patch uses it: {e.strerror}") from None
-            if stat.S_ISLNK(lst.st_mode):
+            nfd, target = _step(fd, name, p, st, uids, refusal, create)
+            if target is not None:
                 links += 1
-                why = _link_problem(p, lst, st, uids, refusal)
-                if why or links > MAX_LINKS:
-                    raise EnvironmentProblem(*(why or (f"{p}: too many symlinks", None)))
-                target = os.readlink(name, dir_fd=fd)
+                if links > MAX_LINKS:
+                    raise EnvironmentProblem(f"{p}: too many symlinks")
                 if target.startswith(os.sep):
                     while len(stack) > 1:
                         os.close(stack.pop()[0])
                 todo[:0] = [t for t in target.split(os.sep) if t]
                 continue
-            if not stat.S_ISDIR(lst.st_mode):
+            if nfd is None:
                 raise EnvironmentProblem(f"{p} is not a directory", f"set {ENV} to a directory of yours"
                                          if not todo and path == directory() else f"name a directory, not {p}")
-            try:
-                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError as e:
-                raise _descriptors(e, p) or EnvironmentProblem(
-                    f"cannot open {p} to check it: {e.strerror}") from None
             push(nfd, p)
             check_top()
         fd, here, _ = stack.pop()
@@ -510,6 +496,53 @@ def open_dir(path: str, refusal: tuple[str, str] | None = None, create: bool = F
     finally:
         for fd, _, _ in stack:
             os.close(fd)
+
+
+_TRIES = 8  # looks at one name that keeps changing before that is the answer
+
+
+def _step(fd: int, name: str, p: str, parent: os.stat_result, uids, refusal, create: bool):
+    """One component of ``open_dir``: (an open descriptor of the directory ``name`` in ``fd``, None) or
+    (None, a symlink's target, the link checked by ``_link_problem``) or (None, None): something
+    else is there. Opened first (O_NOFOLLOW), looked at only when that fails: what is checked
+    afterwards is the descriptor, never the name again. A name that comes and goes while it is
+    looked at (another account's directory in a shared one) is looked at again, a few times, then
+    one EnvironmentProblem; a directory that cannot be made is an InputError."""
+    for _ in range(_TRIES):
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=fd), None
+        except FileNotFoundError:
+            if not create:
+                raise Missing(p) from None
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise InputError(p, None, f"cannot create the directory: {e.strerror}",
+                                 f"set {ENV} to a writable directory") from None
+            continue
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise _descriptors(e, p) or EnvironmentProblem(
+                    f"cannot open {p} to check it: {e.strerror}") from None
+        try:  # a symlink (ELOOP) or no directory (ENOTDIR): which?
+            lst = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISLNK(lst.st_mode):
+                if stat.S_ISDIR(lst.st_mode):
+                    continue  # a directory again by now
+                return None, None
+            why = _link_problem(p, lst, parent, uids, refusal)
+            if why:
+                raise EnvironmentProblem(*why)
+            return None, os.readlink(name, dir_fd=fd)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.EINVAL):  # gone, or no link any more
+                continue
+            raise _descriptors(e, p) or EnvironmentProblem(
+                f"cannot check {p} before torchgen-patch uses it: {e.strerror}") from None
+    raise EnvironmentProblem(f"{p} kept changing while torchgen-patch checked it (another process is making and "
+                             "removing it)", f"point {ENV} at a directory of your own")
 
 
 def check_path(path: str, root: str, refusal: tuple[str, str]) -> None:
@@ -604,6 +637,22 @@ def subdir(name: str) -> Dir:
     except OSError as e:
         raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.strerror}",
                                  f"set {ENV} to a writable directory") from None
+
+
+LOCKS = "locks"
+
+
+def lock_file(*identity: str) -> int:
+    """An open lock file of this user's own for ``identity`` (what it serializes: gen's output in a
+    directory others can write, say), in the cache's private ``locks`` directory, where no other
+    account can make, hold or remove it; the caller flocks it, and it stays (an empty file). An
+    EnvironmentProblem when the cache cannot hold it."""
+    name = "lock-" + key(*identity)[:32]
+    with subdir(LOCKS) as d:
+        try:
+            return d.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+        except Missing:
+            raise EnvironmentProblem(f"cannot open the lock {d.join(name)}: its directory is gone") from None
 
 
 KEY_FILE = "entries.key"
@@ -714,24 +763,46 @@ LEASE = ".lease"
 _STALE_AFTER = 24 * 3600  # a lease of another kernel (host) is trusted to be held for a day
 
 
+_NO_BOOT_STALE = 3600  # a lease that names no kernel, whose process cannot be seen: judged by age, as no lease
+
+
+def _proc(path: str, link: bool = False) -> str | None:
+    """A /proc file's text (or a link's target), None where it cannot be read (no /proc)."""
+    try:
+        if link:
+            return os.readlink(path)
+        with open(path, encoding="ascii") as fh:  # a /proc file, not a cache path
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
 @functools.cache
 def host_identity() -> dict:
     """The kernel (boot id) and PID namespace this process runs in, and the host's name: a lock is
-    authoritative within one kernel; a pid only within one namespace."""
+    authoritative within one kernel; a pid only within one namespace. Without /proc, ``boot`` and
+    ``pidns`` are None: no identity, said as such."""
     import socket
 
-    def read(p: str) -> str:
-        try:
-            with open(p, encoding="ascii") as fh:  # a /proc file, not a cache path
-                return fh.read().strip()
-        except OSError:
-            return ""
+    return {"boot": _proc("/proc/sys/kernel/random/boot_id"), "pidns": _proc("/proc/self/ns/pid", link=True),
+            "host": socket.gethostname()}
 
+
+def _gone(info: dict) -> bool:
+    """Whether the process a lease names is known to be gone: one of this host and PID namespace (as the
+    lease and this process say them, None alike) whose pid no longer exists."""
+    me, pid = host_identity(), info.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    if info.get("host") != me["host"] or (info.get("pidns") or None) != me["pidns"]:
+        return False
     try:
-        ns = os.readlink("/proc/self/ns/pid")
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
     except OSError:
-        ns = ""
-    return {"boot": read("/proc/sys/kernel/random/boot_id"), "pidns": ns, "host": socket.gethostname()}
+        return False  # alive, another account's
+    return False
 
 
 @contextlib.contextmanager
@@ -756,7 +827,9 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
     """(whether the temporary directory ``d`` may be removed, who left it). Its lease is expired when
     nobody holds its lock and it was taken in this kernel; a lease of another kernel (another
     host, a container on another machine, a boot before this one) whose lock is free here only
-    after a day (locks may not cross hosts); a directory without a lease after an hour."""
+    after a day (locks may not cross hosts). A lease that names no kernel (taken where /proc could
+    not be read) when its process is gone from this host and PID namespace, or after an hour; a
+    directory without a lease after an hour."""
     import fcntl
 
     age = now - os.fstat(d.fd).st_mtime
@@ -778,8 +851,10 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
         if not isinstance(info, dict) or "pid" not in info:
             return age > 60, "a process that died while starting"  # written right after the lock is taken
         who = f"process {info.get('pid')} on {info.get('host') or 'an unknown host'}"
-        same_kernel = bool(info.get("boot")) and info.get("boot") == host_identity()["boot"]
-        return same_kernel or age > _STALE_AFTER, who
+        boot, mine = info.get("boot") or None, host_identity()["boot"]
+        if boot is None:  # no kernel to judge the free lock by: the pid and the age
+            return _gone(info) or age > _NO_BOOT_STALE, who
+        return boot == mine or age > _STALE_AFTER, who  # mine None: this kernel cannot be told from its
     finally:
         os.close(fd)
 
@@ -787,8 +862,7 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
 def sweep(d: Dir, prefixes: tuple[str, ...]) -> list[str]:
     """Remove the temporary directories (names starting with ``prefixes``) under ``d`` whose lease
     expired; returns their names."""
-    gone: list[str] = []
-    now = time.time()
+    gone, now = [], time.time()  # type: list[str], float
     try:
         names = d.names()
     except OSError:
@@ -802,7 +876,11 @@ def sweep(d: Dir, prefixes: tuple[str, ...]) -> list[str]:
         except (EnvironmentProblem, Missing, OSError):
             continue
         if expired:
-            d.remove(n)
+            try:
+                d.remove(n)
+            except OSError as e:  # something of another process's in it, or in its way: the next sweep tries again
+                note(f"could not remove {d.join(n)}, left by {who}: {e.strerror}")
+                continue
             note(f"removed {d.join(n)}, left by {who}, which is gone")
             gone.append(n)
     return gone

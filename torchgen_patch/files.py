@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 
-from .errors import InputError, one_line
+from .errors import EnvironmentProblem, InputError, one_line
 
 
 def read_bytes(path: str, what: str) -> bytes:
@@ -103,10 +103,10 @@ def private_dirs(path: str) -> None:
 def atomic_write(path: str | tuple[int, str], data: bytes, durable: bool = True) -> None:
     """Replace a file whole: a temporary file beside it, then a rename (a reader sees the old file or
     the new one, never a part). ``path``: a file of this tool's own (a cache entry), made 0644; or
-    ``(dir_fd, name)``: a name in a directory opened once (an output), with the modes ``replace_at``
-    gives. ``durable=False`` skips the fsync (caches: losing one costs only time)."""
-    if isinstance(path, tuple):
-        return replace_at(path[0], path[1], data, durable)
+    ``(dir_fd, name)``: a new name in a directory opened once (an output this run makes), with the
+    mode ``replace_at`` gives a new file. ``durable=False`` skips the fsync (caches: losing one costs only time)."""
+    if isinstance(path, tuple):  # a new file of a directory this run made
+        return replace_at(path[0], path[1], data, durable, checked=None)
     dfd = os.open(os.path.dirname(path) or ".", _DIR)
     try:
         replace_at(dfd, os.path.basename(path), data, durable, mode=0o644)
@@ -357,13 +357,25 @@ def keep_owner_and_mode(fd: int, old: os.stat_result | None) -> None:
     os.fchmod(fd, mode if stat.S_ISDIR(old.st_mode) else mode & ~(stat.S_ISUID | stat.S_ISGID))
 
 
-def replace_at(dir_fd: int, name: str, data: bytes, durable: bool = True, mode: int | None = None) -> None:
+_UNCHECKED = object()  # replace_at called without what the caller checked
+
+
+def replace_at(dir_fd: int, name: str, data: bytes, durable: bool = True, mode: int | None = None,
+               checked=_UNCHECKED, shown: str | None = None) -> None:
     """``name`` in the open directory ``dir_fd`` replaced whole by ``data`` (a temporary file beside
-    it, then a rename). The new file gets ``mode`` when given, else the owner and mode of the file it
-    replaces, else those of a new file (``keep_owner_and_mode``); the temporary file is private
-    until then."""
+    it, then a rename); the temporary file is private until then.
+
+    ``mode`` given (a file of this tool's own): the new file gets it and replaces whatever is there.
+    Else ``checked`` is what the caller looked at before deciding to write: the regular file there
+    (its stat), or None for no file. The new file gets that file's owner and mode (as root, its owner
+    too; ``keep_owner_and_mode``), or those of a new file, and replaces exactly that: a file that
+    appeared since (where none was), or another file at the name, is never replaced and gives its
+    owner or mode to nothing (an InputError naming ``shown``, nothing written). Nothing here looks
+    at the name to decide an owner or a mode."""
     import secrets
 
+    if mode is None and checked is _UNCHECKED:
+        raise TypeError("replace_at needs the checked file (or None) when no mode is given")
     while True:
         tmp = f".tmp-{secrets.token_hex(6)}"
         try:
@@ -379,10 +391,19 @@ def replace_at(dir_fd: int, name: str, data: bytes, durable: bool = True, mode: 
             if mode is not None:
                 os.fchmod(fd, mode)
             else:
-                keep_owner_and_mode(fd, _regular(dir_fd, name))
+                keep_owner_and_mode(fd, checked)
             if durable:
                 os.fsync(fd)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        if mode is not None:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        elif checked is None:
+            if not _rename_new(dir_fd, tmp, name):
+                raise _changed(shown or name, "a file appeared there after it was checked")
+        else:
+            now = _lstat(dir_fd, name)
+            if now is None or not os.path.samestat(now, checked):
+                raise _changed(shown or name, "the file there is not the one that was checked")
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
             os.unlink(tmp, dir_fd=dir_fd)
@@ -391,12 +412,58 @@ def replace_at(dir_fd: int, name: str, data: bytes, durable: bool = True, mode: 
         raise
 
 
-def _regular(dir_fd: int, name: str) -> os.stat_result | None:
+def _changed(shown: str, why: str) -> InputError:
+    return InputError(shown, None, f"not written: {why} (another process, maybe of another account, changed "
+                      "the name meanwhile); nothing was written", "write to a path of your own, or try again")
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
     try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
-    return st if stat.S_ISREG(st.st_mode) else None
+
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags (Linux)
+
+
+def renameat2(dir_fd: int, src: str, dst: str, flags: int) -> bool:
+    """Linux ``renameat2`` within one open directory; False where this system or file system has no
+    such rename (the caller does without), an OSError for any other failure."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(dir_fd, os.fsencode(src), dir_fd, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), dst)
+
+
+def _rename_new(dir_fd: int, tmp: str, name: str) -> bool:
+    """``tmp`` renamed to ``name`` only where no entry has that name; False when one has. Without
+    RENAME_NOREPLACE, a hard link (which never replaces) then the temporary name's removal."""
+    try:
+        if renameat2(dir_fd, tmp, name, RENAME_NOREPLACE):
+            return True
+    except FileExistsError:
+        return False
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links either: look, then rename at once
+        if _lstat(dir_fd, name) is not None:
+            return False
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return True
+    os.unlink(tmp, dir_fd=dir_fd)
+    return True
 
 
 def _target(path: str) -> str:
@@ -421,8 +488,7 @@ def check_not_input(path: str, inputs=(), what: str = "output") -> None:
     ``inputs``: paths of files and directories the run reads; missing ones are ignored."""
     if path == STDOUT or not inputs:
         return
-    files: dict = {}  # (device, inode) -> the input's path (looked up with None too)
-    dirs: dict = {}
+    files, dirs = {}, {}  # type: dict, dict  # (device, inode) -> the input's path
     for i in inputs:
         if not i:
             continue
@@ -521,10 +587,23 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
             f.check_replace(path, what)
             if if_changed and f.st is not None and _holds(f.dir_fd, f.name, data):
                 return False
-            replace_at(f.dir_fd, f.name, data)
+            replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
             return True
         except OSError as e:
-            raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+            raise write_failed(path, f"cannot write {what}", e) from None
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)  # the machine's, not the input's
+
+
+def write_failed(path: str, said: str, e: OSError) -> InputError:
+    """A failed write as the error the user sees: ``FILE: error: SAID: STRERROR``; a full disk, a quota
+    or an I/O error is the environment (exit 3), anything else the output's (exit 2)."""
+    if e.errno in FULL:
+        problem = EnvironmentProblem(f"{said}: {e.strerror}", "free space on that file system, or write elsewhere")
+        problem.path = path
+        return problem
+    return InputError(path, None, f"{said}: {e.strerror}")
 
 
 def _write_through(f: Found, data: bytes, path: str, what: str) -> bool:
@@ -533,8 +612,7 @@ def _write_through(f: Found, data: bytes, path: str, what: str) -> bool:
     fd = os.open(f.name, os.O_WRONLY | os.O_CLOEXEC | (0 if f.through else os.O_NOFOLLOW), dir_fd=f.dir_fd)
     with os.fdopen(fd, "wb") as fh:
         st = os.fstat(fd)
-        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) \
-                or not os.path.samestat(st, f.st):  # type: ignore[arg-type]  # the caller's f.st is set
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) or not os.path.samestat(st, f.st):  # type: ignore[arg-type]  # the caller's f.st is set
             raise InputError(path, None, f"cannot write {what}: {display(f.path)} changed while it was checked; "
                              "nothing was written")
         fh.write(data)

@@ -121,8 +121,7 @@ def scan(args) -> int:
     i = pipeline.inputs(dataclasses.replace(options(args), no_overlay=True))
     _inputs_note(args, i.sources)
     verdicts = set(args.verdict) if args.verdict else None
-    _emit(args, scan_json(i.scan, verdicts) if args.format == Format.JSON else scan_text(i.scan, verdicts),
-          "scan report")
+    _emit(args, (scan_json if args.format == Format.JSON else scan_text)(i.scan, verdicts), "scan report")
     return _drifts(i.scan) if args.against_runtime else 0
 
 
@@ -421,7 +420,7 @@ def enable(args) -> int:
     opts = options(args)
     _named_checked(args, opts)
     spec, what = en.prepared(opts, args.backend, args.op, quiet=args.quiet, verbose=args.verbose,
-                             log=_build_log(args))
+                             log=_build_log(args), strict=args.strict, check_saved=args.check_saved)
     st = en.enable(spec, site)
     undo = "`torchgen-patch disable` or `pip uninstall torchgen-patch` undoes it" if st.recorded else \
         ("`torchgen-patch disable` undoes it (this torchgen-patch is installed elsewhere: `pip uninstall` leaves the "
@@ -436,12 +435,14 @@ def disable(args) -> int:
 
     site = en.site_dir()
     before = en.state(site)
-    if not before.present:
+    if not before.present and not before.data_present:
         _say(args, f"disable: not enabled ({before.path} does not exist)")
         return 0
     en.check_writable(site, removing=True)
     en.disable(site)
-    print(f"disabled: removed {before.path}" + (" and its line in pip's RECORD" if before.recorded else ""))
+    removed = " and ".join(p for p, there in ((before.path, before.present), (before.data, before.data_present))
+                           if there)
+    print(f"disabled: removed {removed}" + (", and their lines in pip's RECORD" if before.recorded else ""))
     if args.verbose:
         print(f"disable: it was {_enabled_line(before)}", file=sys.stderr)
     return 0
@@ -454,7 +455,8 @@ def status(args) -> int:
     st = en.state()
     if not st.present:
         line = (f"not enabled: {st.path} does not exist (`torchgen-patch enable` patches every Python process of "
-                "this environment that imports torch)")
+                "this environment that imports torch" + (f"; {st.data} is left over: `torchgen-patch disable` removes "
+                                                         "it)" if st.data_present else ")"))
     elif st.problem:
         line = f"{st.path}: {st.problem} (`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)"
     else:
@@ -477,10 +479,12 @@ def _enabled_line(st) -> str:
     build = "" if not spec["library"] else "; the build it names is there" if build_there(spec["library"]) else \
         "; the build it names is gone (the first process that imports torch finds or builds one)"
     pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
-           None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"
-           }[st.recorded]
+           None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}
+    fails = "strict: a process that cannot have the kernels stops (exit 3)" if spec["strict"] else \
+        "fail open: a process that cannot have the kernels runs unpatched, said in one line"
     return (f"{st.path} (torchgen-patch {st.version}; {spec['backend']}, {ops}{build}; "
-            f"{'quiet' if spec['quiet'] else 'one line per process'}; {pip})")
+            f"{'quiet' if spec['quiet'] else 'one line per process'}; {fails}; "
+            f"saved-tensor check: {spec['check_saved'] or 'off'}; {pip[st.recorded]})")
 
 
 def _torch_present(what: str) -> None:

@@ -173,19 +173,18 @@ def _patching(p: argparse.ArgumentParser) -> None:
     p.add_argument("--op", action="append", help="install only these aten ops (repeatable)")
 
 
-def parser() -> _Parser:
-    from ..version import __version__
+def _check_saved(p: argparse.ArgumentParser) -> None:
+    """--check-saved of `run` and `enable`: the saved-tensor check in each process too."""
+    p.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), type=_member(CheckMode),
+                   metavar="warn|raise",
+                   help="also check every tensor autograd saves for backward, in each process: a write that changed "
+                        "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
+                        "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "
+                        "at exit; raise: an exception at the first (docs/unseen-writes.md)")
 
-    p = _Parser(prog="torchgen-patch", description=DESCRIPTION, epilog=glossary(),
-                formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
-    p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}",
-                   help="print the version and exit")
-    p.add_argument("--cmake-dir", action=_CMakeDir, nargs=0,
-                   help="print the folder of the CMake module (TorchgenPatch.cmake) and exit: "
-                        "list(APPEND CMAKE_MODULE_PATH <it>), then include(TorchgenPatch)")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    p.commands = sub.choices  # name -> the subcommand's parser (its own errors and --help)
 
+def _scan_command(sub) -> None:
+    """The `scan` subcommand."""
     s = sub.add_parser("scan", help="classify every function of native_functions.yaml")
     _inputs(s, checkout=True, overlay=False)
     _output(s, "FILE write the table here instead of stdout", SCAN_FORMATS)
@@ -194,6 +193,9 @@ def parser() -> _Parser:
     s.add_argument("--against-runtime", action="store_true",
                    help="cross-check with the running torch's dispatcher (needs torch)")
 
+
+def _lint_command(sub) -> None:
+    """The `lint` subcommand."""
     lint = sub.add_parser("lint", help="report mutating ops with no ADInplaceOrView kernel",
                           fromfile_prefix_chars="@",
                           description="Exit codes: 0 clean, 1 findings, 2 bad input; --format lintrunner always "
@@ -224,6 +226,9 @@ def parser() -> _Parser:
                            "without a version bump is a finding)")
     lint.add_argument("--namespace", action="append", metavar="NS", help="with --runtime: only these namespaces")
 
+
+def _gen_command(sub) -> None:
+    """The `gen` subcommand."""
     g = sub.add_parser("gen", help="generate ADInplaceOrView kernels for the missing ops")
     _inputs(g, checkout=True)
     g.add_argument("-o", "--output", "--out", dest="output", required=True, metavar="DIR",
@@ -236,11 +241,17 @@ def parser() -> _Parser:
     g.add_argument("--strict", action="store_true", help="an op that cannot be generated is an error")
     _output(g)
 
+
+def _build_command(sub) -> None:
+    """The `build` subcommand."""
     b = sub.add_parser("build", help="compile the kernels into a shared library against the running torch (cached)")
     _inputs(b, checkout=False)
     b.add_argument("--shards", type=int, default=2, metavar="N", help="number of kernel files (default 2)")
     _output(b, compiles=True)
 
+
+def _install_command(sub) -> None:
+    """The `install` subcommand."""
     i = sub.add_parser("install", help="try install() here: build if needed, register the kernels in a "
                                        "throwaway process and print what registered and what was refused",
                        description="A dry run of torchgen_patch.install(): the kernels are registered in this "
@@ -253,10 +264,16 @@ def parser() -> _Parser:
                    help="never compile: use the installed prebuilt kernels (torchgen-patch wheel) or fail")
     _output(i, compiles=True)
 
+
+def _wheel_command(sub) -> None:
+    """The `wheel` subcommand."""
     w = sub.add_parser("wheel", help="build the kernels for the running torch and pack them in a platform wheel "
                                      "(torchgen-patch-kernels) that install() uses with no compiler")
     _output(w, "DIR where to write the wheel (default: the current directory)", compiles=True)
 
+
+def _verify_command(sub) -> None:
+    """The `verify` subcommand."""
     v = sub.add_parser("verify", help="run every op of the plan and check its version bumps",
                        description="Exit codes: 0 every row of the deciding run passed (or failed as the "
                                    "overlay expects), 1 a row of it is MISS, EXTRA or ERROR, 2 bad input, "
@@ -280,6 +297,9 @@ def parser() -> _Parser:
                         "kernel refuses requires_grad does so (REFUSE) where it went through before (SILENT)")
     _output(v, "FILE write the report here instead of stdout", VERIFY_FORMATS, compiles=True)
 
+
+def _run_command(sub) -> None:
+    """The `run` subcommand."""
     r = sub.add_parser("run", help="run a program (python, python -m, torchrun ...) with the kernels installed in "
                                    "every Python process it starts",
                        description="Runs PROGRAM with the kernels installed in each of its Python processes "
@@ -297,16 +317,14 @@ def parser() -> _Parser:
                         "repeatable), defined by the modules of --import; checked before the program starts")
     r.add_argument("--import", dest="imports", action="append", default=[], metavar="MOD",
                    help="with --runtime-op: import MOD in each process first, so its operators exist")
-    r.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), type=_member(CheckMode),
-                   metavar="warn|raise",
-                   help="also check every tensor autograd saves for backward, in each process: a write that changed "
-                        "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
-                        "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "
-                        "at exit; raise: an exception at the first (docs/unseen-writes.md)")
+    _check_saved(r)
     _output(r, compiles=True)
     r.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM ARGS",
                    help="the command to run, after --")
 
+
+def _enable_command(sub) -> None:
+    """The `enable` subcommand."""
     e = sub.add_parser("enable", help="patch every Python process of this environment that imports torch, whatever "
                                       "starts it (a .pth file in its site-packages)",
                        description="Writes torchgen_patch_enable.pth into this Python environment's site-packages: "
@@ -314,16 +332,33 @@ def parser() -> _Parser:
                                    "Jupyter kernels, subprocesses with a clean environment, python -I and -E; not "
                                    "-S) then gets the kernels right after its first `import torch`, and says so in "
                                    "one line (-q: only when the patch is NOT active or an op was refused). The "
-                                   "library is built now; each process pays the install step only. Undone by "
-                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch`.")
+                                   "library is built now; each process pays the install step only. A process "
+                                   "that cannot have the kernels (the build unusable, no compiler to make one) "
+                                   "runs unpatched and says why in one line, unless --strict. Undone by "
+                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch` (docs/enable.md: "
+                                   "the repair of an environment whose interpreter cannot start).")
     _patching(e)
+    e.add_argument("--strict", action="store_true",
+                   help="a process that cannot have the kernels stops (exit 3) instead of running unpatched")
+    _check_saved(e)
     _output(e, compiles=True)
+
+
+def _disable_command(sub) -> None:
+    """The `disable` subcommand."""
     dis = sub.add_parser("disable", help="undo enable: remove its file from this environment's site-packages")
     _output(dis)
+
+
+def _status_command(sub) -> None:
+    """The `status` subcommand."""
     st = sub.add_parser("status", help="say whether this environment is enabled, and whether the file is what this "
                                        "torchgen-patch writes (exit 0 enabled, 1 not)")
     _output(st)
 
+
+def _diff_command(sub) -> None:
+    """The `diff` subcommand."""
     d = sub.add_parser("diff", help="write a unified diff that fixes (or guards) PyTorch's own codegen")
     d.add_argument("--pytorch-root", required=True, metavar="DIR", help="a PyTorch source checkout")
     d.add_argument("--mode", choices=("fix", "error"), default="fix",
@@ -334,4 +369,30 @@ def parser() -> _Parser:
     _output(d, "FILE write the diff here (default: stdout)")
     d.add_argument("--pr-body", metavar="FILE", help="with --mode fix: also write a pull-request description "
                                                      "(markdown), measured with this machine's torch")
+
+
+def parser() -> _Parser:
+    from ..version import __version__
+
+    p = _Parser(prog="torchgen-patch", description=DESCRIPTION, epilog=glossary(),
+                formatter_class=argparse.RawDescriptionHelpFormatter, fromfile_prefix_chars="@")
+    p.add_argument("--version", action="version", version=f"torchgen-patch {__version__}",
+                   help="print the version and exit")
+    p.add_argument("--cmake-dir", action=_CMakeDir, nargs=0,
+                   help="print the folder of the CMake module (TorchgenPatch.cmake) and exit: "
+                        "list(APPEND CMAKE_MODULE_PATH <it>), then include(TorchgenPatch)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    p.commands = sub.choices  # name -> the subcommand's parser (its own errors and --help)
+    _scan_command(sub)
+    _lint_command(sub)
+    _gen_command(sub)
+    _build_command(sub)
+    _install_command(sub)
+    _wheel_command(sub)
+    _verify_command(sub)
+    _run_command(sub)
+    _enable_command(sub)
+    _disable_command(sub)
+    _status_command(sub)
+    _diff_command(sub)
     return p

@@ -11,12 +11,12 @@ import stat
 import sys
 
 from .. import files as _files
-from ..errors import InputError
+from ..errors import EnvironmentProblem, InputError
 from .render import MANIFEST
 
 
 STAGING = ".staging-"  # .DIR.staging-XXXX: a directory gen fills beside its output directory DIR
-LOCK = ".torchgen-patch-lock"  # .DIR.torchgen-patch-lock: gen's lock, a file of the user's own beside DIR
+LOCK = ".torchgen-patch-lock"  # .DIR.torchgen-patch-lock: gen's lock beside DIR, where only the user can write
 WAIT_S = 1.0  # after this long waiting for the lock, a line says so
 _GEN_NAME = re.compile(r"ADInplaceOrViewPatch_\d+\.cpp|ADInplaceOrViewPatchEverything\.cpp|"
                        r"RegisterADInplaceOrViewPatch\.cpp|TorchgenPatchRuntime\.h|torchgen_patch_manifest\.json")
@@ -39,7 +39,7 @@ def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
 
     Everything is done through descriptors of the directories found once (``files.find``: a
     symlinked ``out_dir`` is followed only where the kernel's protected-symlinks rule would, and
-    stays a link). A lock file of the user's own beside ``out_dir`` serializes concurrent runs;
+    stays a link). A lock no other account can make or hold serializes concurrent runs (``_locked``);
     ``log(line)`` (default: stderr) hears when one waits for another. Returns the names whose
     content changed."""
     with _files.find(out_dir, "output directory") as f:
@@ -112,7 +112,7 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
         except OSError as e:
             _salvage(parent, staging, base)
             where = os.path.join(shown, name) if name else shown
-            raise InputError(where, None, f"cannot write: {e.strerror}") from None
+            raise _files.write_failed(where, "cannot write", e) from None
         except BaseException:
             _salvage(parent, staging, base)
             raise
@@ -151,6 +151,8 @@ def _keep_file(staging: int, name: str, old: int, old_st: os.stat_result) -> Non
         was = None
     if was is not None and not stat.S_ISREG(was.st_mode):
         return
+    if was is not None and not _files.may_replace(old_st, was):
+        was = None  # planted by another account in a shared directory: it gives its owner and mode to nothing
     if was is None and (os.geteuid() != 0 or (old_st.st_uid, old_st.st_gid) == (0, 0)):
         return
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging)
@@ -334,17 +336,46 @@ def snapshot(directory: str, log=None) -> dict[str, bytes]:
 
 @contextlib.contextmanager
 def _locked(parent: int, base: str, shown: str, log=None, required: bool = True):
-    """gen's lock on the output ``base`` of the open directory ``parent``: the file ``.base`` + LOCK
-    there, of this user's own (created O_EXCL|O_NOFOLLOW, 0600; one owned by another account, or no
-    regular file, is refused: such an account could stall every gen into the directory, as a lock
-    on a shared parent directory itself could). After WAIT_S a line tells ``log``. The holder
-    removes the file when done; a waiter that finds its file gone takes the new one. ``required``
-    False: where no lock of one's own can be had, none is taken."""
+    """gen's lock on the output ``base`` of the open directory ``parent``, in a place no other
+    account can write: where ``parent`` is this user's and nobody else can write it, the file
+    ``.base`` + LOCK there (``_beside``); anywhere else (a sticky shared directory, a group's, another
+    account's), a lock file in this user's cache, named by ``parent``'s device and inode and ``base``
+    (``cache.lock_file``), so nothing another account makes in ``parent`` is used, or can stop a gen.
+    After WAIT_S a line tells ``log``. ``required`` False: where no lock of one's own can be had,
+    none is taken."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): no serialization, the swap is still whole
         yield
         return
+    up = os.fstat(parent)
+    if up.st_uid == os.geteuid() and not up.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        with _beside(parent, base, shown, log, required, fcntl):
+            yield
+        return
+    from .. import cache
+
+    try:
+        fd = cache.lock_file("gen", str(up.st_dev), str(up.st_ino), base)
+    except InputError as e:
+        if not required:
+            yield
+            return
+        raise EnvironmentProblem(f"cannot take gen's lock for {_files.display(shown)}, kept in the cache as "
+                                 f"others can write {_files.display(os.path.dirname(shown))}: {e.message}",
+                                 e.hint) from None
+    try:
+        _wait(fd, fcntl, shown, log)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _beside(parent: int, base: str, shown: str, log, required: bool, fcntl):
+    """The lock file ``.base`` + LOCK in ``parent``, a directory only this user can write (created
+    O_EXCL|O_NOFOLLOW, 0600; one owned by another account, or no regular file, is refused). The
+    holder removes the file when done; a waiter that finds its file gone takes the new one."""
     name = f".{base}{LOCK}"
     path = os.path.join(os.path.dirname(shown), name)
     while True:
@@ -453,21 +484,7 @@ def _carry(src: int, dst: int, name: str) -> None:
 def _exchange(parent: int, a: str, b: str) -> bool:
     """Exchange the entries ``a`` and ``b`` of ``parent`` in one step (Linux renameat2
     RENAME_EXCHANGE); False where this system or file system cannot."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    RENAME_EXCHANGE = 2
-    if fn(parent, os.fsencode(a), parent, os.fsencode(b), RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False  # this file system cannot exchange
-    raise OSError(err, os.strerror(err), b)
+    return _files.renameat2(parent, a, b, _files.RENAME_EXCHANGE)
 
 
 def _fsync(fd: int) -> None:
@@ -541,8 +558,6 @@ def cmake_dir() -> str:
     """The folder holding TorchgenPatch.cmake (``torchgen-patch --cmake-dir``): inside the installed
     package (torchgen_patch/cmake/), or a source checkout's cmake/ beside the package. Either way
     the templates it makes the build depend on are in ``../templates`` from there."""
-    from ..errors import EnvironmentProblem
-
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for d in (os.path.join(pkg, "cmake"), os.path.join(os.path.dirname(pkg), "cmake")):
         if os.path.isfile(os.path.join(d, "TorchgenPatch.cmake")):

@@ -229,8 +229,8 @@ def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
         "native_functions": [display_path(scan.native_path)],
         "counts": scan.counts(),
         "total": len(scan.records),
-        "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records  # type: ignore[arg-type]  # a yaml's record
-                if verdicts is None or r.verdict in verdicts],
+        "ops": [r.to_json(path=display_path(r.loc.path))  # type: ignore[arg-type]  # a yaml's record: a path
+                for r in scan.records if verdicts is None or r.verdict in verdicts],
         "sources": {k: display_path(v) if k in _PATHS and v else v for k, v in scan.sources.describe().items()},
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

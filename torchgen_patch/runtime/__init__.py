@@ -1,5 +1,7 @@
 """Runtime: build the generated kernels against the running torch, install them
-into its dispatcher (C++ or Python backend), and read its live registry.
+into its dispatcher (C++ or Python backend), and read its live registry. Three parts,
+each with one entry point: build (``build.build``), load (``load.register``) and launch
+(``launch.prepare``, then ``launch.run_program``).
 
 ``library(opts)`` is the one composer of this stage: plan → render → build (or the
 installed prebuilt kernels, or the cache) → the checked ``Artifact``, the value every

@@ -79,13 +79,13 @@ def built(build: bool = True, log=None) -> str:
 def load(library: str):
     """The module of the native hooks at ``library``, a build of them (checked as every library this tool
     loads)."""
-    from .loader import _load_built
+    from .load.loader import load_built
 
-    return _module(library, lambda: _load_built(library))
+    return _module(library, lambda: load_built(library))
 
 
 def _load(path: str, sha256: str, root: str, key: str | None):
-    from .loader import _load as load_checked
+    from .load.loader import load as load_checked
 
     return load_checked(path, sha256, root, key)
 
@@ -119,7 +119,7 @@ def nvrtc() -> str:
     directories and the file owned by a trusted account, writable by nobody else) and named by its
     descriptor, so what is loaded is what was checked. "" where torch has no CUDA or none is usable."""
     from .. import cache
-    from . import trust
+    from .load import trust
 
     torch = require_torch("the saved-tensor check")
     version = torch.version.cuda

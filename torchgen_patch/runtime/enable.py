@@ -3,52 +3,61 @@ imports torch gets the kernels, whatever started it.
 
 The mechanism is one ``.pth`` file in the environment's site-packages (``FILE``), as coverage and
 pytest-cov use: ``site`` reads it at every interpreter start that imports ``site``, ``-I``, ``-E``
-and a cleared environment included (only ``-S`` skips it). Its one line loads the hook of this
-install (``site/_torchgen_patch_hook.py``) by its absolute path and starts it with the launch spec
-written into the file; a hook that is gone (the tool uninstalled, moved) or fails to load does
-nothing at all. The file is an output like any other: written atomically, by the account that owns
-the site-packages directory, and listed in pip's RECORD of this tool when the tool is installed in
-that same directory, so ``pip uninstall torchgen-patch`` removes it too.
+and a cleared environment included (only ``-S`` skips it). It holds one ASCII line that depends on
+nothing but where this install's hook is (``site/_torchgen_patch_hook.py``): it loads the hook by
+its absolute path and hands it the data file beside it (``DATA``, JSON: the launch spec, and which
+torchgen-patch wrote it), which ``site`` never parses. Whatever happened to either file, an
+interpreter's start goes on: a hook that is gone or fails to load, and a data file that cannot be
+read as a spec, are said in one line (the data file's at ``import torch``). Both are outputs like
+any other: written atomically (the data file first, so the line never names data half-written), by
+the account that owns the site-packages directory, and listed in pip's RECORD of this tool when the
+tool is installed in that same directory, so ``pip uninstall torchgen-patch`` removes them too.
+``status`` and ``disable`` read them as data: neither loads the hook.
 
 The library is built (or found) when enabling, and its path is part of the spec: each process
 pays the install step only (it falls back to the cache's key lookup where that build is gone or
-belongs to another torch).
+belongs to another torch). Where no build can be used and none made, a process runs unpatched and
+says why in one line, unless the spec is ``strict`` (``enable --strict``): then it stops (exit 3).
 """
 
 from __future__ import annotations
 
-import ast
 import base64
+import contextlib
 import csv
 import hashlib
 import io
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import EnvironmentProblem
 from ..version import __version__
 from ..vocabulary import Backend, plural
-from . import launch
 from .process import checked_spec
 
 FILE = "torchgen_patch_enable.pth"
-HOOK = os.path.join(launch.SITE, launch.hook.NAME + ".py")
-_HEAD = "# torchgen-patch {version}: every Python process of this environment that imports torch gets its " \
-        "kernels; `torchgen-patch disable` (or `pip uninstall torchgen-patch`) removes this file\n"
+DATA = "torchgen_patch_enable.json"
+HOOK_NAME = "_torchgen_patch_hook"  # the hook's module name (site/_torchgen_patch_hook.py), never imported here
+HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site", HOOK_NAME + ".py")
+MAX_DATA = 1 << 20  # the hook's own limit
+_REPAIR = "`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it"
 
 
 @dataclass(frozen=True)
 class State:
-    """What the environment's file says, and whether it is what this torchgen-patch writes."""
+    """What the environment's files say, and whether they are what this torchgen-patch writes."""
 
     site: str  # the site-packages directory
-    path: str  # the file, there or not
+    path: str  # the .pth file, there or not
     present: bool
     spec: dict | None = None  # its launch spec, when it is readable
     version: str | None = None  # the torchgen-patch that wrote it
     problem: str | None = None  # why it does not patch as this torchgen-patch would (None: it does)
     recorded: bool | None = None  # pip's RECORD of this tool lists it (None: no RECORD of the tool there)
+    data: str = ""  # the data file, there or not
+    data_present: bool = False
 
 
 def site_dir() -> str:
@@ -97,71 +106,145 @@ def _read_only(path: str) -> bool:
         return False
 
 
-def render(spec: dict, path: str, version: str = __version__, hook: str = HOOK) -> str:
-    """The file's text: a comment, then one line that ``site`` executes. The line loads ``hook`` only
-    when it is there, and swallows every error: an interpreter's start never breaks on it."""
-    spec_text = json.dumps(spec, sort_keys=True)
-    code = (f"if os.path.isfile({hook!r}):\n"
-            f" sys.path.insert(0, {os.path.dirname(hook)!r})\n"
-            f" try:\n"
-            f"  import {launch.hook.NAME} as h\n"
-            f"  h.start({spec_text!r}, 'enable', {path!r})\n"
-            f" except Exception:\n"
-            f"  pass\n"
-            f" finally:\n"
-            f"  sys.path.remove({os.path.dirname(hook)!r})\n")
-    return _HEAD.format(version=version) + "import os, sys; exec(" + repr(code) + ")\n"
+def render(site: str, hook: str = HOOK) -> str:
+    """The ``.pth`` file's one ASCII line, which ``site`` executes: it loads ``hook`` by its path and
+    starts it with the data file of ``site``; whatever fails (the hook gone, damaged, the data file
+    unreadable) is one line on stderr, and the interpreter's start goes on. It names no data: writing
+    new data never makes it stale."""
+    pth, data, here = (ascii(os.path.join(site, n)) for n in (FILE, DATA, os.path.dirname(hook)))
+    body = ("try:\n"
+            f" d = {here}\n"
+            f" if not os.path.isfile(os.path.join(d, {HOOK_NAME + '.py'!r})):\n"
+            "  raise LookupError('its hook ' + os.path.join(d, " + repr(HOOK_NAME + ".py") + ") + ' is gone "
+            "(torchgen-patch was uninstalled or moved)')\n"
+            " sys.path.insert(0, d)\n"
+            " try:\n"
+            f"  import {HOOK_NAME} as h\n"
+            " finally:\n"
+            "  sys.path.remove(d)\n"
+            f" h.enabled({data})\n"
+            "except Exception as e:\n"
+            " try:\n"
+            "  w = (str(e).splitlines() or [''])[0]\n"
+            f"  sys.stderr.write('torchgen-patch: NOT active in pid %d: %s: %s: %s (hint: {_REPAIR})\\n' % "
+            f"(os.getpid(), {pth}, type(e).__name__, w))\n"
+            "  sys.stderr.flush()\n"
+            " except Exception:\n"
+            "  pass\n")
+    # once per process: site reads a site-packages directory twice in some layouts (a venv of pyenv's Python)
+    code = "if not getattr(sys, '_torchgen_patch_enable', False):\n sys._torchgen_patch_enable = True\n" + \
+        "".join(" " + line + "\n" for line in body.splitlines())
+    return "import os, sys; exec(" + ascii(code) + ")\n"
 
 
-def _parse(text: str) -> tuple[str, dict, str, str]:
-    """(version, spec, hook, path) of a file ``render`` wrote; ValueError for anything else."""
-    lines = text.splitlines()
-    if len(lines) != 2 or not lines[0].startswith("# torchgen-patch ") or ":" not in lines[0]:
-        raise ValueError("not two lines in torchgen-patch's form")
-    version = lines[0][len("# torchgen-patch "):].split(":", 1)[0]
-    call = ast.parse(lines[1]).body[-1].value  # type: ignore[attr-defined]  # not an Expr: AttributeError
-    code = ast.literal_eval(call.args[0])
-    tree = ast.parse(code)
-    hook = ast.literal_eval(tree.body[0].test.args[0])
-    start = tree.body[0].body[1].body[1].value
-    spec_text, _mode, path = (ast.literal_eval(a) for a in start.args)
-    return version, json.loads(spec_text), hook, path
+def render_data(spec: dict, version: str = __version__, hook: str = HOOK) -> bytes:
+    """The data file: the launch spec, and which torchgen-patch (version, hook) wrote it."""
+    return (json.dumps(dict(spec, enabled_by={"torchgen_patch": version, "hook": hook}), sort_keys=True)
+            + "\n").encode()
+
+
+def _read(path: str) -> tuple[bytes, os.stat_result] | None:
+    """A file's bytes (up to MAX_DATA + 1) and the status of what was read (fstat on its descriptor);
+    None where it does not exist. Never blocks (a FIFO is not read), never follows a symlink."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(MAX_DATA + 1), st
+    finally:
+        os.close(fd)
 
 
 def state(site: str | None = None) -> State:
+    """The environment's two files, read as data (the hook is never loaded here)."""
     site = site or site_dir()
-    path = os.path.join(site, FILE)
+    path, data_path = os.path.join(site, FILE), os.path.join(site, DATA)
     recorded = _recorded(site)
+    data_problem: str | None  # why the data file cannot be read (None: it can)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(1 << 20)
-            uid = os.fstat(fh.fileno()).st_uid
-    except FileNotFoundError:
-        return State(site, path, False, recorded=recorded)
+        data = _read(data_path)
     except OSError as e:
-        return State(site, path, True, problem=f"cannot read it: {e.strerror}", recorded=recorded)
-    try:
-        text = data.decode()
-        version, spec, hook, named = _parse(text)
-    except (ValueError, SyntaxError, AttributeError, IndexError, TypeError, UnicodeDecodeError, RecursionError,
-            MemoryError):  # the last two: nested deeper than the parsers go
-        return State(site, path, True, problem=f"it is not as torchgen-patch writes it ({_by(uid)}): what it "
-                                               "does is its own", recorded=recorded)
-    problem = None
-    if version != __version__:
-        problem = f"written by torchgen-patch {version}; this is {__version__}"
-    elif not os.path.isfile(hook):
-        problem = f"its hook {hook} is gone (that torchgen-patch was uninstalled or moved): it does nothing"
-    elif hook != HOOK:
-        problem = f"it loads the hook of another torchgen-patch install ({hook})"
-    elif render(spec, named, version, hook) != text or named != path:
-        problem = "it was edited since torchgen-patch wrote it" + ("" if uid == os.geteuid() else f" ({_by(uid)})")
+        data, data_problem = None, f"cannot read {data_path}: {e.strerror}"
     else:
+        data_problem = None
+    common: dict[str, Any] = dict(recorded=recorded, data=data_path,
+                                  data_present=data is not None or data_problem is not None)
+    try:
+        got = _read(path)
+    except OSError as e:
+        return State(site, path, True, problem=f"cannot read it: {e.strerror}", **common)
+    if got is None:
+        return State(site, path, False, **common)
+    raw, st = got
+    spec, version, hook, why = _data(data, site, data_problem, os.stat(site).st_uid)
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        problem: str | None = "it holds bytes that are not ASCII" + (
+            "" if _utf8(raw) else f", not even UTF-8: Python's site stops every interpreter of this environment at "
+                                  f"start (repair: rm {path})")
+        return State(site, path, True, problem=f"{problem} ({_by(st.st_uid)})", **common)
+    if text != render(site, hook or HOOK):
+        return State(site, path, True, problem=_foreign(text, st.st_uid), **common)
+    problem = why
+    if problem is None and version != __version__:
+        problem = f"written by torchgen-patch {version}; this is {__version__}"
+    elif problem is None and not os.path.isfile(hook):  # type: ignore[arg-type]  # no problem: a hook
+        problem = f"its hook {hook} is gone (that torchgen-patch was uninstalled or moved): it does nothing"
+    elif problem is None and hook != HOOK:
+        problem = f"it loads the hook of another torchgen-patch install ({hook})"
+    elif problem is None:
         try:
             checked_spec(json.dumps(spec))
         except ValueError as e:  # said once, after the file's name
-            problem = str(e)
-    return State(site, path, True, spec, version, problem, recorded)
+            problem = f"{data_path}: {e}"
+    return State(site, path, True, spec, version, problem, **common)
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _foreign(text: str, uid: int) -> str:
+    """Why a .pth file of this name that is not this install's line is not torchgen-patch's."""
+    lines = text.splitlines()
+    if len(lines) == 2 and lines[0].startswith("# torchgen-patch ") and ":" in lines[0]:
+        version = lines[0][len("# torchgen-patch "):].split(":", 1)[0]
+        return f"written by torchgen-patch {version} in a form this one does not read"
+    return f"it is not as torchgen-patch writes it ({_by(uid)}): what it does is its own"
+
+
+def _data(got, site: str, problem: str | None, owner: int) -> tuple[dict | None, str | None, str | None, str | None]:
+    """(spec, version, hook, problem) of the data file as ``_read`` got it (``owner``: of the site-packages
+    directory, the one account that writes it)."""
+    data_path = os.path.join(site, DATA)
+    if problem is not None:
+        return None, None, None, problem
+    if got is None:
+        return None, None, None, f"its data file {data_path} is missing"
+    raw, st = got
+    if st.st_uid != owner or st.st_mode & 0o022:
+        return None, None, None, f"{data_path} is not as torchgen-patch writes it ({_by(st.st_uid)})"
+    try:
+        spec = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_DATA else None
+        by = spec.pop("enabled_by")  # type: ignore[union-attr]  # None: the AttributeError below
+        version, hook = by["torchgen_patch"], by["hook"]
+        if not isinstance(version, str) or not isinstance(hook, str):
+            raise TypeError("not strings")
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError, MemoryError):
+        return None, None, None, f"{data_path} is damaged (not the JSON torchgen-patch writes)"
+    return spec, version, hook, None
 
 
 def _by(uid: int) -> str:
@@ -171,29 +254,52 @@ def _by(uid: int) -> str:
 
 
 def enable(spec: dict, site: str) -> State:
-    """Write the file (atomically) and list it in pip's RECORD of this tool where there is one; on a
-    failure nothing is left half-written."""
-    path = os.path.join(site, FILE)
-    data = render(spec, path).encode()
-    _write(path, data, site)
+    """Write the data file, then the ``.pth`` line, then pip's RECORD of this tool where there is one
+    (each atomically); a failure puts back what each file was (nothing left half-written). Killed in
+    between, the line (which names no data) loads the old data or the new, whole."""
+    path, data_path = os.path.join(site, FILE), os.path.join(site, DATA)
+    line, payload = render(site).encode(), render_data(spec)
     record = _record_path(site)
+    steps = [(data_path, payload), (path, line)]
     if record is not None:
-        try:
-            _write(record, _record_with(record, data), site)
-        except EnvironmentProblem:
-            _remove(path, site)
-            raise
+        steps.append((record, _record_with(record, {FILE: line, DATA: payload})))
+    before = {p: _previous(p) for p, _ in steps}
+    done = []
+    try:
+        for p, b in steps:
+            _write(p, b, site)
+            done.append(p)
+    except EnvironmentProblem:
+        for p in reversed(done):
+            with contextlib.suppress(EnvironmentProblem):  # a second fault: the first one is what is said
+                _write(p, before[p] or b"", site) if before[p] is not None else _remove(p, site)
+        raise
     return state(site)
 
 
+def _previous(path: str) -> bytes | None:
+    try:
+        got = _read(path)
+    except OSError:
+        return None
+    return None if got is None else got[0]
+
+
 def disable(site: str) -> State:
-    """Remove the file and its RECORD line; the state before."""
+    """Remove the ``.pth`` line, then the data file, then their RECORD lines; the state before."""
     before = state(site)
     record = _record_path(site)
+    rewritten = None  # RECORD without enable's lines, made before anything is removed (one that cannot be
+    if record is not None:  # read stops here, with nothing done)
+        lines = _lines(record)
+        if before.recorded or any(_names(x) == DATA for x in lines):
+            rewritten = _record_with(record, None)
     if before.present:
         _remove(before.path, site)
-    if record is not None and before.recorded:
-        _write(record, _record_with(record, None), site)
+    if before.data_present:
+        _remove(before.data, site)
+    if rewritten is not None:
+        _write(record, rewritten, site)  # type: ignore[arg-type]  # rewritten: record is there
     return before
 
 
@@ -242,15 +348,23 @@ def _recorded(site: str) -> bool | None:
     record = _record_path(site)
     if record is None:
         return None
-    return any(_names(line) == FILE for line in _lines(record))
+    try:
+        return any(_names(line) == FILE for line in _lines(record))
+    except EnvironmentProblem:
+        return None
 
 
 def _lines(record: str) -> list[str]:
+    """RECORD's lines, each with its end; bytes that are not UTF-8 (a damaged or foreign line) kept as
+    they are (surrogate escapes), so a RECORD written back holds them byte for byte. One that cannot be
+    read: EnvironmentProblem (never an empty RECORD, which would be written back as one)."""
     try:
-        with open(record, newline="", encoding="utf-8") as fh:
-            return fh.read().splitlines(keepends=True)
-    except (OSError, UnicodeDecodeError):
-        return []
+        with open(record, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot read pip's record {record}: {e.strerror or e}",
+                                 "make it readable, or reinstall torchgen-patch") from None
+    return data.decode("utf-8", "surrogateescape").splitlines(keepends=True)
 
 
 def _names(line: str) -> str | None:
@@ -262,26 +376,33 @@ def _names(line: str) -> str | None:
     return row[0] if row else None
 
 
-def _record_with(record: str, data: bytes | None) -> bytes:
-    """RECORD as it is, byte for byte, without this file's line, and with its line for ``data``
-    (None: without), ended as RECORD's own lines are."""
+def _record_with(record: str, files: dict[str, bytes] | None) -> bytes:
+    """RECORD as it is, byte for byte, without the lines of enable's files, and with a line for each of
+    ``files`` (name -> its bytes; None: none), ended as RECORD's own lines are."""
     lines = _lines(record)
-    kept = [line for line in lines if _names(line) != FILE]
-    if data is not None:
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    kept = [line for line in lines if _names(line) not in (FILE, DATA)]
+    if files:
         end = next((line[len(line.rstrip("\r\n")):] for line in lines if line.rstrip("\r\n") != line), "\n")
         if kept and kept[-1].rstrip("\r\n") == kept[-1]:
             kept[-1] += end
         out = io.StringIO()
-        csv.writer(out, lineterminator=end).writerow([FILE, f"sha256={digest}", str(len(data))])
+        w = csv.writer(out, lineterminator=end)
+        for name, data in sorted(files.items()):
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            w.writerow([name, f"sha256={digest}", str(len(data))])
         kept.append(out.getvalue())
-    return "".join(kept).encode()
+    return "".join(kept).encode("utf-8", "surrogateescape")
+
 
 def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, verbose: bool = False,
-             log=None) -> tuple[dict, str]:
+             log=None, strict: bool = False, check_saved: str | None = None) -> tuple[dict, str]:
     """The spec of an enabled environment, with its library built (or found) now, so its processes pay
-    the install step only: (spec, what the processes will install, for people)."""
+    the install step only: (spec, what the processes will install, for people). ``strict``: a process
+    that cannot have the kernels stops (else it runs unpatched, said in one line); ``check_saved``:
+    each process also turns the saved-tensor check on in that mode."""
     import sys
+
+    from . import launch
 
     library = None
     if backend == Backend.CPP:
@@ -299,4 +420,5 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
 
         _, p = plan(opts)  # the scan cached for the processes
         what = f"{plural(len(p.kernels) if ops is None else len(ops), 'Python kernel')}, no compiler needed"
-    return launch.launch_spec(opts, backend, ops, [], [], quiet=quiet, library=library), what
+    return launch.launch_spec(opts, backend, ops, [], [], quiet=quiet, library=library, strict=strict,
+                              check_saved=check_saved), what

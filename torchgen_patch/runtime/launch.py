@@ -84,11 +84,13 @@ def _entry(spec) -> str | None:
 
 def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str], *,
                 verbose: bool = False, quiet: bool = False, library: str | None = None,
-                check_saved: str | None = None) -> dict:
+                check_saved: str | None = None, strict: bool = False) -> dict:
     """What every process of the program installs (``$TORCHGEN_PATCH_RUN``, or an enabled
     environment's file). ``opts`` (sources.Options) travel with absolute paths, so each process
     installs from the same inputs and overlay as the parent's plan, whatever its working directory.
-    ``check_saved``: each process also turns the saved-tensor check on in that mode."""
+    ``check_saved``: each process also turns the saved-tensor check on in that mode; ``strict``: an
+    enabled environment's process that cannot have the kernels stops (else it runs unpatched, said in
+    one line; under ``run`` it always stops)."""
     import dataclasses
 
     def absolute(p):
@@ -98,7 +100,7 @@ def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str
                                overlay=absolute(opts.overlay))
     return {"backend": backend, "ops": ops, "runtime_ops": runtime_ops, "imports": imports, "library": library,
             "boxed": None, "options": dataclasses.asdict(opts), "quiet": quiet, "verbose": verbose,
-            "roots": roots(), "check_saved": check_saved}
+            "roots": roots(), "check_saved": check_saved, "strict": strict}
 
 
 def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],

@@ -8,7 +8,7 @@ ABI, CUDA), another torchgen-patch, other inputs, a missing or damaged library, 
 installed. The wheel's record is read like a cached build's (a regular file of a trusted owner
 that nobody else can write, in a package directory checked from ``/`` down, no symlink
 followed); the library's SHA-256 is in it and checked before the library is loaded
-(``library_problem``: the same checks as a cached build's, runtime/trust.py), and the library
+(``library_problem``: the same checks as a cached build's, runtime/load/trust.py), and the library
 itself states the torch it was built against, which must be this one whatever the record says.
 """
 
@@ -29,7 +29,7 @@ from ..files import loads
 from ..sources import Options, overlay_path
 from ..version import __version__
 from .build import torch_identity  # noqa: F401  (re-exported: what the wheel records)
-from .trust import sha256_of, verify
+from .load.trust import sha256_of, verify
 
 DIST = "torchgen-patch-kernels"
 PACKAGE = "torchgen_patch_kernels"
@@ -136,7 +136,7 @@ setup(distclass=PlatformDistribution)
 
 def _checked_bytes(art) -> tuple[int, bytes]:
     """(an open descriptor on ``art``'s library, its bytes), read from the descriptor its checks ran on."""
-    from .trust import check_library
+    from .load.trust import check_library
 
     fd = check_library(art.path, art.sha256, art.root)
     try:
@@ -214,7 +214,7 @@ def _publish(made: str, target: str, out_dir: str) -> None:
                 raise InputError(target, None, "cannot write the wheel: not a regular file")
             f.check_replace(target, "wheel")
             f.make_dirs()
-            files.replace_at(f.dir_fd, f.name, data)
+            files.replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise EnvironmentProblem(f"no space left on the device of {out_dir}: the wheel was not written",

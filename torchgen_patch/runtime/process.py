@@ -3,7 +3,9 @@ what the hook (``site/_torchgen_patch_hook.py``) calls right after torch (or a m
 ``--import``) has finished importing. It reads the launch spec, resolves the library (the build the
 spec names, the installed prebuilt kernels, the cached build, or a build under the cache's lock),
 registers the kernels and hands the hook the one line to say; the hook prints it and, where the
-kernels cannot be had, stops the process with the error's exit code.
+kernels cannot be had, stops the process with the error's exit code under ``run`` (and in an
+environment enabled with ``--strict``); a process of an enabled environment otherwise runs
+unpatched, its line naming the cause and the fix.
 
 The tool works in the program's process without changing what the program sees: stdout and
 stderr as the program left them (closed, or redirected to an object that cannot flush), its
@@ -24,7 +26,7 @@ from ..vocabulary import Backend, plural
 _SPEC_TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstance
 _SPEC_TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
                "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
-               "verbose": bool, "roots": dict, "check_saved": (str, type(None))}
+               "verbose": bool, "roots": dict, "check_saved": (str, type(None)), "strict": bool}
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,8 @@ def after_import(name: str, text: str | None, mode: str, source: str, program_im
     launch spec, ``source`` names where it is; ``mode``: "run" or "enable". A ``$TORCHGEN_PATCH_RUN``
     that is no launch spec stops the process (exit 2); an enabled environment's file that is none
     (damaged, edited) leaves the program running unpatched, said in one line: a file in
-    site-packages must never make the environment's programs unusable."""
+    site-packages must never make the environment's programs unusable; so do kernels that cannot be
+    had there, unless the spec is ``strict``."""
     if "runtime" in _DONE:
         return Outcome(True)
     if "torch" not in sys.modules or _importing("torch", name):
@@ -181,13 +184,25 @@ def after_import(name: str, text: str | None, mode: str, source: str, program_im
     try:
         with _usable_streams():
             line = _install(spec, name, mode, program_import)
-    except InputError as e:  # the kernels cannot be had (no compiler, a refused cache): stop, never run unpatched
+    except InputError as e:  # the kernels cannot be had (no compiler, a refused cache)
         _DONE.update(("kernels", "runtime"))
-        return Outcome(True, e.render(), e.exit_code)
+        if mode == "enable" and not spec["strict"]:  # every program of an environment goes on: said, not stopped
+            return Outcome(True, unpatched_line(e, _who(mode)))
+        return Outcome(True, e.render(), e.exit_code)  # run, or enable --strict: never run unpatched
     except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
         _DONE.update(("kernels", "runtime"))
-        return Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}")
+        line = f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}"
+        # enable --strict: a process that cannot have the kernels stops, whatever the cause
+        return Outcome(True, line, 3 if mode == "enable" and spec["strict"] else None)
     return Outcome("runtime" in _DONE, line)
+
+
+def unpatched_line(e: InputError, who: str) -> str:
+    """The one line of an enabled environment's process that runs unpatched: the cause and its fix."""
+    where = f"{e.location.render()}: " if e.location else ""
+    hint = f"{e.hint}; " if e.hint else ""
+    return (f"torchgen-patch: NOT active in pid {os.getpid()} ({who}), running unpatched: {where}{e.message} "
+            f"(hint: {hint}`torchgen-patch enable --strict` stops such a process instead)")
 
 
 def _importing(module: str, done: str) -> bool:

@@ -35,17 +35,16 @@ callback), so no tensor costs a synchronisation. What waits for that read keeps 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-import weakref
 from typing import Any
 
 from ..errors import say
 from ..vocabulary import CheckMode
 from . import attribute, engine, moved, native
-from .fingerprint import Skip, fingerprint
+from .compose import (_ACTIVE, _QUIET, _Layer, _Passed, _alive, _patch, _pop, _push, _quiet, _remove, _top,
+                      _unpatch, _weak)
 from .finding import Finding, SavedTensorChanged
+from .fingerprint import Skip, fingerprint
 from .render import line, message, summary
 
 SAVER = "written by the op that saved it (batch norm's running statistics)"
@@ -218,22 +217,6 @@ class Check:
             raise SavedTensorChanged(f, message(f))
         if first:
             say(line(f))
-
-
-@contextlib.contextmanager
-def _quiet():
-    """While the check reads what a node saved (batch norm's statistics), its own unpack hooks return
-    tensors unchecked."""
-    _QUIET.append(True)
-    native.quiet(True)
-    try:
-        yield
-    finally:
-        native.quiet(False)
-        _QUIET.pop()
-
-
-_QUIET: list = []
 
 
 class _Saved:
@@ -440,225 +423,6 @@ class _Facts:
 
     def element_size(self) -> int:
         return self._size
-
-
-def _same_layout(t, layout) -> bool:
-    try:
-        return (tuple(t.shape), t.stride(), t.dtype, t.device) == (layout[0], layout[1], layout[3], layout[4])
-    except Exception:  # noqa: BLE001 — not a strided tensor
-        return False
-
-
-def _alive(ref):
-    return ref() if ref is not None else None
-
-
-def _weak(t):
-    try:
-        return weakref.ref(t)
-    except TypeError:
-        return None
-
-
-class _Layer:
-    """One push of the check's hooks: its own (``inner_pack`` None: the implementation's hooks) or
-    around the program's (the Python implementation's record and verify)."""
-
-    def __init__(self, check: Check, own, inner_pack, inner_unpack, recomputes: bool = False):
-        self.check, self.inner_pack, self.inner_unpack = check, inner_pack, inner_unpack
-        self.replaced = False
-        self.recomputes = recomputes  # activation checkpointing's: what they return is meant to be what was saved
-        self.own = own
-        if inner_pack is None:  # autograd calls the implementation's own hooks, nothing in between
-            self.pack, self.unpack = own.pack, own.unpack  # type: ignore[method-assign]  # the implementation's own
-            _OWN[id(own)] = self
-
-    def pack(self, t):
-        c = self.check
-        s = c._python.record(t, own=False) if c.active else None
-        return _Composed(s, self.inner_pack(t))
-
-    def unpack(self, packed):
-        c = self.check
-        if not isinstance(packed, _Composed):  # saved before the program's hooks were wrapped
-            return c._python.unpack(packed)
-        t = self.inner_unpack(packed.inner)
-        s = packed.saved
-        if s is None or not c.active or _QUIET:
-            return t
-        hooks = c._python
-        original, base = _alive(s.original), _alive(s.base)
-        if original is not None:  # alive: the tensor itself is what to look at
-            hooks.verify(s, original, original)
-        elif base is not None:  # a view that died, of a base that lives (a transposed weight): the same view
-            shape, stride, offset = s.layout[:3]
-            hooks.verify(s, base.detach().as_strided(shape, stride, offset), None)
-        elif _same_layout(t, s.layout):  # gone: what the program's hooks returned, if it is what was saved
-            hooks.verify(s, t, None, returned=True, judged=self.recomputes)
-        else:
-            hooks.unpacked += 1
-            hooks.skip("returned by the program's own hooks in another layout")
-        return t
-
-
-class _Passed:
-    __slots__ = ("t",)
-
-    def __init__(self, t):
-        self.t = t
-
-
-class _Composed:
-    __slots__ = ("saved", "inner")
-
-    def __init__(self, saved, inner):
-        self.saved, self.inner = saved, inner
-
-
-_TLS = threading.local()
-
-
-def _mirror() -> list:
-    """This thread's stack as the check saw it pushed, for a torch that cannot say what is on top
-    (before 2.8): the check's own pushes and those made through ``saved_tensors_hooks`` while it is on."""
-    return _TLS.__dict__.setdefault("stack", [])
-
-
-def _top():
-    """(pack, unpack) on top of this thread's stack of saved-tensor hooks, or None."""
-    top = engine.top()
-    if top is ...:
-        mirror = _mirror()
-        return mirror[-1] if mirror else None
-    return top
-
-
-def _push(pack, unpack) -> None:
-    engine.push(pack, unpack)
-    if engine.top() is ...:
-        _mirror().append((pack, unpack))
-
-
-def _pop() -> None:
-    engine.pop()
-    mirror = _mirror()
-    if mirror and engine.top() is ...:
-        mirror.pop()
-
-
-def _remove(layer: _Layer) -> None:
-    """Take ``layer`` off this thread's stack wherever it is: the hooks the program pushed over it are put
-    back as they were (no pass-through stays behind: any hooks on the stack switch autograd's own version
-    check off), and the program's hooks it wrapped, if any, go back in its place."""
-    above = []
-    while _top() is not None and _layer_of(_top()) is not layer:
-        above.append(_top())
-        _pop()
-    if _top() is not None:
-        _pop()
-        if layer.replaced:
-            _push(layer.inner_pack, layer.inner_unpack)
-    for hooks in reversed(above):
-        _push(*hooks)
-    _OWN.pop(id(layer.own), None)
-
-
-def _layer_of(hooks):
-    """The check's layer whose hooks these are (None: the program's)."""
-    if not hooks:
-        return None
-    pack = hooks[0]
-    owner = getattr(pack, "__self__", None)
-    if isinstance(owner, _Layer):
-        return owner
-    layer = _OWN.get(id(owner))
-    return layer if layer is not None and pack == layer.pack else None
-
-
-_OWN: dict = {}  # id of an implementation whose own hooks are pushed -> its layer
-
-
-_ACTIVE: list[Check] = []  # checks on, any thread
-_PATCHED: dict = {}  # what the check replaced in torch.autograd.graph, to put back
-_PATCH_LOCK = threading.Lock()
-
-
-def _composing_enter(self):
-    """``saved_tensors_hooks.__enter__`` while a check is on: a program's hooks pushed over the check's
-    are wrapped by it (checkpoint's recomputation hooks are not: what they save is used at once)."""
-    layer = _layer_of(_top())
-    if layer is None or not layer.check.active or type(self).__name__ == "_recomputation_hook":
-        _push(self.pack_hook, self.unpack_hook)
-        return
-    inner = _Layer(layer.check, None, self.pack_hook, self.unpack_hook, type(self).__name__ == "_checkpoint_hook")
-    _push(inner.pack, inner.unpack)
-
-
-def _composing_exit(self, *args) -> None:
-    """The program's block ends: its hooks come off. Where a check started inside the block wrapped them,
-    the check's layer stays, unwrapped."""
-    layer = _layer_of(_top())
-    if layer is not None and layer.replaced and layer.inner_pack == self.pack_hook and layer.check.active:
-        _pop()
-        _OWN.pop(id(layer.own), None)
-        own = _Layer(layer.check, layer.own, None, None)
-        layer.check._layer = own
-        _push(own.pack, own.unpack)
-        return
-    _pop()
-
-
-@contextlib.contextmanager
-def _lifting_disable(error_message: str):
-    """``disable_saved_tensors_hooks`` (torch.func's transforms refuse saved-tensor hooks) while a check
-    is on: the check's own hooks are lifted for the duration, as if it were off there."""
-    lifted = []
-    while True:
-        layer = _layer_of(_top())
-        if layer is None or layer.inner_pack is not None:
-            break
-        _pop()
-        lifted.append(layer)
-    if _top():  # the program's own hooks are there too: refused as without the check
-        for layer in reversed(lifted):
-            _push(layer.pack, layer.unpack)
-        lifted = []
-    try:
-        with _PATCHED["disable"](error_message):
-            yield
-    finally:
-        for layer in reversed(lifted):
-            _push(layer.pack, layer.unpack)
-
-
-def _patch() -> None:
-    import torch.autograd.graph as graph
-
-    with _PATCH_LOCK:
-        if _PATCHED:
-            return
-        _PATCHED["enter"] = graph.saved_tensors_hooks.__enter__
-        _PATCHED["exit"] = graph.saved_tensors_hooks.__exit__
-        _PATCHED["disable"] = graph.disable_saved_tensors_hooks
-        graph.saved_tensors_hooks.__enter__ = _composing_enter  # type: ignore[method-assign]  # put back by _unpatch
-        graph.saved_tensors_hooks.__exit__ = _composing_exit  # type: ignore[method-assign]  # put back by _unpatch
-        graph.disable_saved_tensors_hooks = _lifting_disable
-
-
-def _unpatch() -> None:
-    import torch.autograd.graph as graph
-
-    with _PATCH_LOCK:
-        if not _PATCHED:
-            return
-        graph.saved_tensors_hooks.__enter__ = _PATCHED.pop("enter")  # type: ignore[method-assign]  # torch's own
-        graph.saved_tensors_hooks.__exit__ = _PATCHED.pop("exit")  # type: ignore[method-assign]  # torch's own
-        graph.disable_saved_tensors_hooks = _PATCHED.pop("disable")
-
-
-def patched() -> bool:
-    """Whether the check has anything of torch replaced now (nothing, while no check is on)."""
-    return bool(_PATCHED)
 
 
 _PROCESS: Check | None = None  # the check install() and run turned on, for the whole process

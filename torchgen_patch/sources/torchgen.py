@@ -16,93 +16,24 @@ object. Nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import importlib
 import importlib.machinery
 import os
 import re
-import stat
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..errors import EnvironmentProblem, InputError, one_line, printable
+from ..errors import InputError, one_line
 from ..files import check_depth, yaml_error
 from ..vocabulary import Form, Gap, Kind
 from .facts import CppSig, Facts, WrittenArg, kernel_candidate
+from .rejected import rejected, where_failed, whose
+from .toolchain import CHECKOUT, INSTALLED, Toolchain, checkout, installed  # noqa: F401  (the stage's names)
+from .yaml_bounds import MAX_ENTRIES, bounded, check_duplicates, refuse_shared
 
-INSTALLED, CHECKOUT = "installed", "checkout"
 _GAP_KINDS = (Kind.OUT, Kind.INPLACE)  # the void ops whose VariableType kernel is asked what it checks
 _OWNED = ("torchgen", "tools")
-
-
-@dataclass(frozen=True)
-class Toolchain:
-    world: str  # installed | checkout
-    path_entry: str  # the sys.path entry that holds the torchgen package (and, in a checkout, tools/)
-    autograd: str  # the autograd codegen's package: torchgen.packaged.autograd | tools.autograd
-
-    @property
-    def torchgen_dir(self) -> str:
-        return os.path.join(self.path_entry, "torchgen")
-
-    @property
-    def autograd_dir(self) -> str:
-        return os.path.join(self.path_entry, *self.autograd.split("."))
-
-    def identity(self) -> str:
-        """Content identity of the torchgen package and the autograd codegen (sha256)."""
-        return _identity(self.torchgen_dir, self.autograd_dir)
-
-
-def installed() -> Toolchain:
-    """The installed torch's torchgen, found without importing it (or torch). The current
-    directory is not searched: run inside a PyTorch checkout, `python -m torchgen_patch`
-    would otherwise take the checkout's torchgen for the installed one (--pytorch-root is
-    how a checkout is asked for)."""
-    cwd = os.getcwd()
-    spec = importlib.machinery.PathFinder.find_spec(
-        "torchgen", [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != cwd])
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not locations:
-        raise EnvironmentProblem("no installed torchgen: this Python has no torch",
-                                 "install torch, or give --pytorch-root DIR to use a PyTorch checkout's own "
-                                 "torchgen")
-    tc = Toolchain(INSTALLED, os.path.dirname(os.path.abspath(locations[0])), "torchgen.packaged.autograd")
-    if not os.path.isfile(os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")):
-        raise InputError(tc.autograd_dir, None, "the installed torchgen ships no autograd codegen "
-                         "(torchgen/packaged/autograd)", "use --pytorch-root with a PyTorch checkout")
-    return tc
-
-
-def checkout(root: str) -> Toolchain:
-    """A PyTorch checkout's own torchgen and tools/autograd (checked, not imported yet)."""
-    root = os.path.abspath(root)
-    for rel, what in (("torchgen/__init__.py", "torchgen/"), ("tools/autograd/gen_inplace_or_view_type.py",
-                                                             "tools/autograd/")):
-        if not os.path.isfile(os.path.join(root, rel)):
-            raise InputError(root, None, f"not a PyTorch checkout: {rel} is missing",
-                             f"--pytorch-root needs the checkout's own {what}; is the checkout complete?")
-    return Toolchain(CHECKOUT, root, "tools.autograd")
-
-
-def _identity(*dirs: str) -> str:
-    """Read every time (about 6 ms): a checkout edited between two calls is another toolchain."""
-    h = hashlib.sha256()
-    for d in dirs:
-        for base, subdirs, names in os.walk(d):
-            subdirs[:] = sorted(s for s in subdirs if s not in ("__pycache__", "packaged"))
-            for name in sorted(names):
-                p = os.path.join(base, name)
-                if name.endswith((".py", ".yaml")) and os.path.isfile(p) and stat.S_ISREG(os.stat(p).st_mode):
-                    try:
-                        with open(p, "rb") as fh:
-                            h.update(os.path.relpath(p, d).encode() + b"\0" + fh.read() + b"\0")
-                    except OSError as e:
-                        raise InputError(p, None, f"cannot read: {e.strerror}") from None
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------
@@ -181,32 +112,15 @@ def _import(tc: Toolchain, name: str):
         raise InputError(e.filename or tc.path_entry, e.lineno, f"cannot import {name}: {e.msg}",
                          _import_hint(tc)) from None
     except ImportError as e:
-        raise InputError(*_where(tc, name, e), f"cannot import {name}: {one_line(e)}", _import_hint(tc)) from None
+        raise InputError(*where_failed(tc, name, e), f"cannot import {name}: {one_line(e)}", _import_hint(tc)) from None
     except Exception as e:  # noqa: BLE001 — the module itself raised while importing
-        raise InputError(*_where(tc, name, e), f"cannot import {name}: {type(e).__name__}: {one_line(e)}",
+        raise InputError(*where_failed(tc, name, e), f"cannot import {name}: {type(e).__name__}: {one_line(e)}",
                          "is the checkout intact?" if tc.world == CHECKOUT else None) from None
     if not _from(module, tc.path_entry):
         raise InputError(getattr(module, "__file__", None) or tc.path_entry, None,
                          f"{name} was imported from outside the {tc.world} toolchain at {tc.path_entry}",
                          "a torchgen from elsewhere is mixed in; run with a clean PYTHONPATH")
     return module
-
-
-def _frames_inside(tc: Toolchain, exc: BaseException) -> list:
-    """The traceback's frames in the toolchain's own files, outermost first."""
-    import traceback
-
-    return [f for f in traceback.extract_tb(exc.__traceback__)
-            if os.path.abspath(f.filename).startswith(tc.path_entry + os.sep)]
-
-
-def _where(tc: Toolchain, name: str, exc: BaseException) -> tuple[str, int | None]:
-    """The toolchain's own file and line where the import failed (the innermost frame in it)."""
-    inside = _frames_inside(tc, exc)
-    if inside:
-        return inside[-1].filename, inside[-1].lineno
-    p = os.path.join(tc.path_entry, *name.split("."))
-    return (p + ".py" if os.path.isfile(p + ".py") else os.path.join(p, "__init__.py")), None
 
 
 def _import_hint(tc: Toolchain) -> str:
@@ -223,7 +137,7 @@ def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
     """``text`` through the toolchain's own LineLoader (``__line__`` per entry)."""
     import yaml
 
-    loader = _bounded(_import(tc, "torchgen.gen").LineLoader)
+    loader = bounded(_import(tc, "torchgen.gen").LineLoader)
     check_depth(path, text, what)
     try:
         es = yaml.load(text, Loader=loader)
@@ -242,117 +156,8 @@ def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
     for entry in es:
         if not isinstance(entry, dict):
             raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(entry).__name__}")
-    _refuse_shared(path, es, what)
+    refuse_shared(path, es, what)
     return es
-
-
-# Bounds on hostile input (tests/test_adversarial_yaml.py): several times what PyTorch's yaml needs
-MAX_ENTRIES = 10_000
-MAX_KEYS = 256  # per mapping: torchgen's loader checks duplicate keys in a list, quadratic in the keys
-
-
-@functools.lru_cache(maxsize=None)
-def _bounded(base: type) -> type:
-    """The toolchain's own loader, refusing a mapping of more than MAX_KEYS keys before it is built."""
-    import yaml
-
-    def construct_mapping(self, node, deep=False):
-        if len(node.value) > MAX_KEYS:
-            raise yaml.constructor.ConstructorError(None, None, f"a mapping of {len(node.value):,} keys (the "
-                                                    f"limit is {MAX_KEYS})", node.start_mark)
-        return base.construct_mapping(self, node, deep=deep)  # type: ignore[attr-defined]  # a yaml Loader's
-
-    return type(f"Bounded{base.__name__}", (base,), {"construct_mapping": construct_mapping})
-
-
-_CONTAINERS = (dict, list, tuple)  # what a safe loader makes that can hold a container (!!pairs: tuples)
-
-
-def _refuse_shared(path: str, es: list, what: str) -> None:
-    """Refuse a list or mapping reached twice: only YAML aliases (``*name``) do that, and they can
-    stand for a billion elements in a few lines ("billion laughs"), which torchgen would walk or
-    print in a message. PyTorch's yaml uses none. One pass over the containers (a few percent of a parse)."""
-    seen: set[int] = set()
-    for entry in es:
-        todo = [entry]
-        for node in todo:  # grows while it is walked
-            if id(node) in seen:
-                raise InputError(path, entry.get("__line__"), f"YAML aliases (*name) are not allowed in {what}",
-                                 "write the value out where it is used")
-            seen.add(id(node))
-            for v in (node.values() if type(node) is dict else node):
-                if type(v) in _CONTAINERS:
-                    todo.append(v)
-
-
-_LOC = re.compile(r"in (?P<path>.+?):(?P<line>\d+):")
-
-
-def _rejected(tc: Toolchain, path: str, exc: BaseException, es: list | None = None,
-              who: str = "torchgen") -> InputError:
-    msg = str(exc.args[0]) if exc.args else ""
-    m = _LOC.search(msg)
-    line = int(m.group("line")) if m else _line_of_named_entry(msg, es or [])
-    first = one_line(msg) if msg.strip() else ""
-    if not first or (first.startswith("in ") and _LOC.match(first)):  # no message of its own
-        first = _failed_check(tc, exc)
-    return InputError(path, line, f"the {_whose(tc)} {who} rejected this file: {first}",
-                      "is the yaml from a torch release this torchgen can read?")
-
-
-def _failed_check(tc: Toolchain, exc: BaseException) -> str:
-    """An exception without a message of its own (torchgen adds only where it was parsing):
-    older torchgens (torch 2.4's) check schemas with bare asserts; the failed check's own
-    source line says what failed. Its type where there is no such line."""
-    import linecache
-
-    inside = _frames_inside(tc, exc)
-    if not inside or not inside[-1].line:
-        return type(exc).__name__
-    f = inside[-1]
-    lines = [f.line.strip()]  # a check spread over lines: back to its `assert` (a few lines at most)
-    for n in range(f.lineno - 1, max(f.lineno - 6, 0), -1):
-        if lines[0].startswith("assert"):
-            break
-        lines.insert(0, linecache.getline(f.filename, n).strip())
-    check = " ".join(lines) if lines[0].startswith("assert") else lines[-1]
-    return f"failed check `{check}` ({os.path.relpath(f.filename, tc.path_entry)}:{f.lineno})"
-
-
-def _whose(tc: Toolchain) -> str:
-    return "checkout's" if tc.world == CHECKOUT else "installed"
-
-
-def _line_of_named_entry(msg: str, es: list) -> int | None:
-    """torchgen's cross-entry checks name the schema but not its line: find it."""
-    for e in es:
-        func = e.get("func")
-        if isinstance(func, str) and func.strip() in msg:
-            return e.get("__line__")
-    return None
-
-
-MAX_SCHEMA = 10_000
-_OPERATOR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?\Z")
-
-
-def _check_duplicates(path: str, es: list) -> None:
-    seen: dict[str, int] = {}
-    for e in es:
-        func = e.get("func")
-        if not isinstance(func, str):
-            raise InputError(path, e.get("__line__"), "entry has no 'func:' schema string")
-        line = e.get("__line__")
-        if len(func) > MAX_SCHEMA:  # torchgen's parse of one such line takes seconds per megabyte
-            raise InputError(path, line, f"a schema of {len(func):,} characters (the limit is {MAX_SCHEMA:,}; "
-                                         "PyTorch's longest has about 500)")
-        name = func.split("(", 1)[0].strip()
-        if not _OPERATOR_NAME.match(name):  # torchgen accepts ev"il(...); C++ string literals would not
-            raise InputError(path, line, f"operator name {printable(repr(name))} is not an identifier "
-                                         "(with an optional .overload)", "names are letters, digits and '_'")
-        if name in seen:
-            raise InputError(path, line, f"duplicate operator '{name}'", f"first defined at line {seen[name]}")
-        seen[name] = line
 
 
 def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tags_text: str,
@@ -367,20 +172,20 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
         try:
             tags = gen.parse_tags_yaml_struct(tag_es, path=tags_path)
         except Exception as e:  # noqa: BLE001 — torchgen raises bare AssertionError/KeyError
-            raise _rejected(tc, tags_path, e) from None
+            raise rejected(tc, tags_path, e) from None
         es = load_yaml_list(tc, native_path, native_text, "native_functions.yaml")
-        _check_duplicates(native_path, es)
+        check_duplicates(native_path, es)
         try:
             parsed = gen.parse_native_yaml_struct(es, tags, path=native_path)
         except Exception as e:  # noqa: BLE001 — torchgen's parser raises bare AssertionError/KeyError
-            raise _rejected(tc, native_path, e, es) from None
+            raise rejected(tc, native_path, e, es) from None
         raw = {e["__line__"]: e["func"].strip() for e in es}
         try:
             return _Asker(tc, native_path, tags_path, parsed, autograd).all(list(parsed.native_functions), raw)
         except (AttributeError, TypeError, KeyError, ValueError) as e:  # a codegen of another shape than asked
             # here (ValueError: a SchemaKind of no Kind; TypeError: a write annotation on another type)
             where = os.path.join(tc.autograd_dir, "gen_inplace_or_view_type.py")
-            raise InputError(where, None, f"the {_whose(tc)} autograd codegen does not have the shape this tool "
+            raise InputError(where, None, f"the {whose(tc)} autograd codegen does not have the shape this tool "
                                           f"asks: {type(e).__name__}: {one_line(e)}",
                              "known to work: the codegen of torch 2.4 to 2.14") from None
 
@@ -491,7 +296,7 @@ class _Asker:
                 with self._parse_shared():
                     return ld.load_derivatives(part, self.native_path, self.tags_path)[0]
             except Exception as e:  # noqa: BLE001 — the autograd codegen's own checks, whatever they raise
-                raise _rejected(self.tc, path, e, who="autograd codegen") from None
+                raise rejected(self.tc, path, e, who="autograd codegen") from None
             finally:
                 getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((part, self.native_path), None)
 
@@ -544,7 +349,7 @@ class _Asker:
                 with self._parse_shared():
                     self._infos, _ = ld.load_derivatives(path, self.native_path, self.tags_path)
             except Exception as e:  # noqa: BLE001 — the autograd codegen's checks of derivatives.yaml
-                raise _rejected(self.tc, path, e, who="autograd codegen") from None
+                raise rejected(self.tc, path, e, who="autograd codegen") from None
             finally:  # keyed by path: a file edited later in this process must be read again
                 getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((path, self.native_path), None)
         return self._infos

@@ -97,7 +97,21 @@ def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: 
     out= operators whose VariableType kernels gain the requires-grad refusal."""
     total = sum(missing_kinds.values())
     kinds = ", ".join(f"{n} {KIND_WORDS.get(k, k)}" for k, n in sorted(missing_kinds.items(), key=lambda kv: -kv[1]))
-    out = [
+    out = _problem() + _change(total, checkout_version, kinds, unchecked) + [
+        "## Measured before and after",
+        "",
+        "The same rule, generated from the same schemas, installed at run time into the released torch of this "
+        "machine, stands in for the rebuilt torch:",
+        "",
+    ]
+    for m in measurements:
+        out += _table(m) + [""]
+    return "\n".join(out + _testing(total, unchecked))
+
+
+def _problem() -> list[str]:
+    """The title and the problem, as the issue and the earlier pull request left it."""
+    return [
         "Generate ADInplaceOrView kernels (and requires-grad checks) for operators that mutate arguments and return "
         "nothing",
         "",
@@ -127,6 +141,12 @@ def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: 
         "with `x` requiring grad succeeds, and `y`, `z` do not require grad: gradients through them are lost "
         "without a word.",
         "",
+    ]
+
+
+def _change(total: int, checkout_version: str, kinds: str, unchecked: int) -> list[str]:
+    """What the change does, and why exactly one bump."""
+    return [
         "## What this change does",
         "",
         f"`{TARGET}` emits and registers an `ADInplaceOrView` kernel for every operator that mutates an "
@@ -154,15 +174,12 @@ def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: 
         "every written tensor ends exactly one version higher per call, whatever the backend does; undefined "
         "tensors are skipped.",
         "",
-        "## Measured before and after",
-        "",
-        "The same rule, generated from the same schemas, installed at run time into the released torch of this "
-        "machine, stands in for the rebuilt torch:",
-        "",
     ]
-    for m in measurements:
-        out += _table(m) + [""]
-    out += [
+
+
+def _testing(total: int, unchecked: int) -> list[str]:
+    """How it was tested."""
+    return [
         "## How it was tested",
         "",
         f"- `{TEST_FILE}` (new; `common_utils.TestCase`, device-generic through `instantiate_device_type_tests`, "
@@ -186,7 +203,6 @@ def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: 
         f"`{TEST_FILE}`.",
         "",
     ]
-    return "\n".join(out)
 
 
 def missing_by_kind(scan) -> dict[Kind, int]:

@@ -37,8 +37,7 @@ _mode = None  # "run" | "enable"; None until start()
 _down = False  # the tool itself runs in this process (its CLI): it installs nothing behind its back
 _finished = False  # everything installed (or refused, said so): the audit hook only watches children
 _enabled_here = False  # the .pth of an enabled environment loaded this hook
-# sys.path when the hook started: an entry put first later is the program's own directory
-_start_path: tuple[str, ...] = ()
+_start_path: tuple[str, ...] = ()  # sys.path at the hook's start: an entry put first later is the program's dir
 _lock = _thread.allocate_lock()
 _busy: set[int] = set()  # threads doing the tool's own work right now
 
@@ -66,6 +65,56 @@ def start(spec_text, mode, source=None):
     import atexit
 
     atexit.register(_at_exit)
+
+
+def enabled(data):
+    """The start of a process of an enabled environment (its ``.pth`` line calls this): the launch spec
+    is the file ``data`` beside that line, read as bytes (a regular file of the site-packages directory's
+    owner, written by none other) only once torch has been imported, so a process that never imports
+    torch reads nothing. A file that cannot be read as one is said in one line at that import, and the
+    program goes on unpatched. (An enabled environment's spec has no --import modules: only torch is
+    watched.)"""
+    global _lazy  # noqa: PLW0603 (the hook's state, one per process)
+    _lazy = None if os.environ.get(ENV) else data  # run's own spec governs a process run started
+    start(None, "enable", data)
+
+
+def _read_data(path):
+    """(the file's text, None), or (None, why it cannot be the spec). Nothing here can block: a FIFO
+    is opened with O_NONBLOCK and not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        return None, f"cannot read it: {e.strerror}"
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000:
+            return None, "it is not a regular file"
+        if st.st_uid != os.stat(os.path.dirname(path)).st_uid or st.st_mode & 0o022:
+            return None, (f"it is not as torchgen-patch enable writes it (uid {st.st_uid}, mode "
+                          f"{st.st_mode & 0o7777:04o}: another account's, or writable by others)")
+        chunks, size = [], 0
+        while size <= _DATA_MAX:
+            chunk = os.read(fd, _DATA_MAX + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        return None, f"cannot read it: {e.strerror}"
+    finally:
+        os.close(fd)
+    if size > _DATA_MAX:
+        return None, f"it is larger than {_DATA_MAX} bytes"
+    try:
+        return b"".join(chunks).decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        return None, f"it is not UTF-8 ({e.reason} at byte {e.start})"
+
+
+_DATA_MAX = 1 << 20
+_broken = None  # why an enabled environment's data file cannot be its launch spec (said at `import torch`)
+_lazy = None  # that data file, not read yet
 
 
 def stand_down():
@@ -224,8 +273,7 @@ def _work(name):
         with _Own(roots):
             from torchgen_patch.runtime.process import after_import
 
-            outcome = after_import(name, _spec, _mode,  # type: ignore[arg-type]  # start() set _mode
-                                   _source, program_import)
+            outcome = after_import(name, _spec, _mode, _source, program_import)  # type: ignore[arg-type]  # start() set _mode
         _finished = outcome.done
         if outcome.line:
             _say(outcome.line)
@@ -236,6 +284,18 @@ def _work(name):
     except Exception as e:  # noqa: BLE001 — the tool cannot load: the program goes on unpatched, and says so
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}")
+        if _mode == "enable" and _strict():
+            _exit(3)  # enable --strict: a process that cannot have the kernels stops, whatever the cause
+
+
+def _strict():
+    """Whether the launch spec says ``strict`` (an enabled environment whose processes never run
+    unpatched); a spec that cannot be read says not."""
+    try:
+        spec = _std("json").loads(_spec)
+    except Exception:  # noqa: BLE001 — any spec that is not JSON is simply not strict
+        return False
+    return isinstance(spec, dict) and spec.get("strict") is True
 
 
 def _roots():
@@ -243,7 +303,20 @@ def _roots():
     ``run`` that is not one stops the process (one line, exit 2), as every bad input does; an enabled
     environment's file that is not one leaves the program unpatched, said in one line (as when it
     names what cannot be had)."""
-    global _finished  # noqa: PLW0603 (the hook's state, one per process)
+    global _finished, _spec, _broken, _lazy  # noqa: PLW0603 (the hook's state, one per process)
+    if _lazy is not None and _mode == "enable":
+        _spec, _broken = _read_data(_lazy)
+        _lazy = None
+    if _broken and _mode == "enable" and not _source.startswith("$"):
+        _finished = True
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: {_broken} (hint: `torchgen-patch enable` "
+             "writes it again, `torchgen-patch disable` removes it)")
+        return None
+    if not _spec and _mode == "enable" and not _source.startswith("$"):  # an enabled environment's file, empty
+        _finished = True
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: it is empty (hint: `torchgen-patch "
+             "enable` writes it again, `torchgen-patch disable` removes it)")
+        return None  # as every damaged data file: what it would have said, strict included, is unknown
     if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
@@ -460,11 +533,28 @@ def _on_spawn(event, args):
         executable, argv, env = args
     argv = [os.fsdecode(a) for a in argv] if not isinstance(argv, (str, bytes)) else [os.fsdecode(argv)]
     why = dropped(argv, env, executable, enabled=_enabled_here)
-    if why is None:
+    if why is None or _from_compiler():
         return
     command = _shown(argv)
     where = f"in pid {os.getpid()} after its exec" if event == "os.exec" else f"in a child of pid {os.getpid()}"
     _say(f"torchgen-patch: NOT active {where} ({command}): {why} (hint: {HINT})")
+
+
+# torch's compile machinery: the Python processes it starts (inductor's probe of the CPU's vector units, its
+# compile workers, Triton's) compile code and never run autograd, so they need no kernels and are not named
+COMPILERS = ("torch._inductor", "torch._dynamo", "torch.utils.cpp_extension", "triton")
+
+
+def _from_compiler():
+    """Whether torch's compile machinery starts the process: the frame nearest the start past this hook's
+    and the standard library's is one of COMPILERS' (only the nearest: a program's function compiled by
+    torch.compile runs under torch._dynamo's frames, and what it starts is the program's)."""
+    std = tuple(d + os.sep for d in _stdlib_dirs())
+    f = sys._getframe(1)
+    while f is not None and (f.f_globals is globals() or f.f_code.co_filename.startswith(std)):
+        f = f.f_back  # type: ignore[assignment]  # None ends the walk
+    name = f.f_globals.get("__name__") if f is not None else None
+    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS)
 
 
 def _shown(argv):

@@ -6,27 +6,26 @@ from __future__ import annotations
 import ctypes
 import os
 
-from ..errors import EnvironmentProblem, one_line
-
-_CDLLS: dict[tuple[int, int], ctypes.CDLL] = {}  # (st_dev, st_ino) of the file loaded -> its handle
+from ...errors import EnvironmentProblem, one_line
+from .state import REGISTRY
 
 
 def _dlopen(name: str) -> ctypes.CDLL:
     return ctypes.CDLL(name)
 
 
-def _load(path: str, sha256: str | None, root: str, key: str | None = None) -> ctypes.CDLL:
+def load(path: str, sha256: str | None, root: str, key: str | None = None) -> ctypes.CDLL:
     """The library at ``path``, checked (trust.check_library) and loaded from the very descriptor that
     was checked, once per file, under a name no earlier load used (``cache.loadable``); before it is
     used, the library must state that it is the build ``key`` (its record's) for exactly this torch
     (``build.build_problem``): no record can say otherwise."""
+    from ..build import build_problem
     from . import trust
-    from .build import build_problem
 
     fd = trust.check_library(path, sha256, root)
     try:
         st = os.fstat(fd)
-        dll = _CDLLS.get((st.st_dev, st.st_ino))
+        dll = REGISTRY.libraries.get((st.st_dev, st.st_ino))
         if dll is not None:
             return dll
         dll = _open_checked(fd, path)
@@ -36,7 +35,7 @@ def _load(path: str, sha256: str | None, root: str, key: str | None = None) -> c
             raise EnvironmentProblem(f"{why}: it is not registered",
                                      "install the kernels made for this torch (`torchgen-patch wheel` with it), or "
                                      f"remove {os.path.dirname(path)} and build again (torchgen-patch build)")
-        _CDLLS[(st.st_dev, st.st_ino)] = dll
+        REGISTRY.libraries[(st.st_dev, st.st_ino)] = dll
         return dll
     finally:
         os.close(fd)
@@ -47,7 +46,7 @@ def _open_checked(fd: int, path: str) -> ctypes.CDLL:
     has none. A failure that is the process's (no free descriptor) is said as such."""
     import errno
 
-    from .. import cache
+    from ... import cache
 
     name = cache.loadable(fd)
     try:
@@ -68,7 +67,7 @@ def _open_checked(fd: int, path: str) -> ctypes.CDLL:
 
 def _stated(dll: ctypes.CDLL) -> bytes | None:
     """What the library says of its own build (``torchgen_patch_build()``), or None if it says nothing."""
-    from .build import IDENTITY_SYMBOL
+    from ..build import IDENTITY_SYMBOL
 
     try:
         fn = getattr(dll, IDENTITY_SYMBOL)
@@ -87,11 +86,11 @@ def _close(dll: ctypes.CDLL) -> None:
         pass
 
 
-def _load_built(library: str) -> ctypes.CDLL:
+def load_built(library: str) -> ctypes.CDLL:
     """A build of torchgen-patch (the boxed library, say), its record read through the trust checks."""
-    from . import artifact_at
+    from .. import artifact_at
 
     art = artifact_at(library, manifest=False)
-    return _load(art.path, art.sha256, art.root, art.key)
+    return load(art.path, art.sha256, art.root, art.key)
 
 

@@ -23,14 +23,14 @@ nothing is rebuilt in its place. See SECURITY.md.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 
-from .. import cache
-from ..cache import OWNERS_ENV, inside, trusted_uids
-from ..cache import owner_name as _owner  # noqa: F401  (the name the tests use)
-from ..errors import EnvironmentProblem
+from ... import cache
+from ...cache import OWNERS_ENV, inside, trusted_uids
+from ...cache import owner_name as _owner  # noqa: F401  (the name the tests use)
+from ...errors import EnvironmentProblem
+from ..build.record import sha256_of
 
 __all__ = ["OWNERS_ENV", "inside", "trusted_uids", "check_path", "check_library", "open_library", "sha256_of"]
 _VERIFIED: set[tuple] = set()  # (dev, ino, size, mtime_ns, ctime_ns, sha256) hashed in this process
@@ -55,16 +55,6 @@ def open_library(path: str, root: str, library: str | None = None) -> int:
     except cache.Missing as e:
         raise EnvironmentProblem(f"cannot check {e} before loading native code from it: "
                                  "No such file or directory") from None
-
-
-def sha256_of(fd: int) -> str:
-    """The SHA-256 of the file behind the open descriptor ``fd``, read from its start."""
-    h = hashlib.sha256()
-    offset = 0
-    while chunk := os.pread(fd, 1 << 20, offset):
-        h.update(chunk)
-        offset += len(chunk)
-    return h.hexdigest()
 
 
 def verify(fd: int, path: str, expected_sha256: str | None) -> None:

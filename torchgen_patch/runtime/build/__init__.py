@@ -1,0 +1,130 @@
+"""Build: compile generated kernels into one shared library against the imported torch, with
+ninja, in a private directory; the build never loads what it made.
+
+The library lands in ``<cache>/builds/build-<key>/`` where the key hashes the generated sources,
+the flags, the compiler and the torch build. A build runs in a private temporary directory
+(0700, made under the checked builds directory's descriptor, holding a lease: a lock of the
+live build) from a ``build.ninja`` of relative paths only, run with that directory as its
+working directory (set from the descriptor), so no name is resolved twice; the result is
+hashed, made writable by its owner only, and renamed into place through the descriptor when it
+succeeded, so a crash, a compiler error or a concurrent build never leaves a half-written
+library where a later load would pick it up. The library states its own build (this torch's
+version, git hash, C++ ABI, CUDA, and the build key, compiled into it), which ``install()``
+reads after ``dlopen`` and before registering anything; its record (``build-info.json``) holds
+the library's SHA-256, checked before it is loaded (``load/trust.py``).
+
+The parts: the toolchain found (``toolchain.py``), the key and the library's statement of its build
+(``key.py``), the record (``record.py``), build.ninja and ninja's log (``ninja.py``), the compile
+(``compile.py``) in a process group of its own (``processes.py``), with progress lines
+(``progress.py``), an estimate said before it starts (``estimate.py``) and compiler errors mapped
+back to kernels (``explain.py``). ``build()`` is the one entry point, and composes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import sys
+from dataclasses import dataclass
+
+from ... import cache
+from ...codegen import compiled_sources
+from ...errors import EnvironmentProblem, InputError, require_torch
+from .compile import compile_into
+from .estimate import estimate
+from .explain import explain
+from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, _key, build_problem, identity_source, torch_identity
+from .ninja import build_ninja, ninja_times
+from .processes import own_process_group
+from .progress import Progress
+from .record import LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, remove_stale
+from .toolchain import CFLAGS, _compiler, _compiler_runs, _ninja, default_flags, python_flags
+
+__all__ = ["CFLAGS", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "Progress", "RECORD",
+           "RECORD_FORMAT", "TEMPORARY", "build", "build_boxed", "build_ninja", "build_problem", "build_saved",
+           "default_flags", "estimate", "explain", "identity_source", "ninja_times", "own_process_group",
+           "python_flags", "remove_stale", "torch_identity"]
+
+
+@dataclass(frozen=True)
+class Library:
+    path: str  # the shared library
+    directory: str
+    key: str
+    torch_version: str
+    ops: tuple[str, ...]
+    built: bool  # False when the cache already had it
+
+
+def _builds_root(root: str | None) -> cache.Dir:
+    """The checked directory builds go in (created private; nothing is compiled for, or written into,
+    a directory another account could write)."""
+    if root is None:
+        return cache.subdir("builds")
+    try:
+        return cache.open_dir(root, cache.cache_refusal(root), create=True)
+    except InputError as e:
+        if type(e) is not InputError:
+            raise
+        raise _not_writable(root, e.message.rsplit(": ", 1)[-1]) from None
+
+
+def _not_writable(root: str, why: str) -> InputError:
+    return InputError(root, None, f"build directory is not writable: {why}",
+                      f"set {cache.ENV} to a cache of your own (a directory you can write)")
+
+
+def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
+          root: str | None = None, verbose: bool = False, log=None, sources: list[str] | None = None,
+          prefix: str = LIB_PREFIX, links: tuple[str, ...] = (), what: str = "the generated kernels") -> Library:
+    """Compile ``files`` (as rendered by render.render) unless the cache has them.
+    ``sources``: the files to compile (default: the plan's shards and registration); ``log``: where
+    the build says what it does (default: ``sys.stderr`` as it is at the call, never at import);
+    ``links``: more link flags (part of the key, as every flag); ``what``: how a compiler error names them."""
+    log = sys.stderr if log is None else log
+    torch = require_torch("building the kernels")
+
+    compiler = _compiler()
+    flags = default_flags() if flags is None else flags
+    key = _key(files, flags + tuple(links), compiler)
+    final = f"build-{key[:24]}"
+    name = f"{prefix}_{key[:12]}"
+    with _builds_root(root) as builds:
+        lib = Library(builds.join(final, f"{name}.so"), builds.join(final), key, torch.__version__, tuple(ops), False)
+        if complete(builds, final, key, lib.path):
+            return lib
+        _compiler_runs(compiler)
+        ninja = _ninja()  # said before "compiling ... with ninja", never after
+        with contextlib.ExitStack() as held:
+            try:  # a concurrent build of the key waits here
+                held.enter_context(builds.lock(f"{final}.lock",
+                                               wait_note=f"waiting for another build of {lib.directory}"))
+            except EnvironmentProblem as e:
+                if getattr(e, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise _not_writable(builds.path, e.message.rsplit(": ", 1)[-1]) from None
+                raise
+            if complete(builds, final, key, lib.path):
+                return lib
+            remove_stale(builds)
+            compile_into(builds, files, sources or compiled_sources(shards), flags, name, key, final, compiler, ninja,
+                         verbose, log, links, what)
+    return Library(lib.path, lib.directory, key, torch.__version__, tuple(ops), True)
+
+
+def build_boxed(root: str | None = None, verbose: bool = False, log=None) -> Library:
+    """The boxed kernel library (for operators outside native_functions.yaml)."""
+    from ...codegen import render_boxed
+
+    return build(render_boxed(), [], 0, root=root, verbose=verbose, log=log, sources=["BoxedADInplaceOrView.cpp"],
+                 prefix="torchgen_patch_boxed")
+
+
+def build_saved(root: str | None = None, verbose: bool = False, log=None) -> Library:
+    """The saved-tensor check's native hooks (a library that is a Python extension, built as any other)."""
+    from ...codegen import render_saved
+
+    cflags, links = python_flags()
+    files = render_saved()
+    return build(files, [], 0, flags=default_flags() + cflags, root=root, verbose=verbose, log=log,
+                 sources=[n for n in sorted(files) if n.endswith(".cpp")], prefix="torchgen_patch_saved", links=links,
+                 what="the saved-tensor check's native hooks")

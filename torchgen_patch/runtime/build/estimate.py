@@ -1,0 +1,80 @@
+"""How long a build will take, said before it starts, from what earlier builds here recorded."""
+
+from __future__ import annotations
+
+from ... import cache
+from ... import files as _files
+from ...errors import EnvironmentProblem
+from ...vocabulary import plural
+from .record import RECORD
+
+
+def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None:
+    """How long the build of ``units`` (name -> bytes) will take, said before it starts, from the
+    units earlier builds in this directory recorded (their own compile times, ninja's): a unit
+    built before under its name takes what it took then (the size difference at the rate the
+    earlier units give), another one what units of its size took; scheduled on as many workers as
+    those builds had, plus their link time. None (no estimate) where no earlier build here
+    recorded its units: there is nothing honest to say."""
+    if isinstance(builds, str):
+        try:
+            with cache.open_dir(builds, cache.cache_refusal(builds)) as d:
+                return estimate(d, units)
+        except cache.Missing:
+            return None
+    if isinstance(units, int):
+        units = {str(i): 0 for i in range(units)}
+    seen: dict[str, list[tuple[int, float]]] = {}
+    links, jobs, n = [], [], 0
+    try:
+        names = [n for n in builds.names() if n.startswith("build-") and not n.endswith(".lock")]
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            with builds.sub(name) as d:
+                info = _files.loads(d.read(RECORD))  # a record is input like any cache entry
+        except (cache.Missing, EnvironmentProblem, OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or not isinstance(info.get("unit_times"), dict):
+            continue
+        n += 1
+        for u, t in info["unit_times"].items():
+            if isinstance(t, dict) and type(t.get("bytes")) is int and isinstance(t.get("seconds"), (int, float)):
+                seen.setdefault(u, []).append((t["bytes"], float(t["seconds"])))
+        if isinstance(info.get("link_seconds"), (int, float)):
+            links.append(float(info["link_seconds"]))
+        if type(info.get("jobs")) is int and info["jobs"] > 0:
+            jobs.append(info["jobs"])
+    points = [p for ps in seen.values() for p in ps]
+    if not points:
+        return None
+    a, b = _fit(points)
+    lo, hi = min(t for _, t in points), max(t for _, t in points)
+
+    def one(unit: str, size: int) -> float:
+        if unit in seen:
+            old, t = min(seen[unit], key=lambda p: abs(p[0] - size))
+            return max(0.1, t + b * (size - old))
+        return min(hi, max(lo, a + b * size))
+
+    times = sorted((one(u, size) for u, size in units.items()), reverse=True)
+    workers = [0.0] * max(1, min(len(times), max(jobs) if jobs else 1))
+    for t in times:  # longest first, each on the worker that is free first
+        workers[workers.index(min(workers))] += t
+    total = max(workers) + (sum(links) / len(links) if links else 0.0)
+    return f"about {max(1, round(total))} s, going by {plural(n, 'earlier build')} here"
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) of seconds = a + b * bytes through ``points`` (least squares; the rate never negative)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((x - mx) ** 2 for x, _ in points)
+    if var == 0:
+        return my, 0.0
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / var)
+    return my - b * mx, b
+
+
