@@ -359,6 +359,7 @@ ALLOWED = {
     ("runtime/launch.py", "_stamp"): "the files of the --import modules, stamped into the check's key",
     ("runtime/launch.py", "_silenced"): "the null device, for what the --import modules print",
     ("cli/__init__.py", "_silence_stdout"): "the null device, in place of a standard output that failed",
+    ("runtime/enable.py", "_is_dir"): "the data file's name in site-packages, looked at before disable removes anything",
     ("runtime/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
     ("runtime/enable.py", "check_writable"): "the environment's site-packages",
     ("runtime/enable.py", "state"): "enable's output files, and the hook of this install they name",

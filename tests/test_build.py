@@ -2,6 +2,7 @@
 
 import ctypes
 import io
+import importlib
 import json
 import os
 import re
@@ -250,6 +251,9 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     record = json.load(open(os.path.join(os.path.dirname(build_boxed(root=str(tmp_path)).path), build.RECORD)))
     said = {u: t["seconds"] for u, t in record["unit_times"].items()}
     assert said["BoxedADInplaceOrView.cpp"] > said["torchgen_patch_build.cpp"] >= 0
+    estimating = importlib.import_module("torchgen_patch.runtime.build.estimate")  # the module, not its function
+
+    monkeypatch.setattr(estimating, "load_now", lambda: record["load"])  # as busy as during that build
     guess = estimate(str(tmp_path), {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
     m = re.fullmatch(r"about (\d+) s, going by 1 earlier build here", guess)
     assert m and int(m.group(1)) <= round(record["seconds"]) + 1, (guess, record)
@@ -282,3 +286,22 @@ def test_a_build_says_what_it_does_on_the_stderr_of_its_call(tmp_path, capsys):
         build.build({"stop.cpp": b"#error stop here\n"}, [], 0, root=str(tmp_path), sources=["stop.cpp"])
     # the source given and the unit that makes a library state its own build
     assert "torchgen-patch: compiling 2 translation units with ninja" in capsys.readouterr().err
+
+
+def test_the_estimate_grows_with_how_busy_the_machine_is_now_against_then(tmp_path, monkeypatch):
+    """An earlier build of 2 units on 2 workers, 2 processors idle, 10 s a unit: alone again, about 10 s;
+    beside 6 other runnable processes, each worker gets a quarter of a processor: about 40 s (the
+    estimate ran at half the real time and less on a loaded machine)."""
+    estimating = importlib.import_module("torchgen_patch.runtime.build.estimate")  # the module, not its function
+
+    d = tmp_path / "build-0123"
+    d.mkdir()
+    (d / build.RECORD).write_text(json.dumps({
+        "unit_times": {"a.cpp": {"bytes": 100, "seconds": 10.0}, "b.cpp": {"bytes": 100, "seconds": 10.0}},
+        "jobs": 2, "units": 2, "load": 0.0, "cpus": 2}))
+    monkeypatch.setattr(estimating.os, "cpu_count", lambda: 2)
+    units = {"a.cpp": 100, "b.cpp": 100}
+    monkeypatch.setattr(estimating, "load_now", lambda: 0.0)
+    assert estimating.estimate(str(tmp_path), units) == "about 10 s, going by 1 earlier build here"
+    monkeypatch.setattr(estimating, "load_now", lambda: 6.0)
+    assert estimating.estimate(str(tmp_path), units) == "about 40 s, going by 1 earlier build here"

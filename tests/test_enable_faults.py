@@ -334,3 +334,43 @@ def test_an_empty_data_file_is_said_as_such(cached):
     assert re.fullmatch(rf"torchgen-patch: NOT active in pid \d+: {re.escape(data)}: it is empty \(hint: "
                         r"`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it\)\n",
                         r.stderr), r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the cases set modes of the cache's build")
+def test_where_none_can_be_built_the_named_builds_own_cause_is_said_first(cached):
+    """The named build's directory writable by its group and no compiler on PATH: the line names the
+    directory and its fix first, then why none could be made instead (it named only the compiler)."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    name, break_it, undo, _ = _cases(env)[0]
+    break_it()
+    try:
+        r = _prog(env, _no_compiler(env))
+    finally:
+        undo()
+    assert (r.returncode, r.stdout) == (0, "end\n"), r.stderr
+    line = UNPATCHED.match(r.stderr.rstrip("\n"))
+    assert r.stderr.count("\n") == 1 and line, r.stderr
+    assert line.group(1).index(name) < line.group(1).index("none can be had instead"), r.stderr
+    assert "chmod" in line.group(2), r.stderr
+
+
+def test_a_directory_at_the_data_files_name_stops_disable_before_it_removes_anything(cached):
+    """disable removed the .pth, then failed at the directory (exit 3, no hint), leaving pip's RECORD
+    lines: now one line first, and nothing removed."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    data = os.path.join(env.site, "torchgen_patch_enable.json")
+    old = open(data, "rb").read()
+    os.unlink(data)
+    os.mkdir(data)
+    record = open(env.record, "rb").read()
+    try:
+        r = _tool(env, "disable")
+        assert r.returncode == 3 and r.stderr.count("\n") == 1 and "is a directory" in r.stderr, r.stderr
+        assert os.path.exists(env.pth) and open(env.record, "rb").read() == record
+    finally:
+        os.rmdir(data)
+        with open(data, "wb") as fh:
+            fh.write(old)
+    assert _tool(env, "disable").returncode == 0

@@ -314,3 +314,15 @@ def test_the_wheel_carries_the_checks_native_hooks_which_run_without_a_compiler(
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"path": "native", "findings": 1, "module": True}
     assert not os.path.exists(tmp_path / "cache" / "builds")  # nothing compiled
+
+
+def test_a_failed_pip_wheel_gets_the_hint_that_fits_what_pip_said():
+    """The setuptools hint only where pip says setuptools or bdist_wheel is missing (a wheel -q that failed
+    under load got it, and it was wrong)."""
+    from torchgen_patch.runtime.prebuilt import wheel_hint
+
+    assert "setuptools>=70.1" in wheel_hint("ModuleNotFoundError: No module named 'setuptools'")
+    assert "setuptools>=70.1" in wheel_hint("error: invalid command 'bdist_wheel'")
+    assert "free space" in wheel_hint("OSError: [Errno 28] No space left on device")
+    said = "ERROR: Could not build wheels: subprocess-exited-with-error\nKilled"
+    assert "setuptools" not in wheel_hint(said) and "pip's own words" in wheel_hint(said)

@@ -288,6 +288,9 @@ def _previous(path: str) -> bytes | None:
 def disable(site: str) -> State:
     """Remove the ``.pth`` line, then the data file, then their RECORD lines; the state before."""
     before = state(site)
+    if before.data_present and _is_dir(before.data):  # not a file of enable's: nothing removed, said first
+        raise EnvironmentProblem(f"{before.data} is a directory, not the file `torchgen-patch enable` writes",
+                                 f"look at what it holds and remove it (rm -r {before.data}), then disable again")
     record = _record_path(site)
     rewritten = None  # RECORD without enable's lines, made before anything is removed (one that cannot be
     if record is not None:  # read stops here, with nothing done)
@@ -301,6 +304,15 @@ def disable(site: str) -> State:
     if rewritten is not None:
         _write(record, rewritten, site)  # type: ignore[arg-type]  # rewritten: record is there
     return before
+
+
+def _is_dir(path: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _write(path: str, data: bytes, site: str) -> None:

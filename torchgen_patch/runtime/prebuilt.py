@@ -188,13 +188,25 @@ def make_wheel(out_dir: str, artifact, opts: Options, log=None, saved=None) -> s
                            env=dict(os.environ, SOURCE_DATE_EPOCH="315532800"), cwd=tmp)
         wheels = sorted(os.listdir(dist)) if os.path.isdir(dist) else []
         if r.returncode != 0 or len(wheels) != 1:
-            tail = " ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
-            raise EnvironmentProblem(f"pip wheel could not pack the kernels: {tail or 'no wheel made'}",
-                                     "this Python needs pip and setuptools>=70.1 (bdist_wheel built in), "
-                                     "or the wheel package")
+            said = (r.stderr or "") + (r.stdout or "")
+            tail = " ".join(said.strip().splitlines()[-3:])
+            raise EnvironmentProblem(f"pip wheel could not pack the kernels (exit {r.returncode}): "
+                                     f"{tail or 'no wheel made'}", wheel_hint(said))
         target = os.path.join(out_dir, wheels[0])
         _publish(os.path.join(dist, wheels[0]), target, out_dir)
     return target
+
+
+def wheel_hint(said: str) -> str:
+    """The fix for a failed ``pip wheel`` that fits what pip said: setuptools only where pip says it
+    lacks setuptools or bdist_wheel (anything else, pip's own words are the cause: a loaded machine's
+    time-out or a full disk is no missing package)."""
+    low = said.lower()
+    if "no space left" in low or "disk quota" in low:
+        return "free space in the output directory and in TMPDIR"
+    if any(w in low for w in ("setuptools", "bdist_wheel", "no module named 'wheel'", "invalid command")):
+        return "this Python needs pip and setuptools>=70.1 (bdist_wheel built in), or the wheel package"
+    return "pip's own words above say why (a machine short of memory or time is one cause)"
 
 
 def _publish(made: str, target: str, out_dir: str) -> None:

@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import EnvironmentProblem, InputError
 from ..vocabulary import Backend, plural
 
 _SPEC_TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstance
@@ -145,15 +145,31 @@ def resolve(spec: dict, log) -> tuple[str | None, str | None]:
     from ..sources import Options
     from . import artifact_at, library as compose
 
+    refused = None
     if spec.get("library"):
         try:
             return artifact_at(spec["library"], "cache").path, "from the cached build"
-        except InputError:  # gone, another torch's, not this account's to use: found or built as without it
-            pass
-    art = compose(Options(**spec["options"]), verbose=spec.get("verbose", False), log=log)
+        except InputError as e:  # gone, another torch's, not this account's to use: found or built as without it
+            refused = e
+    try:
+        art = compose(Options(**spec["options"]), verbose=spec.get("verbose", False), log=log)
+    except InputError as e:
+        if refused is None:
+            raise
+        raise _both(refused, e) from None
     if art.origin == "prebuilt":  # install() finds them itself
         return None, f"from the prebuilt kernels ({art.prebuilt})"
     return art.path, "built now" if art.origin == "build" else "from the cached build"
+
+
+def _both(named: InputError, instead: InputError) -> InputError:
+    """The named build could not be used and none could be had instead: both causes in one error, the
+    named build's first (its fix is the one that helps), of the kind of the second."""
+    message = f"{named.message}; and none can be had instead: {instead.message}"
+    hint = "; ".join(h for h in (named.hint, instead.hint) if h) or None
+    if isinstance(instead, EnvironmentProblem):
+        return EnvironmentProblem(message, hint)
+    return InputError(instead.path, instead.line, message, hint)
 
 
 _DONE: set[str] = set()  # what this process installed already: "kernels", "runtime"

@@ -12,7 +12,7 @@ import time
 from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
 from ...vocabulary import plural
-from .estimate import estimate
+from .estimate import estimate, load_now
 from .explain import explain
 from .key import IDENTITY_SOURCE, identity_source
 from .ninja import build_ninja, ninja_times
@@ -32,11 +32,12 @@ def compile_into(builds: cache.Dir, files, units, flags, name, key, final, compi
         with tmp, cache.leased(tmp):
             units, sizes = _stage(tmp, files, list(units), flags, key, compiler, library, links)
             jobs = os.environ.get("MAX_JOBS", "").strip()
+            load = load_now()  # before the build adds its own
             t0 = _run_ninja(builds, tmp, files, units, sizes, [ninja] + (["-v"] if verbose else [])
                        + (["-j", jobs] if jobs.isdigit() else []), verbose, log, what)
             seconds = round(time.monotonic() - t0, 1)
             _record(tmp, library, key, flags, seconds, int(jobs) if jobs.isdigit() else os.cpu_count() or 1,
-                    units, sizes)
+                    units, sizes, load)
             _move_into_place(builds, tmp, final, key, library)
         print(f"torchgen-patch: built {builds.join(final)} in {time.monotonic() - t0:.1f} s", file=log, flush=True)
     except OSError as e:
@@ -79,7 +80,7 @@ def _run_ninja(builds: cache.Dir, tmp: cache.Dir, files, units, sizes, argv, ver
     return t0
 
 
-def _record(tmp: cache.Dir, library, key, flags, seconds, jobs, units, sizes) -> None:
+def _record(tmp: cache.Dir, library, key, flags, seconds, jobs, units, sizes, load: float) -> None:
     """The library hashed, its directory made writable by its owner only, and its record written."""
     torch = require_torch("building the kernels")
     fd = tmp.open(library)
@@ -91,6 +92,7 @@ def _record(tmp: cache.Dir, library, key, flags, seconds, jobs, units, sizes) ->
     tmp.owner_writable_only()
     record = {"format": RECORD_FORMAT, "key": key, "torch": torch.__version__, "library": library,
               "sha256": digest, "flags": list(flags), "seconds": seconds, "jobs": jobs,
+              "load": round(load, 2), "cpus": os.cpu_count() or 1,  # how busy the machine was: the estimate's scale
               "link_seconds": times.get(library),
               # "units" stays a count, as older versions of this tool read it from a shared cache
               "units": len(units),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ... import cache
 from ... import files as _files
 from ...errors import EnvironmentProblem
@@ -14,7 +16,8 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
     units earlier builds in this directory recorded (their own compile times, ninja's): a unit
     built before under its name takes what it took then (the size difference at the rate the
     earlier units give), another one what units of its size took; scheduled on as many workers as
-    those builds had, plus their link time. None (no estimate) where no earlier build here
+    those builds had, plus their link time; all of it scaled by how much busier the machine is now
+    than it was during those builds (``crowding``). None (no estimate) where no earlier build here
     recorded its units: there is nothing honest to say."""
     if isinstance(builds, str):
         try:
@@ -24,8 +27,34 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
             return None
     if isinstance(units, int):
         units = {str(i): 0 for i in range(units)}
+    seen, links, jobs, then, n = _earlier(builds)
+    points = [p for ps in seen.values() for p in ps]
+    if not points:
+        return None
+    a, b = _fit(points)
+    lo, hi = min(t for _, t in points), max(t for _, t in points)
+
+    def one(unit: str, size: int) -> float:
+        if unit in seen:
+            old, t = min(seen[unit], key=lambda p: abs(p[0] - size))
+            return max(0.1, t + b * (size - old))
+        return min(hi, max(lo, a + b * size))
+
+    times = sorted((one(u, size) for u, size in units.items()), reverse=True)
+    workers = [0.0] * max(1, min(len(times), max(jobs) if jobs else 1))
+    for t in times:  # longest first, each on the worker that is free first
+        workers[workers.index(min(workers))] += t
+    total = max(workers) + (sum(links) / len(links) if links else 0.0)
+    now = crowding(load_now(), len(workers), os.cpu_count() or 1)
+    total *= now / (sum(then) / len(then) if then else 1.0)
+    return f"about {max(1, round(total))} s, going by {plural(n, 'earlier build')} here"
+
+
+def _earlier(builds: cache.Dir):
+    """What the earlier builds in ``builds`` recorded: (unit name -> [(bytes, seconds)], link times,
+    worker counts, how crowded each was, how many builds)."""
     seen: dict[str, list[tuple[int, float]]] = {}
-    links, jobs, n = [], [], 0
+    links, jobs, then, n = [], [], [], 0
     try:
         names = [n for n in builds.names() if n.startswith("build-") and not n.endswith(".lock")]
     except OSError:
@@ -46,24 +75,10 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
             links.append(float(info["link_seconds"]))
         if type(info.get("jobs")) is int and info["jobs"] > 0:
             jobs.append(info["jobs"])
-    points = [p for ps in seen.values() for p in ps]
-    if not points:
-        return None
-    a, b = _fit(points)
-    lo, hi = min(t for _, t in points), max(t for _, t in points)
-
-    def one(unit: str, size: int) -> float:
-        if unit in seen:
-            old, t = min(seen[unit], key=lambda p: abs(p[0] - size))
-            return max(0.1, t + b * (size - old))
-        return min(hi, max(lo, a + b * size))
-
-    times = sorted((one(u, size) for u, size in units.items()), reverse=True)
-    workers = [0.0] * max(1, min(len(times), max(jobs) if jobs else 1))
-    for t in times:  # longest first, each on the worker that is free first
-        workers[workers.index(min(workers))] += t
-    total = max(workers) + (sum(links) / len(links) if links else 0.0)
-    return f"about {max(1, round(total))} s, going by {plural(n, 'earlier build')} here"
+        if isinstance(info.get("load"), (int, float)) and type(info.get("cpus")) is int and info["cpus"] > 0:
+            busy = min(info.get("jobs") or 1, info.get("units") or 1)  # the workers that build had at once
+            then.append(crowding(float(info["load"]), busy, info["cpus"]))
+    return seen, links, jobs, then, n
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -78,3 +93,17 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+
+
+def load_now() -> float:
+    """The machine's load (runnable processes, the last minute's mean); 0 where the system has none."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def crowding(load: float, jobs: int, cpus: int) -> float:
+    """How much slower than alone a build of ``jobs`` workers runs beside ``load`` other runnable
+    processes on ``cpus`` processors: each gets its share of them, never more than one."""
+    return max(1.0, (load + jobs) / cpus)
