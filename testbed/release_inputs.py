@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from torchgen_patch.cache import Dir, Missing, open_dir, problem, trusted_uids
-from torchgen_patch.errors import InputError
+from torchgen_patch.errors import InputError, ToolError
 
 PACKAGE = "pytorch"
 # .dsc name -> (SHA-256, size) of trixie's source package, as its signed Sources index gives them; the
@@ -225,7 +225,7 @@ def cache_dir(src: str, create: bool = False) -> Dir:
         return open_dir(src, REFUSAL, create=create)
     except Missing:
         raise Unavailable(f"no {PACKAGE}_*.dsc in {src}: it does not exist") from None
-    except InputError as e:  # EnvironmentProblem included
+    except ToolError as e:  # InputError and EnvironmentProblem
         raise Refused(e.message) from None
 
 

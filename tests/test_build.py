@@ -21,7 +21,7 @@ from tests.support import scan_of
 from torchgen_patch.plan.overlay import empty
 from torchgen_patch.runtime import build
 from torchgen_patch.runtime import install as installer
-from torchgen_patch.errors import InputError
+from torchgen_patch.errors import EnvironmentProblem, InputError
 from torchgen_patch.plan import make_plan
 from torchgen_patch.codegen.render import render
 
@@ -157,7 +157,7 @@ def test_compiler_errors_name_the_op(tmp_path):
 def test_no_compiler(tmp_path, monkeypatch):
     plan, files = _fixture_library(tmp_path)
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
-    with pytest.raises(InputError) as e:
+    with pytest.raises(EnvironmentProblem) as e:  # what the machine lacks: exit 3, no bad input
         build.build(files, [], 1, root=str(tmp_path / "b"))
     assert e.value.render() == ("torchgen-patch: error: no C++ compiler: 'no-such-compiler-xyz' is not on PATH "
                                 "(hint: install g++ (or set CXX), or use --backend python (install(backend='python') in "
@@ -168,7 +168,7 @@ def test_no_ninja(tmp_path, monkeypatch):
     plan, files = _fixture_library(tmp_path)
     real = shutil.which
     monkeypatch.setattr(shutil, "which", lambda cmd, *a, **k: None if cmd == "ninja" else real(cmd, *a, **k))
-    with pytest.raises(InputError) as e:
+    with pytest.raises(EnvironmentProblem) as e:  # what the machine lacks: exit 3, no bad input
         build.build(files, [], 1, root=str(tmp_path / "b"))
     assert e.value.render() == ("torchgen-patch: error: ninja is not installed (the kernels are built with it) "
                                 "(hint: pip install ninja)")

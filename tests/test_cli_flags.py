@@ -524,9 +524,10 @@ def _site(monkeypatch, tmp_path) -> str:
 
 
 def _enabled_spec(site: str) -> dict:
+    """The launch spec an enabled environment's data file holds, as its JSON says it."""
     from torchgen_patch.runtime import enable as en
 
-    return en.state(site).spec
+    return json.loads(en.state(site).spec.to_json())
 
 
 def p_enable(field, args, value, default):

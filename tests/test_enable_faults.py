@@ -238,7 +238,7 @@ def test_enable_writes_the_data_first_and_a_failure_leaves_the_old_state_whole(t
     site = tmp_path / "site-packages"
     site.mkdir()
     first = en.enable(_spec(ops=["aten::_cummin_helper"]), str(site))
-    assert first.problem is None and first.spec["ops"] == ["aten::_cummin_helper"]
+    assert first.problem is None and first.spec.ops == ("aten::_cummin_helper",)
     line = (site / en.FILE).read_bytes()
     assert line.isascii() and line.count(b"\n") == 1 and line.startswith(b"import ")
     assert en.render(str(site)).encode() == line  # no spec in it: new data never makes it stale

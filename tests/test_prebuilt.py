@@ -63,12 +63,12 @@ def test_wheel_q_prints_the_wheel_and_nothing_else(wheel_run, wheel):
 
 EDITED_RECORD = """
 import json, sys, torch, torchgen_patch
-from torchgen_patch.errors import InputError
+from torchgen_patch.errors import ToolError
 torch.__version__, torch.version.git_version = "2.14.1", "f" * 40  # this process is another torch
 try:
     torchgen_patch.install(build=False)
     print("installed", torchgen_patch.installed_ops()[:1])
-except InputError as e:
+except ToolError as e:
     print(e.render(), file=sys.stderr)
     sys.exit(e.exit_code)
 """
@@ -124,7 +124,7 @@ def test_wheel_names_the_torch_build_and_records_the_library(wheel, default_plan
 
 NO_COMPILER = """
 import json, os, shutil, torch, torchgen_patch
-from torchgen_patch.errors import InputError
+from torchgen_patch.errors import ToolError
 from torchgen_patch.runtime import prebuilt
 assert not any(shutil.which(c) for c in ("c++", "g++", "gcc", "cc", "clang++", "ninja")), os.environ["PATH"]
 res = {}
@@ -146,7 +146,7 @@ def attempt(name):
     try:
         torchgen_patch.install(build=False)
         res[name] = "installed"
-    except InputError as e:
+    except ToolError as e:
         res[name] = [e.exit_code, str(e), torchgen_patch.installed_ops()]
     torchgen_patch.uninstall()
 

@@ -121,7 +121,7 @@ def test_another_account_racing_files_into_the_name_never_gets_roots_report(stic
     or made between the check and the write: some of each) or lands as root's own file with the
     umask's mode; no file of theirs ever holds root's content or gives its mode to root's."""
     from torchgen_patch import files
-    from torchgen_patch.errors import InputError
+    from torchgen_patch.errors import ToolError
 
     uid = _second_account()
     out = str(sticky / "report.txt")
@@ -161,7 +161,7 @@ def test_another_account_racing_files_into_the_name_never_gets_roots_report(stic
                 try:
                     files.write_output(out, secret, "report")
                     outcomes["written"] += 1
-                except InputError as e:  # theirs there at the check, or made after it
+                except ToolError as e:  # theirs there at the check, or made after it
                     outcomes["raced" if "nothing was written" in e.message else "refused"] += 1
                 try:
                     fd = os.open(out, os.O_RDONLY | os.O_NOFOLLOW)
@@ -273,7 +273,7 @@ def test_a_directory_coming_and_going_at_the_cache_name_is_never_a_traceback(sti
     directory, Missing, or one of the tool's own errors; never another exception (on the code that
     looked at the name twice: FileNotFoundError)."""
     from torchgen_patch import cache
-    from torchgen_patch.errors import InputError
+    from torchgen_patch.errors import ToolError
 
     uid = _second_account()
     name = str(sticky / "cache")
@@ -308,7 +308,7 @@ def test_a_directory_coming_and_going_at_the_cache_name_is_never_a_traceback(sti
             except cache.Missing:
                 assert not create
                 seen["missing"] = seen.get("missing", 0) + 1
-            except InputError as e:  # EnvironmentProblem among them: the tool's own, one line
+            except ToolError as e:  # InputError and EnvironmentProblem: the tool's own, one line
                 assert "\n" not in e.render()
                 seen[type(e).__name__] = seen.get(type(e).__name__, 0) + 1
     finally:

@@ -273,8 +273,8 @@ def test_stderr_redirected_to_a_write_only_sink_during_a_build(tmp_path, default
 @pytest.mark.parametrize("value,why", [
     ("{bad", "JSONDecodeError: Expecting property name enclosed in double quotes"),
     ('{"roots": {"torchgen_patch": "%s"}}' % ROOT, "'backend' is NoneType"),
-    ("[]", "TypeError: list indices must be integers or slices, not str"),
-    ("[" * 100_000, "RecursionError: maximum recursion depth exceeded"),
+    ("[]", "(not a JSON object)"),
+    ("[" * 100_000, "JSONDecodeError: nested more than"),
 ])
 def test_a_malformed_launch_spec_stops_the_program_at_import_torch_with_one_line(value, why):
     r = subprocess.run([PY, "-c", "import torch; print('went on')"], capture_output=True, text=True,

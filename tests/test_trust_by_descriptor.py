@@ -126,12 +126,12 @@ def test_a_cache_path_swapped_after_its_check_changes_nothing_the_build_does(tmp
         import os, sys
         sys.path.insert(0, {ROOT!r})
         os.environ["CXX"] = {swap!r}
-        from torchgen_patch.errors import InputError
+        from torchgen_patch.errors import ToolError
         from torchgen_patch.runtime import artifact_at, build
         lib = build.build({TRIVIAL!r}, [], 1, sources=list({TRIVIAL!r}), log=open(os.devnull, "w"))
         try:
             artifact_at(lib.path, "build")  # what install() reads next, then loads
-        except InputError as e:
+        except ToolError as e:
             print(e.render(), file=sys.stderr)
             sys.exit(e.exit_code)
     """)
@@ -313,12 +313,12 @@ LOAD = """
 import sys
 sys.path.insert(0, {root!r})
 import torch, torchgen_patch
-from torchgen_patch.errors import InputError
+from torchgen_patch.errors import ToolError
 {before}
 try:
     rep = torchgen_patch.install(library={lib!r})
     print("REGISTERED", len(rep.registered))
-except InputError as e:
+except ToolError as e:
     print(e.render(), file=sys.stderr)
     sys.exit(e.exit_code)
 """
@@ -436,8 +436,8 @@ def test_no_free_descriptor_at_the_first_call_is_one_line_exit_3(entry, tmp_path
     call = "rep = torchgen_patch.install(library='/nonexistent/lib.so')" if entry == "install" else \
         f"from torchgen_patch.cli import main\n    sys.exit(main(['lint', {str(native)!r}]))"
     code = (f"import sys\nsys.path.insert(0, {ROOT!r})\nimport torch, torchgen_patch\n"
-            "from torchgen_patch.errors import InputError\n" + EXHAUST +
-            f"try:\n    {call}\nexcept InputError as e:\n    print(e.render(), file=sys.stderr)\n"
+            "from torchgen_patch.errors import ToolError\n" + EXHAUST +
+            f"try:\n    {call}\nexcept ToolError as e:\n    print(e.render(), file=sys.stderr)\n"
             "    sys.exit(e.exit_code)\n")
     if entry == "cli":
         code = code.replace("import torch, torchgen_patch\n", "import torchgen_patch.cli\n")

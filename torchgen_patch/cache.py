@@ -37,7 +37,7 @@ import os
 import stat
 import time
 
-from .errors import EnvironmentProblem, InputError
+from .errors import EnvironmentProblem, InputError, ToolError
 from .errors import no_descriptor as _descriptors
 from .files import MAX_LINKS, loads, may_follow, owner_name
 from .version import __version__
@@ -178,12 +178,6 @@ def _link_problem(link: str, st: os.stat_result, parent: os.stat_result, uids, r
     return None
 
 
-def _with_errno(e: EnvironmentProblem, code: int | None) -> EnvironmentProblem:
-    """``e`` carrying the errno of the failure behind it (for callers that say more about some)."""
-    e.errno = code  # type: ignore[attr-defined]  # read as getattr(e, "errno", None)
-    return e
-
-
 class Missing(Exception):
     """A path (or a component of it) does not exist."""
 
@@ -284,8 +278,8 @@ class Dir:
                 why = st is not None and problem(self.join(name), st, True, trusted_uids(), *self.refusal)
                 raise EnvironmentProblem(*(why or (f"{self.join(name)} is a symlink: torchgen-patch follows none "
                                                    f"inside {self.path}", f"remove {self.join(name)}"))) from None
-            raise _descriptors(e, self.join(name)) or _with_errno(EnvironmentProblem(
-                f"cannot open {self.join(name)}: {e.strerror}"), e.errno) from None
+            raise _descriptors(e, self.join(name)) or EnvironmentProblem(
+                f"cannot open {self.join(name)}: {e.strerror}", cause=e.strerror, errno=e.errno) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -392,11 +386,11 @@ class Dir:
         except Missing:  # the directory itself went away
             raise EnvironmentProblem(f"cannot open the lock {self.join(name)}: its directory is gone") from None
         except EnvironmentProblem as e:
-            if getattr(e, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise
-            raise _with_errno(EnvironmentProblem(f"cannot use the lock {self.join(name)}: {e.message}",
-                                                 f"remove {self.join(name)} (it must be a plain file of yours)"),
-                              getattr(e, "errno", None)) from None
+            raise EnvironmentProblem(f"cannot use the lock {self.join(name)}: {e.message}",
+                                     f"remove {self.join(name)} (it must be a plain file of yours)",
+                                     cause=e.cause or e.message, errno=e.errno) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -520,7 +514,7 @@ def _step(fd: int, name: str, p: str, parent: os.stat_result, uids, refusal, cre
                 pass
             except OSError as e:
                 raise InputError(p, None, f"cannot create the directory: {e.strerror}",
-                                 f"set {ENV} to a writable directory") from None
+                                 f"set {ENV} to a writable directory", cause=e.strerror, errno=e.errno) from None
             continue
         except OSError as e:
             if e.errno not in (errno.ELOOP, errno.ENOTDIR):
@@ -597,7 +591,7 @@ def _walked_root() -> str | None:
     if d not in _WALKED:
         try:
             root = open_root()
-        except InputError:
+        except ToolError:
             return None
         if root is None:
             return None
@@ -617,10 +611,8 @@ def open_root(create: bool = False) -> Dir | None:
         return open_dir(d, cache_refusal(d), create=create)
     except Missing:
         return None
-    except InputError as e:
-        if type(e) is InputError:  # could not create it
-            return None
-        raise
+    except InputError:  # could not create it (one others could write: EnvironmentProblem, raised)
+        return None
 
 
 def subdir(name: str) -> Dir:
@@ -629,10 +621,8 @@ def subdir(name: str) -> Dir:
     try:
         with open_dir(d, cache_refusal(d), create=True) as r:
             return r.sub(name, create=True)
-    except InputError as e:
-        if type(e) is not InputError:
-            raise
-        raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.message.rsplit(': ', 1)[-1]}",
+    except InputError as e:  # could not be made
+        raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.cause or e.message}",
                                  f"set {ENV} to a writable directory") from None
     except OSError as e:
         raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.strerror}",
@@ -750,7 +740,7 @@ def bytecode_dir(identity: str) -> str | None:
     try:
         with open_dir(d, cache_refusal(d), create=True) as b:
             st = os.fstat(b.fd)
-    except (InputError, Missing, OSError):
+    except (ToolError, Missing, OSError):
         return None
     if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
         return None

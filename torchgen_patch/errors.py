@@ -1,11 +1,12 @@
 """Where things are, and the errors the user sees.
 
 ``Location`` is the one file:line type of the package (records, findings, plan
-entries, errors all carry one). ``InputError`` is bad input: the CLI prints
-``FILE:LINE: error: MESSAGE (hint: ...)`` and exits 2. ``EnvironmentProblem``
-is a machine that lacks something a command needs (torch, a compiler, CUDA):
-the same one-line rendering, exit 3. Any other exception is a bug and keeps
-its traceback.
+entries, errors all carry one). ``ToolError`` is what the CLI says in one line,
+``FILE:LINE: error: MESSAGE (hint: ...)``, and exits with its code; it is one of
+two siblings: ``InputError``, bad input (exit 2), and ``EnvironmentProblem``, a
+machine that lacks something a command needs (torch, a compiler, CUDA; exit 3).
+Code that handles both says ``except ToolError``. Any other exception is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -30,11 +31,19 @@ class Location(NamedTuple):
         return f"{where}:{self.line}" if self.line else where
 
 
-class InputError(Exception):
-    exit_code = 2
+class ToolError(Exception):
+    """An error said in one line, with its exit code. Besides what is said (``path``, ``line``,
+    ``message``, ``hint``), the data a caller may act on, so no caller parses a message back:
+    ``cause``, the reason alone (an OS error's text) where the message wraps one; ``errno``, the OS
+    error behind it; ``facts``, the part of the hint that states what there is (a caller with other
+    advice keeps it and gives its own)."""
 
-    def __init__(self, path: str | None, line: int | None, message: str, hint: str | None = None):
+    exit_code: int  # 2 (InputError) or 3 (EnvironmentProblem): the two kinds raised
+
+    def __init__(self, path: str | None, line: int | None, message: str, hint: str | None = None, *,
+                 cause: str | None = None, errno: int | None = None, facts: str | None = None):
         self.path, self.line, self.message, self.hint = path, line, message, hint
+        self.cause, self.errno, self.facts = cause, errno, facts
         super().__init__(self.render())
 
     @property
@@ -52,13 +61,20 @@ class InputError(Exception):
         return self.render()
 
 
-class EnvironmentProblem(InputError):
-    """The machine lacks what a command needs (torch, a C++ compiler, ninja, CUDA)."""
+class InputError(ToolError):
+    """Bad input (a file, a flag, a cache another account could write): exit 2."""
+
+    exit_code = 2
+
+
+class EnvironmentProblem(ToolError):
+    """The machine lacks what a command needs (torch, a C++ compiler, ninja, CUDA): exit 3."""
 
     exit_code = 3
 
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(None, None, message, hint)
+    def __init__(self, message: str, hint: str | None = None, *, cause: str | None = None,
+                 errno: int | None = None, facts: str | None = None):
+        super().__init__(None, None, message, hint, cause=cause, errno=errno, facts=facts)
 
 
 def no_descriptor(e: BaseException, what: str | None = None) -> EnvironmentProblem | None:

@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 
-from .errors import EnvironmentProblem, InputError, one_line
+from .errors import EnvironmentProblem, InputError, ToolError, one_line
 
 
 def read_bytes(path: str, what: str) -> bytes:
@@ -596,7 +596,7 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)  # the machine's, not the input's
 
 
-def write_failed(path: str, said: str, e: OSError) -> InputError:
+def write_failed(path: str, said: str, e: OSError) -> ToolError:
     """A failed write as the error the user sees: ``FILE: error: SAID: STRERROR``; a full disk, a quota
     or an I/O error is the environment (exit 3), anything else the output's (exit 2)."""
     if e.errno in FULL:

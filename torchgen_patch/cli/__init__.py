@@ -10,7 +10,7 @@ import errno
 import os
 import sys
 
-from ..errors import EnvironmentProblem, InputError, descriptors_said
+from ..errors import EnvironmentProblem, ToolError, descriptors_said
 from ..vocabulary import Format
 
 
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with descriptors_said():
             from .parser import no_command, parser, unrecognized
-    except InputError as e:  # no free descriptor, before the arguments are known
+    except ToolError as e:  # no free descriptor, before the arguments are known
         print(e.render(), file=sys.stderr)
         return e.exit_code
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{hint}, or write the result to a file with -o where the command takes one"
                                  ).render(), file=sys.stderr)
         return EnvironmentProblem.exit_code
-    except InputError as e:
+    except ToolError as e:  # bad input (exit 2) and what this machine lacks (exit 3), said the same way
         if getattr(args, "format", None) == Format.LINTRUNNER:  # lintrunner's protocol: a message, exit 0
             from ..diagnostics.render import lintrunner_failure
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 
@@ -464,7 +463,7 @@ def status(args) -> int:
     if not args.quiet:
         print(line)
         if args.verbose and st.spec is not None:
-            print(f"status: its launch spec: {json.dumps(st.spec, sort_keys=True)}", file=sys.stderr)
+            print(f"status: its launch spec: {st.spec.to_json()}", file=sys.stderr)
     return 0 if st.present and not st.problem else 1
 
 
@@ -472,19 +471,19 @@ def _enabled_line(st) -> str:
     """What an enabled environment's file does, for people."""
     from ..runtime import build_there
 
-    spec = st.spec or {}
-    if st.problem or not spec:
+    spec = st.spec
+    if st.problem or spec is None:
         return f"{st.path}: {st.problem or 'not enabled'}"
-    ops = "every op of the plan" if spec["ops"] is None else ", ".join(spec["ops"])
-    build = "" if not spec["library"] else "; the build it names is there" if build_there(spec["library"]) else \
+    ops = "every op of the plan" if spec.ops is None else ", ".join(spec.ops)
+    build = "" if not spec.library else "; the build it names is there" if build_there(spec.library) else \
         "; the build it names is gone (the first process that imports torch finds or builds one)"
     pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
            None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}
-    fails = "strict: a process that cannot have the kernels stops (exit 3)" if spec["strict"] else \
+    fails = "strict: a process that cannot have the kernels stops (exit 3)" if spec.strict else \
         "fail open: a process that cannot have the kernels runs unpatched, said in one line"
-    return (f"{st.path} (torchgen-patch {st.version}; {spec['backend']}, {ops}{build}; "
-            f"{'quiet' if spec['quiet'] else 'one line per process'}; {fails}; "
-            f"saved-tensor check: {spec['check_saved'] or 'off'}; {pip[st.recorded]})")
+    return (f"{st.path} (torchgen-patch {st.version}; {spec.backend.value}, {ops}{build}; "
+            f"{'quiet' if spec.quiet else 'one line per process'}; {fails}; "
+            f"saved-tensor check: {spec.check_saved.value if spec.check_saved else 'off'}; {pip[st.recorded]})")
 
 
 def _torch_present(what: str) -> None:

@@ -11,7 +11,7 @@ import stat
 import sys
 
 from .. import files as _files
-from ..errors import EnvironmentProblem, InputError
+from ..errors import EnvironmentProblem, InputError, ToolError
 from .render import MANIFEST
 
 
@@ -357,7 +357,7 @@ def _locked(parent: int, base: str, shown: str, log=None, required: bool = True)
 
     try:
         fd = cache.lock_file("gen", str(up.st_dev), str(up.st_ino), base)
-    except InputError as e:
+    except ToolError as e:
         if not required:
             yield
             return

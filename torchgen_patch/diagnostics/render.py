@@ -15,7 +15,7 @@ from typing import TypeGuard
 from ..version import __version__
 from ..scan.model import VERDICTS, Scan
 from ..vocabulary import Format, Verdict
-from ..errors import InputError, display_path, printable
+from ..errors import ToolError, display_path, printable
 from . import CODE, Finding
 from .rules import RULES
 
@@ -108,8 +108,9 @@ def _says_left_out(s: Summary | None) -> TypeGuard[Summary]:
     return s is not None and s.source == "runtime" and s.left_out > 0
 
 
-def lintrunner_failure(err: InputError) -> str:
-    """Bad input as a LintMessage: at its file and line when known, else a general failure (path null)."""
+def lintrunner_failure(err: ToolError) -> str:
+    """Bad input (or what the machine lacks) as a LintMessage: at its file and line when known, else a general
+    failure (path null)."""
     return json.dumps({
         "path": display_path(err.path) if err.path and os.path.isfile(err.path) else None,
         "line": err.line, "char": None,

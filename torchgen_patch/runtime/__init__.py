@@ -13,7 +13,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from ..errors import EnvironmentProblem, InputError
+from ..errors import EnvironmentProblem, InputError, ToolError
 from ..files import loads
 from ..sources import Options
 
@@ -128,7 +128,7 @@ def _indexed(index: str) -> Artifact | None:
         return None
     try:
         return artifact_at(path, "cache")
-    except InputError as e:  # an incomplete build: built again (a library that fails its checks is refused)
+    except ToolError as e:  # an incomplete build: built again (a library that fails its checks is refused)
         cache.invalid(index, e.message)
         return None
 
@@ -144,7 +144,7 @@ def build_there(path) -> bool:
     try:
         with cache.library_dir(path) as (d, _, name):
             return d.lstat(name) is not None
-    except (cache.Missing, InputError, OSError):  # a directory gone, or one the checks refuse
+    except (cache.Missing, ToolError, OSError):  # a directory gone, or one the checks refuse
         return False
 
 

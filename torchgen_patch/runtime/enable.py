@@ -26,16 +26,16 @@ import base64
 import contextlib
 import csv
 import hashlib
+import dataclasses
 import io
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import EnvironmentProblem
+from ..errors import EnvironmentProblem, InputError
 from ..version import __version__
 from ..vocabulary import Backend, plural
-from .process import checked_spec
+from .spec import LaunchSpec
 
 FILE = "torchgen_patch_enable.pth"
 DATA = "torchgen_patch_enable.json"
@@ -52,7 +52,7 @@ class State:
     site: str  # the site-packages directory
     path: str  # the .pth file, there or not
     present: bool
-    spec: dict | None = None  # its launch spec, when it is readable
+    spec: LaunchSpec | None = None  # its launch spec, when it is one
     version: str | None = None  # the torchgen-patch that wrote it
     problem: str | None = None  # why it does not patch as this torchgen-patch would (None: it does)
     recorded: bool | None = None  # pip's RECORD of this tool lists it (None: no RECORD of the tool there)
@@ -137,9 +137,9 @@ def render(site: str, hook: str = HOOK) -> str:
     return "import os, sys; exec(" + ascii(code) + ")\n"
 
 
-def render_data(spec: dict, version: str = __version__, hook: str = HOOK) -> bytes:
+def render_data(spec: LaunchSpec, version: str = __version__, hook: str = HOOK) -> bytes:
     """The data file: the launch spec, and which torchgen-patch (version, hook) wrote it."""
-    return (json.dumps(dict(spec, enabled_by={"torchgen_patch": version, "hook": hook}), sort_keys=True)
+    return (dataclasses.replace(spec, enabled_by={"torchgen_patch": version, "hook": hook}).to_json()
             + "\n").encode()
 
 
@@ -183,7 +183,7 @@ def state(site: str | None = None) -> State:
     if got is None:
         return State(site, path, False, **common)
     raw, st = got
-    spec, version, hook, why = _data(data, site, data_problem, os.stat(site).st_uid)
+    raw_data, version, hook, why = _data(data, site, data_problem, os.stat(site).st_uid)
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
@@ -193,7 +193,7 @@ def state(site: str | None = None) -> State:
         return State(site, path, True, problem=f"{problem} ({_by(st.st_uid)})", **common)
     if text != render(site, hook or HOOK):
         return State(site, path, True, problem=_foreign(text, st.st_uid), **common)
-    problem = why
+    problem, spec = why, None
     if problem is None and version != __version__:
         problem = f"written by torchgen-patch {version}; this is {__version__}"
     elif problem is None and not os.path.isfile(hook):  # type: ignore[arg-type]  # no problem: a hook
@@ -202,9 +202,9 @@ def state(site: str | None = None) -> State:
         problem = f"it loads the hook of another torchgen-patch install ({hook})"
     elif problem is None:
         try:
-            checked_spec(json.dumps(spec))
-        except ValueError as e:  # said once, after the file's name
-            problem = f"{data_path}: {e}"
+            spec = dataclasses.replace(LaunchSpec.parse(raw_data, data_path), enabled_by=None)  # stamp: version, hook
+        except InputError as e:  # said once, after the file's name
+            problem = e.message
     return State(site, path, True, spec, version, problem, **common)
 
 
@@ -225,9 +225,11 @@ def _foreign(text: str, uid: int) -> str:
     return f"it is not as torchgen-patch writes it ({_by(uid)}): what it does is its own"
 
 
-def _data(got, site: str, problem: str | None, owner: int) -> tuple[dict | None, str | None, str | None, str | None]:
-    """(spec, version, hook, problem) of the data file as ``_read`` got it (``owner``: of the site-packages
-    directory, the one account that writes it)."""
+def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None, str | None, str | None, str | None]:
+    """(its bytes, version, hook, problem) of the data file as ``_read`` got it (``owner``: of the
+    site-packages directory, the one account that writes it): which torchgen-patch wrote it, read
+    before its launch spec is (a spec of another version is said as that, not as what this one
+    makes of it)."""
     data_path = os.path.join(site, DATA)
     if problem is not None:
         return None, None, None, problem
@@ -236,15 +238,16 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[dict | None,
     raw, st = got
     if st.st_uid != owner or st.st_mode & 0o022:
         return None, None, None, f"{data_path} is not as torchgen-patch writes it ({_by(st.st_uid)})"
+    from ..files import loads
+
     try:
-        spec = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_DATA else None
-        by = spec.pop("enabled_by")  # type: ignore[union-attr]  # None: the AttributeError below
-        version, hook = by["torchgen_patch"], by["hook"]
+        by = loads(raw.decode("utf-8")).get("enabled_by") if len(raw) <= MAX_DATA else None
+        version, hook = by["torchgen_patch"], by["hook"]  # type: ignore[index]  # None: the TypeError below
         if not isinstance(version, str) or not isinstance(hook, str):
             raise TypeError("not strings")
-    except (ValueError, TypeError, AttributeError, KeyError, RecursionError, MemoryError):
+    except (ValueError, TypeError, AttributeError, KeyError, MemoryError):
         return None, None, None, f"{data_path} is damaged (not the JSON torchgen-patch writes)"
-    return spec, version, hook, None
+    return raw, version, hook, None
 
 
 def _by(uid: int) -> str:
@@ -253,7 +256,7 @@ def _by(uid: int) -> str:
     return "edited?" if uid == os.geteuid() else f"{owner_name(uid)} owns it: replaced by that account?"
 
 
-def enable(spec: dict, site: str) -> State:
+def enable(spec: LaunchSpec, site: str) -> State:
     """Write the data file, then the ``.pth`` line, then pip's RECORD of this tool where there is one
     (each atomically); a failure puts back what each file was (nothing left half-written). Killed in
     between, the line (which names no data) loads the old data or the new, whole."""
@@ -407,7 +410,7 @@ def _record_with(record: str, files: dict[str, bytes] | None) -> bytes:
 
 
 def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, verbose: bool = False,
-             log=None, strict: bool = False, check_saved: str | None = None) -> tuple[dict, str]:
+             log=None, strict: bool = False, check_saved: str | None = None) -> tuple[LaunchSpec, str]:
     """The spec of an enabled environment, with its library built (or found) now, so its processes pay
     the install step only: (spec, what the processes will install, for people). ``strict``: a process
     that cannot have the kernels stops (else it runs unpatched, said in one line); ``check_saved``:

@@ -177,10 +177,10 @@ def expand_patterns(names: list[str]) -> list[str]:
         # a pattern never reaches aten (the plan and its overlay decide those) or prims; name them exactly
         hits = [c for c in candidates if fnmatch.fnmatchcase(c, name) and c.split("::", 1)[0] not in ("aten", "prims")]
         if not hits:
-            spaces = sorted({c.split("::", 1)[0] for c in candidates})
+            spaces = "namespaces that have such operators: " + (
+                ", ".join(sorted({c.split("::", 1)[0] for c in candidates})) or "none")
             raise InputError(None, None, f"runtime op pattern '{name}' matches no mutating operator without an "
                                          "ADInplaceOrView kernel in this process",
-                             "namespaces that have such operators: " + (", ".join(spaces) or "none")
-                             + "; import the library that defines them first")
+                             spaces + "; import the library that defines them first", facts=spaces)
         out.extend(h for h in hits if h not in out)
     return out

@@ -26,10 +26,11 @@ import os
 import sys
 
 from .. import cache
-from ..errors import InputError
+from ..errors import InputError, ToolError
 from ..vocabulary import Backend
 from .process import build_log, resolve
 from .site import _torchgen_patch_hook as hook
+from .spec import LaunchSpec
 
 ENV = hook.ENV
 SITE = hook.HERE
@@ -84,7 +85,7 @@ def _entry(spec) -> str | None:
 
 def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str], *,
                 verbose: bool = False, quiet: bool = False, library: str | None = None,
-                check_saved: str | None = None, strict: bool = False) -> dict:
+                check_saved: str | None = None, strict: bool = False) -> LaunchSpec:
     """What every process of the program installs (``$TORCHGEN_PATCH_RUN``, or an enabled
     environment's file). ``opts`` (sources.Options) travel with absolute paths, so each process
     installs from the same inputs and overlay as the parent's plan, whatever its working directory.
@@ -93,14 +94,18 @@ def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str
     one line; under ``run`` it always stops)."""
     import dataclasses
 
+    from ..vocabulary import CheckMode
+
     def absolute(p):
         return os.path.abspath(p) if p else p
 
     opts = dataclasses.replace(opts, native_functions=absolute(opts.native_functions), tags=absolute(opts.tags),
                                overlay=absolute(opts.overlay))
-    return {"backend": backend, "ops": ops, "runtime_ops": runtime_ops, "imports": imports, "library": library,
-            "boxed": None, "options": dataclasses.asdict(opts), "quiet": quiet, "verbose": verbose,
-            "roots": roots(), "check_saved": check_saved, "strict": strict}
+    return LaunchSpec(backend=Backend(backend), ops=None if ops is None else tuple(ops), runtime_ops=tuple(runtime_ops),
+                      imports=tuple(imports), library=library, boxed=None, options=opts, quiet=quiet,
+                      verbose=verbose, roots=roots(),
+                      check_saved=None if check_saved is None else CheckMode(check_saved),
+                      strict=strict)
 
 
 def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
@@ -112,9 +117,12 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
     spec = launch_spec(opts, backend, ops, runtime_ops, imports, verbose=verbose, quiet=quiet,
                        check_saved=check_saved)
     if runtime_ops:
-        spec["runtime_ops"], spec["boxed"], spec["library"] = _runtime_check(spec)
+        import dataclasses
+
+        checked, boxed, library = _runtime_check(spec)
+        spec = dataclasses.replace(spec, runtime_ops=tuple(checked), boxed=boxed, library=library)
     user = os.environ.get("PYTHONPATH")
-    env = {ENV: json.dumps(spec), "PYTHONPATH": SITE + os.pathsep + user if user else SITE}
+    env = {ENV: spec.to_json(), "PYTHONPATH": SITE + os.pathsep + user if user else SITE}
     if os.environ.get(cache.ENV):  # absolute: a process that starts in another directory finds the same cache
         env[cache.ENV] = cache.directory()
     return env
@@ -123,7 +131,7 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
 # ---- the --runtime-op check: in a separate process, its verdict cached by key ---------------------
 
 
-def _runtime_check(spec: dict) -> tuple[list[str], str | None, str | None]:
+def _runtime_check(spec: LaunchSpec) -> tuple[list[str], str | None, str | None]:
     """The spec's runtime ops with their patterns expanded, the boxed library for them and the library
     of the plan's kernels (each None where the Python backend or installed prebuilt kernels need
     none), once the patterns and --import modules passed the check; from the cache when nothing it
@@ -145,25 +153,26 @@ def _runtime_check(spec: dict) -> tuple[list[str], str | None, str | None]:
     return ops, boxed, library
 
 
-def _check_key(spec: dict) -> str | None:
+def _check_key(spec: LaunchSpec) -> str | None:
     """Everything the check's verdict depends on: the patterns, modules, backend and inputs; this
     tool; the Python and its torch (version file); the overlay; and each --import module's files
     (names, sizes, times), as found from the current directory. None: not keyable (no torch found)."""
     import importlib.machinery
 
-    from ..sources import Options, overlay_path
+    from ..sources import overlay_path
 
     path = [os.getcwd()] + [p for p in sys.path if p not in ("", ".")]
     torch = importlib.machinery.PathFinder.find_spec("torch", path)
     if torch is None or not torch.origin:
         return None
+    fields = spec.to_dict()
     parts: list[bytes | str]  # cache.key's
-    parts = [json.dumps({k: spec[k] for k in ("backend", "runtime_ops", "imports", "options")}, sort_keys=True),
+    parts = [json.dumps({k: fields[k] for k in ("backend", "runtime_ops", "imports", "options")}, sort_keys=True),
              sys.executable, os.getcwd(), cache.tool_fingerprint(), os.path.dirname(torch.origin),
              _read(os.path.join(os.path.dirname(torch.origin), "version.py"))]
-    overlay = overlay_path(Options(**spec["options"]))
+    overlay = overlay_path(spec.options)
     parts.append(_read(overlay) if overlay else b"")
-    for m in spec["imports"]:
+    for m in spec.imports:
         top = m.split(".")[0]
         if top == "torch":
             continue
@@ -205,7 +214,7 @@ def _stamp(spec) -> str:
     return "\n".join(out)
 
 
-def _checked_elsewhere(spec: dict) -> tuple[list[str], str | None, str | None]:
+def _checked_elsewhere(spec: LaunchSpec) -> tuple[list[str], str | None, str | None]:
     """Run ``_check_main`` in a separate Python (this one's), so the parent never imports torch; its
     error comes back as this process's error (same message, same exit code)."""
     import subprocess
@@ -214,7 +223,7 @@ def _checked_elsewhere(spec: dict) -> tuple[list[str], str | None, str | None]:
 
     code = ("import sys; sys.path[0] = sys.argv[1]; from torchgen_patch.runtime.launch import _check_main; "
             "_check_main()")
-    r = subprocess.run([sys.executable, "-c", code, PKG_PARENT], input=json.dumps(spec), stdout=subprocess.PIPE,
+    r = subprocess.run([sys.executable, "-c", code, PKG_PARENT], input=spec.to_json(), stdout=subprocess.PIPE,
                        text=True)
     try:
         answer = json.loads(r.stdout.strip().splitlines()[-1])
@@ -232,22 +241,21 @@ def _check_main() -> None:
     """The separate process of ``_checked_elsewhere``: spec on stdin, answer on stdout's last line.
     What the --import modules print while they import goes nowhere (the program prints it, once)."""
     _stand_down()
-    spec = json.loads(sys.stdin.read())
     try:
         from ..errors import require_torch
-        from ..sources import Options
         from .build import build_boxed
         from .registry import import_modules
 
+        spec = LaunchSpec.parse(sys.stdin.read(), f"${ENV}")  # what the program will run with
         require_torch("--runtime-op")  # from the tool's own path, before the current directory is on it
         with _silenced(), _current_directory_first():
-            import_modules(spec["imports"])
-        ops = _check_runtime_ops(spec["runtime_ops"], Options(**spec["options"]))
-        log = build_log(spec["quiet"])
-        boxed = build_boxed(verbose=spec["verbose"], log=log).path if spec["backend"] == Backend.CPP else None
+            import_modules(list(spec.imports))
+        ops = _check_runtime_ops(list(spec.runtime_ops), spec.options)
+        log = build_log(spec.quiet)
+        boxed = build_boxed(verbose=spec.verbose, log=log).path if spec.backend == Backend.CPP else None
         library, _ = resolve(spec, log)  # torch is imported here anyway: the processes skip the lookup
         answer: dict = {"ops": ops, "boxed": boxed, "library": library}
-    except InputError as e:
+    except ToolError as e:  # bad input (exit 2) or what this machine lacks (exit 3): the parent says it as its own
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,
                             "code": e.exit_code}}
     sys.stdout.write(json.dumps(answer) + "\n")
@@ -267,7 +275,7 @@ def _check_runtime_ops(names: list[str], opts) -> list[str]:
     try:
         ops = expand_patterns(names)
     except InputError as e:  # the pattern's own message; how to make its operators exist, for run
-        raise InputError(e.path, e.line, e.message, (e.hint or "").split("; import the library")[0] + "; "
+        raise InputError(e.path, e.line, e.message, ((e.hint or "") if e.facts is None else e.facts) + "; "
                          + IMPORT_HINT.format("them")) from None
     todo = plan_runtime(ops, runtime_overlay(opts), live_op, set())
     for name in names:

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .. import cache
-from ..errors import EnvironmentProblem, InputError
+from ..errors import EnvironmentProblem, InputError, ToolError
 from ..files import loads
 from ..sources import Options, overlay_path
 from ..version import __version__
@@ -69,7 +69,7 @@ def overlay_sha256(opts: Options) -> str | None:
     path = overlay_path(opts)
     try:
         return None if path is None else hashlib.sha256(read_bytes(path, "overlay")).hexdigest()
-    except InputError:
+    except ToolError:
         return f"unreadable: {path}"  # matches no record; the plan reports the overlay itself
 
 

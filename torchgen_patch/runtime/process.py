@@ -15,19 +15,13 @@ stderr as the program left them (closed, or redirected to an object that cannot 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from dataclasses import dataclass
 
-from ..errors import EnvironmentProblem, InputError
+from ..errors import EnvironmentProblem, InputError, ToolError
 from ..vocabulary import Backend, plural
-
-_SPEC_TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstance
-_SPEC_TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
-               "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
-               "verbose": bool, "roots": dict, "check_saved": (str, type(None)), "strict": bool}
-
+from .spec import LaunchSpec, is_run_source
 
 @dataclass(frozen=True)
 class Outcome:
@@ -91,69 +85,40 @@ def build_log(quiet: bool):
     return _Quiet() if quiet else _Stderr()
 
 
-def _is_run_spec(source: str) -> bool:
-    """Whether ``source`` is run's ``$TORCHGEN_PATCH_RUN`` (else: an enabled environment's file)."""
-    return source.startswith("$")
-
-
-def _spec_hint(source: str) -> str:
-    """What to do about a launch spec from ``source`` that is not one."""
-    return "torchgen-patch run sets it: unset it" if _is_run_spec(source) else \
-        "`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it"
-
-
-def read_spec(text: str | None, source: str) -> dict:
-    """The launch spec in ``text``, checked field by field (an InputError naming ``source`` if not:
-    ``$TORCHGEN_PATCH_RUN``, or an enabled environment's file)."""
+def read(text: str | None, mode: str, source: str) -> tuple[LaunchSpec | None, Outcome | None]:
+    """The launch spec in ``text`` (from ``source``: ``$TORCHGEN_PATCH_RUN``, or an enabled
+    environment's data file), or what to do instead: a ``$TORCHGEN_PATCH_RUN`` that is no launch spec
+    stops the process (exit 2); an enabled environment's file that is none (damaged, edited) leaves
+    the program running unpatched, said in one line: a file in site-packages must never make the
+    environment's programs unusable."""
     try:
-        return checked_spec(text)
-    except ValueError as e:
-        raise InputError(None, None, f"{source}: {e}", _spec_hint(source)) from None
+        return LaunchSpec.parse(text, source), None
+    except InputError as e:
+        _DONE.update(("kernels", "runtime"))
+        if is_run_source(source):  # run's own variable, not what run writes: stop, as every bad input does
+            return None, Outcome(True, e.render(), e.exit_code)
+        return None, Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {e.message} (hint: {e.hint})")
 
 
-def checked_spec(text: str | None) -> dict:
-    """The launch spec in ``text``, checked field by field; a ValueError saying what is wrong."""
-    from ..sources import Options
-
-    try:
-        spec = json.loads(text or "")
-    except ValueError as e:
-        raise ValueError(f"not a launch spec of torchgen-patch ({e})") from None
-    if not isinstance(spec, dict):
-        raise ValueError("not a launch spec of torchgen-patch (not a JSON object)")
-    for k, t in _SPEC_TYPES.items():
-        v = spec.get(k)
-        if not isinstance(v, t) or (isinstance(v, list) and not all(isinstance(x, str) for x in v)):
-            raise ValueError(f"not a launch spec of torchgen-patch ({k!r} is {type(v).__name__})")
-    if spec["backend"] not in tuple(Backend):
-        raise ValueError(f"unknown backend {spec['backend']!r}")
-    try:
-        Options(**spec["options"])
-    except TypeError as e:
-        raise ValueError(f"not a launch spec of torchgen-patch ({e})") from None
-    return spec
-
-
-def resolve(spec: dict, log) -> tuple[str | None, str | None]:
+def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:
     """The one call into the build machinery: (the compiled library of the plan's kernels, where it
     came from), the library None where install() needs none (the Python backend; installed prebuilt
-    kernels that fit). ``spec["library"]``: the build an enabled environment made (or run's
+    kernels that fit). ``spec.library``: the build an enabled environment made (or run's
     --runtime-op check found), used while it is this torch's; else found by the inputs' key, built
     under the cache's lock where the cache lacks it."""
-    if spec["backend"] != Backend.CPP:
+    if spec.backend != Backend.CPP:
         return None, None
-    from ..sources import Options
     from . import artifact_at, library as compose
 
     refused = None
-    if spec.get("library"):
+    if spec.library:
         try:
-            return artifact_at(spec["library"], "cache").path, "from the cached build"
-        except InputError as e:  # gone, another torch's, not this account's to use: found or built as without it
+            return artifact_at(spec.library, "cache").path, "from the cached build"
+        except ToolError as e:  # gone, another torch's, not this account's to use: found or built as without it
             refused = e
     try:
-        art = compose(Options(**spec["options"]), verbose=spec.get("verbose", False), log=log)
-    except InputError as e:
+        art = compose(spec.options, verbose=spec.verbose, log=log)
+    except ToolError as e:
         if refused is None:
             raise
         raise _both(refused, e) from None
@@ -162,7 +127,7 @@ def resolve(spec: dict, log) -> tuple[str | None, str | None]:
     return art.path, "built now" if art.origin == "build" else "from the cached build"
 
 
-def _both(named: InputError, instead: InputError) -> InputError:
+def _both(named: ToolError, instead: ToolError) -> ToolError:
     """The named build could not be used and none could be had instead: both causes in one error, the
     named build's first (its fix is the one that helps), of the kind of the second."""
     message = f"{named.message}; and none can be had instead: {instead.message}"
@@ -175,45 +140,35 @@ def _both(named: InputError, instead: InputError) -> InputError:
 _DONE: set[str] = set()  # what this process installed already: "kernels", "runtime"
 
 
-def after_import(name: str, text: str | None, mode: str, source: str, program_import=None) -> Outcome:
+def after_import(name: str, spec: LaunchSpec, mode: str, program_import=None) -> Outcome:
     """Right after ``name`` (torch, or a module of --import) finished importing: install what can be
     installed now. Runtime ops wait until torch and every --import module are imported (a module
     whose own import pulled torch in defines its operators only once it finished); the modules not
-    imported yet are imported here (``program_import``: as the program finds them). ``text``: the
-    launch spec, ``source`` names where it is; ``mode``: "run" or "enable". A ``$TORCHGEN_PATCH_RUN``
-    that is no launch spec stops the process (exit 2); an enabled environment's file that is none
-    (damaged, edited) leaves the program running unpatched, said in one line: a file in
-    site-packages must never make the environment's programs unusable; so do kernels that cannot be
-    had there, unless the spec is ``strict``."""
+    imported yet are imported here (``program_import``: as the program finds them). ``spec``: what
+    ``read`` made of the launch spec; ``mode``: "run" or "enable". Kernels that cannot be had leave
+    an enabled environment's program running unpatched, said in one line, unless the spec is
+    ``strict``; under ``run`` they stop the process."""
     if "runtime" in _DONE:
         return Outcome(True)
     if "torch" not in sys.modules or _importing("torch", name):
         return Outcome(False)  # torch not (wholly) imported yet: its own hook comes once it is
     try:
-        spec = read_spec(text, source)
-    except InputError as e:
-        _DONE.update(("kernels", "runtime"))
-        if _is_run_spec(source):  # run's own variable, not what run writes: stop, as every bad input does
-            return Outcome(True, e.render(), e.exit_code)
-        # an enabled environment's file, damaged: every program of the environment goes on, told so
-        return Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {e.message} (hint: {e.hint})")
-    try:
         with _usable_streams():
             line = _install(spec, name, mode, program_import)
-    except InputError as e:  # the kernels cannot be had (no compiler, a refused cache)
+    except ToolError as e:  # the kernels cannot be had (a refused cache: exit 2; no compiler: exit 3)
         _DONE.update(("kernels", "runtime"))
-        if mode == "enable" and not spec["strict"]:  # every program of an environment goes on: said, not stopped
+        if mode == "enable" and not spec.strict:  # every program of an environment goes on: said, not stopped
             return Outcome(True, unpatched_line(e, _who(mode)))
         return Outcome(True, e.render(), e.exit_code)  # run, or enable --strict: never run unpatched
     except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
         _DONE.update(("kernels", "runtime"))
         line = f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}"
         # enable --strict: a process that cannot have the kernels stops, whatever the cause
-        return Outcome(True, line, 3 if mode == "enable" and spec["strict"] else None)
+        return Outcome(True, line, 3 if mode == "enable" and spec.strict else None)
     return Outcome("runtime" in _DONE, line)
 
 
-def unpatched_line(e: InputError, who: str) -> str:
+def unpatched_line(e: ToolError, who: str) -> str:
     """The one line of an enabled environment's process that runs unpatched: the cause and its fix."""
     where = f"{e.location.render()}: " if e.location else ""
     hint = f"{e.hint}; " if e.hint else ""
@@ -238,39 +193,37 @@ def _who(mode: str) -> str:
     return ", ".join(parts)
 
 
-def _install(spec: dict, name: str, mode: str, program_import) -> str | None:
+def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | None:
     """Install what is due now; the line to say about it, or None."""
     import importlib
 
-    from ..sources import Options
     from . import install as inst
 
-    opts = Options(**spec["options"])
     line, refused = "", False
     if "kernels" not in _DONE:
         _DONE.add("kernels")
-        library, origin = resolve(spec, build_log(spec["quiet"]))
-        rep = inst.install(spec["ops"], backend=spec["backend"], library=library, options=opts,
-                           check_saved=spec.get("check_saved"))
-        line = kernels_line(len(rep.registered) + len(rep.already), spec["backend"], len(rep.refused), origin,
+        library, origin = resolve(spec, build_log(spec.quiet))
+        rep = inst.install(None if spec.ops is None else list(spec.ops), backend=spec.backend, library=library,
+                           options=spec.options, check_saved=spec.check_saved)
+        line = kernels_line(len(rep.registered) + len(rep.already), spec.backend, len(rep.refused), origin,
                             len(rep.optimizers))
         refused = bool(rep.refused)
-    waiting = [m for m in spec["imports"] if _importing(m, name)]
-    if spec["runtime_ops"] and not waiting:
+    waiting = [m for m in spec.imports if _importing(m, name)]
+    if spec.runtime_ops and not waiting:
         _DONE.add("runtime")
         part = "; runtime ops" if line else "torchgen-patch: runtime ops"
         try:
-            for m in spec["imports"]:  # the program's own modules: found as the program finds them
+            for m in spec.imports:  # the program's own modules: found as the program finds them
                 (program_import or importlib.import_module)(m)
-            r = inst.install(backend=spec["backend"], runtime_ops=spec["runtime_ops"], options=opts,
-                             boxed_library=spec["boxed"])
+            r = inst.install(backend=spec.backend, runtime_ops=list(spec.runtime_ops), options=spec.options,
+                             boxed_library=spec.boxed)
             line += f"{part}: {len(r.registered) + len(r.already)} active, {len(r.refused)} refused"
             refused = refused or bool(r.refused)
         except Exception as e:  # noqa: BLE001 — said on the start line; the program goes on
-            line += f"{part} NOT active: " + (e.message if isinstance(e, InputError) else f"{type(e).__name__}: {e}")
-    elif not spec["runtime_ops"]:
+            line += f"{part} NOT active: " + (e.message if isinstance(e, ToolError) else f"{type(e).__name__}: {e}")
+    elif not spec.runtime_ops:
         _DONE.add("runtime")
-    if line and (not spec.get("quiet") or "NOT active" in line or refused):
+    if line and (not spec.quiet or "NOT active" in line or refused):
         return process_line(line, os.getpid(), _who(mode))
     return None
 

@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InputError, ToolError
 from . import torchgen as tg
 from .torchgen import CHECKOUT, INSTALLED, Toolchain
 
@@ -122,7 +122,7 @@ def input_paths(opts: Options) -> list[str]:
         out.append(os.path.join(os.path.dirname(opts.native_functions), "tags.yaml"))
     try:
         out.append(overlay_path(opts))
-    except InputError:
+    except ToolError:
         pass  # resolve() says so, in its own words
     if opts.pytorch_root:
         root = os.path.abspath(os.path.expanduser(opts.pytorch_root))

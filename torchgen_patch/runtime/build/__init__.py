@@ -63,10 +63,8 @@ def _builds_root(root: str | None) -> cache.Dir:
         return cache.subdir("builds")
     try:
         return cache.open_dir(root, cache.cache_refusal(root), create=True)
-    except InputError as e:
-        if type(e) is not InputError:
-            raise
-        raise _not_writable(root, e.message.rsplit(": ", 1)[-1]) from None
+    except InputError as e:  # could not be made (what this machine lacks, EnvironmentProblem, goes on)
+        raise _not_writable(root, e.cause or e.message) from None
 
 
 def _not_writable(root: str, why: str) -> InputError:
@@ -100,8 +98,8 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
                 held.enter_context(builds.lock(f"{final}.lock",
                                                wait_note=f"waiting for another build of {lib.directory}"))
             except EnvironmentProblem as e:
-                if getattr(e, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS):
-                    raise _not_writable(builds.path, e.message.rsplit(": ", 1)[-1]) from None
+                if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise _not_writable(builds.path, e.cause or e.message) from None
                 raise
             if complete(builds, final, key, lib.path):
                 return lib

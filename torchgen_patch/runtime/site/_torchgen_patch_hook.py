@@ -24,6 +24,7 @@ import sys
 
 NAME = "_torchgen_patch_hook"
 HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))  # the sys.path entry of this hook's torchgen_patch
 ENV = "TORCHGEN_PATCH_RUN"
 BLOCKING = {"I": "isolated mode ignores PYTHONPATH", "E": "it ignores PYTHONPATH",
             "S": "it skips the site module, which loads the hook"}
@@ -32,6 +33,7 @@ _SPAWN = ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system")
 _EVENTS = frozenset(("import", *_SPAWN))
 
 _spec = None  # the launch spec's text: run's $TORCHGEN_PATCH_RUN, or what enable wrote
+_value = None  # that text as the tool parsed it (a LaunchSpec), once torch has been imported
 _source = "$" + ENV  # where it came from, for messages
 _mode = None  # "run" | "enable"; None until start()
 _down = False  # the tool itself runs in this process (its CLI): it installs nothing behind its back
@@ -44,10 +46,10 @@ _busy: set[int] = set()  # threads doing the tool's own work right now
 
 def start(spec_text, mode, source=None):
     """Start watching (once per process; ``run`` after ``enable``: run's spec governs)."""
-    global _spec, _mode, _source, _start_path, _enabled_here  # noqa: PLW0603 (the hook's state, one per process)
+    global _spec, _value, _mode, _source, _start_path, _enabled_here  # noqa: PLW0603 (the hook's state, one a process)
     if _mode is not None:
         if mode == "run" and spec_text:
-            _spec, _mode, _source = spec_text, "run", "$" + ENV
+            _spec, _value, _mode, _source = spec_text, None, "run", "$" + ENV
         return
     _enabled_here = mode == "enable"
     run_spec = os.environ.get(ENV)
@@ -124,13 +126,22 @@ def stand_down():
 
 
 def _watched():
-    """torch, and the modules of --import (their operators exist once they finished importing)."""
-    if _spec is None or '"imports": []' in _spec:  # the common case: no JSON parsed at start
-        return {"torch"}
+    """torch, and the modules of --import (their operators exist once they finished importing). Only
+    a spec of ``run`` names any (an enabled environment's has none, and its file is not read at start)."""
+    imports = _early("imports") if _spec is not None else None
+    return {"torch", *(m for m in imports if isinstance(m, str))} if isinstance(imports, list) else {"torch"}
+
+
+def _early(field):
+    """A field of the launch spec the hook needs before the tool's own parse (``LaunchSpec.parse``) can
+    run, or where the tool failed to load: ``imports`` at start, ``roots`` to import the tool from,
+    ``strict`` when it could not be loaded; read with the standard library's JSON decoder, None where
+    the text is no JSON object (the tool's parse says what is wrong)."""
     try:
-        return {"torch", *_std("json").loads(_spec).get("imports", [])}
-    except (ValueError, TypeError, AttributeError, RecursionError):
-        return {"torch"}  # said at `import torch`, where the spec is read
+        data = _std("json").loads(_spec)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return data.get(field) if isinstance(data, dict) else None
 
 
 def _say(text):
@@ -267,13 +278,13 @@ _pending: list[str] = []  # modules finished importing, not yet handed to the to
 def _work(name):
     global _finished  # noqa: PLW0603 (the hook's state, one per process)
     try:
-        roots = _roots()
-        if roots is None:
+        spec = _launch_spec()
+        if spec is None:
             return
-        with _Own(roots):
+        with _Own(spec.roots):
             from torchgen_patch.runtime.process import after_import
 
-            outcome = after_import(name, _spec, _mode, _source, program_import)  # type: ignore[arg-type]  # start() set _mode
+            outcome = after_import(name, spec, _mode, program_import)  # type: ignore[arg-type]  # start() set _mode
         _finished = outcome.done
         if outcome.line:
             _say(outcome.line)
@@ -291,19 +302,17 @@ def _work(name):
 def _strict():
     """Whether the launch spec says ``strict`` (an enabled environment whose processes never run
     unpatched); a spec that cannot be read says not."""
-    try:
-        spec = _std("json").loads(_spec)
-    except Exception:  # noqa: BLE001 — any spec that is not JSON is simply not strict
-        return False
-    return isinstance(spec, dict) and spec.get("strict") is True
+    return _value.strict if _value is not None else _early("strict") is True
 
 
-def _roots():
-    """The directories the tool's package and dependencies come from, named in the spec. A spec of
-    ``run`` that is not one stops the process (one line, exit 2), as every bad input does; an enabled
-    environment's file that is not one leaves the program unpatched, said in one line (as when it
-    names what cannot be had)."""
-    global _finished, _spec, _broken, _lazy  # noqa: PLW0603 (the hook's state, one per process)
+def _launch_spec():
+    """The launch spec as the tool parses it (``LaunchSpec.parse``, imported from where the spec says the tool is: where
+    this hook is, where it says nothing readable), once per process; None where there is none to use, said in one line:
+    a spec of ``run`` that is not one stops the process (exit 2), as every bad input does; an enabled environment's file
+    that is not one leaves the program unpatched (as when it names what cannot be had)."""
+    global _finished, _spec, _value, _broken, _lazy  # noqa: PLW0603 (the hook's state, one per process)
+    if _value is not None:
+        return _value
     if _lazy is not None and _mode == "enable":
         _spec, _broken = _read_data(_lazy)
         _lazy = None
@@ -322,29 +331,19 @@ def _roots():
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
              f"this one left it out of its environment) (hint: {HINT})")
         return None
-    try:
-        spec = _std("json").loads(_spec)
-        roots = spec["roots"]
-        if not isinstance(roots, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                  for k, v in roots.items()) or "torchgen_patch" not in roots:
-            raise ValueError("no roots")
-    except (ValueError, TypeError, KeyError, RecursionError) as e:
-        what = f"{_source}: not a launch spec of torchgen-patch ({type(e).__name__}: {e})"
-        if _source.startswith("$"):
-            _fail(what, "torchgen-patch run sets it: unset it")
-        else:  # an enabled environment's file, damaged: every program of it goes on, unpatched, and says why
-            _finished = True
-            _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {what} (hint: `torchgen-patch enable` writes "
-                 "it again, `torchgen-patch disable` removes it)")
-        return None
-    return roots
+    roots = _early("roots")
+    root = roots.get("torchgen_patch") if isinstance(roots, dict) else None
+    with _Own({"torchgen_patch": root if isinstance(root, str) else PACKAGE}):  # the package and the stdlib only
+        from torchgen_patch.runtime.process import read
 
-
-def _fail(message, hint):
-    global _finished  # noqa: PLW0603 (the hook's state, one per process)
-    _finished = True
-    _say(f"torchgen-patch: error: {message} (hint: {hint})")
-    _exit(2)
+        _value, refused = read(_spec, _mode, _source)  # type: ignore[arg-type]  # start() set _mode
+    if refused is not None:
+        _finished = True
+        if refused.line:
+            _say(refused.line)
+        if refused.exit_code is not None:
+            _exit(refused.exit_code)
+    return _value
 
 
 def _exit(code):
