@@ -29,13 +29,13 @@ import os
 from .errors import EnvironmentProblem, InputError, ToolError
 # the file system layer, re-exported: the old place of these names
 from .fs.decode import loads
-from .fs.dirs import Dir, check_path, open_dir, open_under  # noqa: F401
-from .fs.leases import LEASE, host_identity, leased, sweep  # noqa: F401
-from .fs.load import loadable, private_copy  # noqa: F401
-from .fs.locks import LOCKS, lock_file, subdir  # noqa: F401
-from .fs.protected import Missing, cache_refusal, inside, library_refusal, problem, trusted_uids  # noqa: F401
-from .fs.protected import may_follow, owner_name  # noqa: F401
-from .fs.root import ENV, OWNERS_ENV, _base, directory, key, note, notes_to  # noqa: F401
+from .fs.dirs import Dir, check_path, open_dir, open_under  # noqa: F401 (re-exported: the old place)
+from .fs.leases import LEASE, host_identity, leased, sweep  # noqa: F401 (re-exported: the old place)
+from .fs.load import loadable, private_copy  # noqa: F401 (re-exported: the old place)
+from .fs.locks import LOCKS, lock_file, subdir  # noqa: F401 (re-exported: the old place)
+from .fs.protected import Missing, cache_refusal, inside, library_refusal, problem, trusted_uids  # noqa: F401 (re-exported: the old place)
+from .fs.protected import may_follow, owner_name  # noqa: F401 (re-exported: the old place)
+from .fs.root import ENV, OWNERS_ENV, _base, directory, key, note, notes_to  # noqa: F401 (re-exported: the old place)
 from .version import __version__
 
 

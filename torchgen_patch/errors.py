@@ -159,7 +159,7 @@ def say(text: str) -> None:
         pass
 
 
-def one_line(text: str) -> str:
+def one_line(text: object) -> str:
     """Collapse a multi-line message (torchgen's, say) to its first line."""
     for part in str(text).splitlines():
         if part.strip():

@@ -11,12 +11,12 @@ import errno
 import os
 import stat
 
-from .errors import EnvironmentProblem, InputError, one_line
+from .errors import EnvironmentProblem, InputError, ToolError, one_line
 # the file system layer, re-exported: the old place of these names
-from .fs.atomic import RENAME_EXCHANGE, RENAME_NOREPLACE, atomic_write, renameat2, replace_at  # noqa: F401
-from .fs.decode import MAX_JSON_DEPTH, loads  # noqa: F401
-from .fs.protected import display, keep_owner_and_mode, may_follow, may_replace, owner_name, umask  # noqa: F401
-from .fs.walk import MAX_LINKS, Found, find  # noqa: F401
+from .fs.atomic import RENAME_EXCHANGE, RENAME_NOREPLACE, atomic_write, renameat2, replace_at  # noqa: F401 (re-exported: the old place)
+from .fs.decode import MAX_JSON_DEPTH, loads  # noqa: F401 (re-exported: the old place)
+from .fs.protected import display, keep_owner_and_mode, may_follow, may_replace, owner_name, umask  # noqa: F401 (re-exported: the old place)
+from .fs.walk import MAX_LINKS, Found, find  # noqa: F401 (re-exported: the old place)
 
 
 def read_bytes(path: str, what: str) -> bytes:
@@ -116,7 +116,7 @@ def check_not_input(path: str, inputs=(), what: str = "output") -> None:
     ``inputs``: paths of files and directories the run reads; missing ones are ignored."""
     if path == STDOUT or not inputs:
         return
-    files, dirs = {}, {}
+    files, dirs = {}, {}  # type: dict, dict  # (device, inode) -> the input's path
     for i in inputs:
         if not i:
             continue
@@ -224,7 +224,7 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)  # the machine's, not the input's
 
 
-def write_failed(path: str, said: str, e: OSError) -> InputError:
+def write_failed(path: str, said: str, e: OSError) -> ToolError:
     """A failed write as the error the user sees: ``FILE: error: SAID: STRERROR``; a full disk, a quota
     or an I/O error is the environment (exit 3), anything else the output's (exit 2)."""
     if e.errno in FULL:
@@ -240,7 +240,7 @@ def _write_through(f: Found, data: bytes, path: str, what: str) -> bool:
     fd = os.open(f.name, os.O_WRONLY | os.O_CLOEXEC | (0 if f.through else os.O_NOFOLLOW), dir_fd=f.dir_fd)
     with os.fdopen(fd, "wb") as fh:
         st = os.fstat(fd)
-        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) or not os.path.samestat(st, f.st):
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)) or not os.path.samestat(st, f.st):  # type: ignore[arg-type]  # the caller's f.st is set
             raise InputError(path, None, f"cannot write {what}: {display(f.path)} changed while it was checked; "
                              "nothing was written")
         fh.write(data)

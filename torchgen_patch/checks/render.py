@@ -6,6 +6,7 @@ the CLI decides printing and exit codes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 
 from .verify import ERROR, EXTRA, MISS, NOT_RUN, PASS, XFAIL, XPASS, GradResult, OpResult, counts
@@ -26,7 +27,7 @@ def _versions(r: OpResult) -> str:
     return " ".join(f"{t.arg} {t.before}->{t.after}" for t in r.tensors) or "-"
 
 
-def count_text(results: list[OpResult] | list[GradResult]) -> str:
+def count_text(results: Sequence[OpResult] | Sequence[GradResult]) -> str:
     """The verdict counts of one run (of either check), as the reports write them: ``MISS 20, PASS 154``."""
     return ", ".join(f"{k} {v}" for k, v in counts(results).items())
 
@@ -39,7 +40,8 @@ def summary(runs: dict[str, list[OpResult]]) -> str:
 def table(results: list[OpResult]) -> str:
     """One run as a table for a terminal: a row per op, then its counts."""
     w = max([len(r.op) for r in results] + [2])
-    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  versions (per written argument: before->after)"]
+    lines = [f"{'op':<{w}}  {'device':<6}  {'patch':<5}  {'verdict':<7}  "
+             "versions (per written argument: before->after)"]
     for r in results:
         lines.append(f"{r.op:<{w}}  {r.device:<6}  {'yes' if r.patched else 'no':<5}  {r.verdict:<7}  "
                      f"{_versions(r)}{('  ' + r.message) if r.message else ''}")

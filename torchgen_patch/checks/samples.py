@@ -8,6 +8,7 @@ op cannot be run here; such an op is reported as not run, never as passing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 LIST_LEN = 2
 
@@ -23,8 +24,8 @@ class Sample:
     kwargs: dict
     written: dict  # argument name -> the value passed (tensor, list of tensors, None)
 
-    def written_tensors(self) -> list[tuple[str, object]]:
-        out = []
+    def written_tensors(self) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
         for name, v in self.written.items():
             if isinstance(v, (list, tuple)):
                 out.extend((f"{name}[{i}]", t) for i, t in enumerate(v) if t is not None)

@@ -15,6 +15,7 @@ are lost), ERROR (another failure), NOT_RUN (no sample here, or no floating inpu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..runtime.pykernel import OUT_REQUIRES_GRAD
@@ -59,20 +60,20 @@ def run_op(op: str, device: str, patched: bool, xfail: tuple[str, ...] | None = 
                 s = wrap(s, subclass, mesh, placement)
         except NoSample as e:
             return OpResult(op, device, patched, NOT_RUN, message=str(e), subclass=subclass)
-        except Exception as e:  # a recipe that does not fit this torch: a failure, never a pass
+        except Exception as e:  # noqa: BLE001 — a recipe that does not fit this torch: a failure, never a pass
             return OpResult(op, device, patched, ERROR, message=f"building the sample: {type(e).__name__}: {e}",
                             subclass=subclass)
         written = s.written_tensors()
         before = [int(t._version) for _, t in written]
         try:
             call(*s.args, **s.kwargs)
-        except Exception as e:  # the op's own failure is a result, not a crash of verify
-            reason = subclass != "plain" and cannot_run(op, device, subclass, mesh, placement, call)
+        except Exception as e:  # noqa: BLE001 — the op's own failure is a result, not a crash of verify
+            reason = (subclass != "plain" and cannot_run(op, device, subclass, mesh, placement, call)) or ""
             if reason:
                 continue  # the subclass's own limit: the next placement, or NOT_RUN
             return OpResult(op, device, patched, ERROR, message=f"{type(e).__name__}: {str(e).splitlines()[0]}",
                             subclass=subclass)
-        res = [TensorResult(n, b, int(t._version)) for (n, t), b in zip(written, before)]
+        res = [TensorResult(n, b, int(t._version)) for (n, t), b in zip(written, before, strict=True)]
         deltas = [r.after - r.before for r in res]
         verdict = PASS
         if any(d > 1 for d in deltas):
@@ -111,7 +112,7 @@ def run(ops: list[str], device: str, patched: bool, xfails: dict | None = None, 
         return [OpResult(op, device, patched, NOT_RUN, message=str(e), subclass=subclass) for op in sorted(ops)]
 
 
-def counts(results: list[OpResult] | list[GradResult]) -> dict[Outcome, int]:
+def counts(results: Sequence[OpResult] | Sequence[GradResult]) -> dict[Outcome, int]:
     """How many results of each verdict, by verdict."""
     c: dict[Outcome, int] = {}
     for r in results:
@@ -167,7 +168,7 @@ def run_grad_op(op: str, device: str, patched: bool, outputs: bool = False) -> G
         s = sample(op, device)
     except NoSample as e:
         return GradResult(op, device, patched, NOT_RUN, str(e))
-    except Exception as e:  # a recipe that does not fit this torch: never a pass
+    except Exception as e:  # noqa: BLE001 — a recipe that does not fit this torch: never a pass
         return GradResult(op, device, patched, ERROR, f"building the sample: {type(e).__name__}: {e}")
     written = {id(t) for _, t in s.written_tensors()}
     if outputs:
@@ -190,10 +191,10 @@ def run_grad_op(op: str, device: str, patched: bool, outputs: bool = False) -> G
     except RuntimeError as e:
         text = str(e).splitlines()[0] if str(e) else ""
         if text.endswith(MESSAGE):
-            same = all(_same_bits(b, t) for b, (_, t) in zip(before, s.written_tensors()))
+            same = all(_same_bits(b, t) for b, (_, t) in zip(before, s.written_tensors(), strict=True))
             return GradResult(op, device, patched, REFUSE, text, same)
         return GradResult(op, device, patched, ERROR, f"RuntimeError: {text}")
-    except Exception as e:  # the op's own failure is a result
+    except Exception as e:  # noqa: BLE001 — the op's own failure is a result
         return GradResult(op, device, patched, ERROR, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     return GradResult(op, device, patched, SILENT)
 

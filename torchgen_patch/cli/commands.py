@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 
@@ -121,7 +120,7 @@ def scan(args) -> int:
     i = pipeline.inputs(dataclasses.replace(options(args), no_overlay=True))
     _inputs_note(args, i.sources)
     verdicts = set(args.verdict) if args.verdict else None
-    _emit(args, scan_json(i.scan, verdicts) if args.format == Format.JSON else scan_text(i.scan, verdicts), "scan report")
+    _emit(args, (scan_json if args.format == Format.JSON else scan_text)(i.scan, verdicts), "scan report")
     return _drifts(i.scan) if args.against_runtime else 0
 
 
@@ -479,12 +478,12 @@ def _enabled_line(st) -> str:
     build = "" if not spec.library else "; the build it names is there" if build_there(spec.library) else \
         "; the build it names is gone (the first process that imports torch finds or builds one)"
     pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
-           None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}[st.recorded]
+           None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}
     fails = "strict: a process that cannot have the kernels stops (exit 3)" if spec.strict else \
         "fail open: a process that cannot have the kernels runs unpatched, said in one line"
     return (f"{st.path} (torchgen-patch {st.version}; {spec.backend.value}, {ops}{build}; "
             f"{'quiet' if spec.quiet else 'one line per process'}; {fails}; "
-            f"saved-tensor check: {spec.check_saved.value if spec.check_saved else 'off'}; {pip})")
+            f"saved-tensor check: {spec.check_saved.value if spec.check_saved else 'off'}; {pip[st.recorded]})")
 
 
 def _torch_present(what: str) -> None:

@@ -50,6 +50,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line (like every other bad input), exit 2, and the
     closest name for a misspelt command or choice."""
 
+    commands: dict[str, _Parser]  # the top-level parser's: name -> the subcommand's parser
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {_closest(message)} (see {self.prog} --help)\n")
 
@@ -78,7 +80,7 @@ def unrecognized(sub: argparse.ArgumentParser, extra: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {close[0]}?)" if close else "")
 
 
-def no_command(p: argparse.ArgumentParser) -> str:
+def no_command(p: _Parser) -> str:
     return "give a command: " + ", ".join(p.commands)
 
 
@@ -205,9 +207,9 @@ def _lint_command(sub) -> None:
     _output(lint, "FILE write the findings here instead of stdout", LINT_FORMATS)
     lint.add_argument("--against-runtime", action="store_true",
                       help="cross-check with the running torch's dispatcher (needs torch)")
-    b = lint.add_mutually_exclusive_group()
-    b.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
-    b.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
+    baseline = lint.add_mutually_exclusive_group()
+    baseline.add_argument("--baseline", metavar="FILE", help="accept the findings listed in FILE")
+    baseline.add_argument("--write-baseline", metavar="FILE", help="write every current finding to FILE and exit 0")
     lint.add_argument("--generated", metavar="DIR", help="also check the kernels generated in DIR against the plan")
     half = lint.add_mutually_exclusive_group()
     half.add_argument("--requires-grad", action="store_true",
@@ -333,8 +335,8 @@ def _enable_command(sub) -> None:
                                    "library is built now; each process pays the install step only. A process "
                                    "that cannot have the kernels (the build unusable, no compiler to make one) "
                                    "runs unpatched and says why in one line, unless --strict. Undone by "
-                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch` (docs/enable.md: the "
-                                   "repair of an environment whose interpreter cannot start).")
+                                   "`torchgen-patch disable` and by `pip uninstall torchgen-patch` (docs/enable.md: "
+                                   "the repair of an environment whose interpreter cannot start).")
     _patching(e)
     e.add_argument("--strict", action="store_true",
                    help="a process that cannot have the kernels stops (exit 3) instead of running unpatched")
@@ -369,7 +371,7 @@ def _diff_command(sub) -> None:
                                                      "(markdown), measured with this machine's torch")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> _Parser:
     from ..version import __version__
 
     p = _Parser(prog="torchgen-patch", description=DESCRIPTION, epilog=glossary(),

@@ -92,11 +92,11 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
                 if name in changed:
                     _files.atomic_write((sfd, name), files[name])
                     if old is not None:
-                        _keep_file(sfd, name, old, old_st)
+                        _keep_file(sfd, name, old, old_st)  # type: ignore[arg-type]  # old's stat: old is there
                 else:
-                    _carry(old, sfd, name)
+                    _carry(old, sfd, name)  # type: ignore[arg-type]  # unchanged: old is there
             for name in foreign:
-                _carry(old, sfd, name)
+                _carry(old, sfd, name)  # type: ignore[arg-type]  # foreign: old is there
             name = None
             if old is None:
                 os.fchmod(sfd, 0o777 & ~_files.umask())
@@ -214,7 +214,7 @@ def _disposable(d: int, n: str, out: int | None) -> bool:
             there = os.stat(n, dir_fd=out, follow_symlinks=False)
         except FileNotFoundError:
             pass
-    if there is not None and (os.path.samestat(st, there) or _same(d, out, n, st, there)):
+    if there is not None and out is not None and (os.path.samestat(st, there) or _same(d, out, n, st, there)):
         return True
     if stat.S_ISREG(st.st_mode) and _TEMP.fullmatch(n):
         return True

@@ -55,4 +55,4 @@ def apply(fs: list[Finding], path: str) -> tuple[list[Finding], int]:
     kept = [f for f in fs if (f.op, f.rule) not in keys]
     present = {(f.op, f.rule) for f in fs}
     stale = [rules.stale_baseline(path, line, op, rule) for op, rule, line in accepted if (op, rule) not in present]
-    return kept + sorted(stale, key=lambda f: f.line), len(fs) - len(kept)
+    return kept + sorted(stale, key=lambda f: f.line or 0), len(fs) - len(kept)

@@ -15,7 +15,7 @@ class Drift:
     detail: str
 
 
-def cross_check(scan: Scan, patched: set[str] = frozenset()) -> list[Drift]:
+def cross_check(scan: Scan, patched: set[str] | frozenset[str] = frozenset()) -> list[Drift]:
     drifts = []
     for r in scan.records:
         schema, has_kernel = dispatcher_state(r.name)
@@ -31,5 +31,6 @@ def cross_check(scan: Scan, patched: set[str] = frozenset()) -> list[Drift]:
         if r.verdict == COVERED and not has_kernel:
             drifts.append(Drift(r.name, "kernel-missing", "covered by the codegen, but no ADInplaceOrView kernel"))
         elif r.verdict != COVERED and has_kernel and not r.manual:
-            drifts.append(Drift(r.name, "kernel-unexpected", f"{r.verdict}, yet an ADInplaceOrView kernel is registered"))
+            drifts.append(Drift(r.name, "kernel-unexpected",
+                                f"{r.verdict}, yet an ADInplaceOrView kernel is registered"))
     return drifts

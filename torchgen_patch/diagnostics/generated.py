@@ -21,7 +21,7 @@ def _kernels(text: str) -> dict[str, str]:
     """op -> kernel text (from its marker comment to the closing brace at column 0)."""
     out = {}
     starts = [(m.start(), m.group(1)) for m in _KERNEL.finditer(text)]
-    for (pos, op), nxt in zip(starts, starts[1:] + [(len(text), None)]):
+    for (pos, op), nxt in zip(starts, starts[1:] + [(len(text), None)], strict=False):  # no start: the end alone
         block = text[pos:nxt[0]]
         end = block.find("\n}\n")
         out[op] = block[: end + 3] if end >= 0 else block
@@ -42,7 +42,7 @@ def check(plan: Plan, directory: str) -> list[Finding]:
         text = files.get(MANIFEST)
         doc = load_json(text, manifest, MANIFEST, "generate it again with `torchgen-patch gen --out DIR`") \
             if text is not None else None
-        shards = doc["shards"]
+        shards = doc["shards"]  # type: ignore[index]  # None: the TypeError below
         if isinstance(shards, bool) or not isinstance(shards, int):
             raise TypeError(shards)
     except (ValueError, KeyError, TypeError):

@@ -87,7 +87,7 @@ def run(req: Request, noted=lambda inputs: None, apply_baseline: bool = True) ->
 
         fs, accepted = baseline.apply(fs, req.baseline)
         summary = dataclasses.replace(summary, accepted=accepted, baseline=req.baseline)
-    drifts = ()
+    drifts: tuple = ()
     if req.against_runtime:
         from ..runtime.install import installed_ops
         from .drift import cross_check

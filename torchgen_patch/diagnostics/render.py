@@ -10,10 +10,11 @@ import json
 import os
 
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from ..version import __version__
 from ..scan.model import VERDICTS, Scan
-from ..vocabulary import Format
+from ..vocabulary import Format, Verdict
 from ..errors import ToolError, display_path, printable
 from . import CODE, Finding
 from .rules import RULES
@@ -28,7 +29,7 @@ class Summary:
     """What a report says beyond its findings."""
 
     source: str = "yaml"  # yaml | runtime (the live operator registry)
-    counts: dict[str, int] = field(default_factory=dict)  # verdict -> functions, over every yaml linted
+    counts: dict[Verdict, int] = field(default_factory=dict)  # verdict -> functions, over every yaml linted
     torch: str | None = None
     inputs: tuple[str, ...] = ()  # the native_functions.yaml files linted
     baseline: str | None = None  # the --baseline file, when one was applied
@@ -101,16 +102,18 @@ def lintrunner(fs: list[Finding], s: Summary | None = None) -> str:
     }, sort_keys=True) + "\n" for f in fs) + "".join(notes)
 
 
-def _says_left_out(s: Summary | None) -> bool:
+def _says_left_out(s: Summary | None) -> TypeGuard[Summary]:
     """Machine formats note the runtime operators the overlay left out when there are any (the text
     and JSON summaries always give the count)."""
     return s is not None and s.source == "runtime" and s.left_out > 0
 
 
 def lintrunner_failure(err: ToolError) -> str:
-    """Bad input (or what the machine lacks) as a LintMessage: at its file and line when known, else a general failure (path null)."""
+    """Bad input (or what the machine lacks) as a LintMessage: at its file and line when known, else a general
+    failure (path null)."""
     return json.dumps({
-        "path": display_path(err.path) if err.path and os.path.isfile(err.path) else None, "line": err.line, "char": None,
+        "path": display_path(err.path) if err.path and os.path.isfile(err.path) else None,
+        "line": err.line, "char": None,
         "code": CODE, "severity": "error", "name": "bad-input", "original": None, "replacement": None,
         "description": err.render(),
     }, sort_keys=True) + "\n"
@@ -125,7 +128,7 @@ def sarif(fs: list[Finding], s: Summary | None = None) -> str:
         locations = []
         if f.path:
             uri, base = _uri(f.path)
-            loc = {"artifactLocation": {"uri": uri}, "region": {"startLine": max(1, f.line)}}
+            loc: dict[str, dict] = {"artifactLocation": {"uri": uri}, "region": {"startLine": max(1, f.line or 1)}}
             if base:
                 loc["artifactLocation"]["uriBaseId"] = base
             locations.append({"physicalLocation": loc})
@@ -190,7 +193,8 @@ def github(fs: list[Finding], s: Summary | None = None) -> str:
         out.append(f"::{kind} {props}::{_escape_data(f.message)}\n")
     if _says_left_out(s):
         out.append(f"::notice title={_escape_property(CODE)}::{_escape_data(_left_out(s))}\n")
-    out += [f"::notice title={_escape_property(CODE)}::{_escape_data(c + ': covered by an optimizer entry of the overlay')}\n"
+    out += [f"::notice title={_escape_property(CODE)}::"
+            f"{_escape_data(c + ': covered by an optimizer entry of the overlay')}\n"
             for c in (s.covered if s is not None else ())]
     return "".join(out)
 
@@ -226,8 +230,8 @@ def scan_json(scan: Scan, verdicts: set[str] | None = None) -> str:
         "native_functions": [display_path(scan.native_path)],
         "counts": scan.counts(),
         "total": len(scan.records),
-        "ops": [r.to_json(path=display_path(r.loc.path)) for r in scan.records
-                if verdicts is None or r.verdict in verdicts],
+        "ops": [r.to_json(path=display_path(r.loc.path))  # type: ignore[arg-type]  # a yaml's record: a path
+                for r in scan.records if verdicts is None or r.verdict in verdicts],
         "sources": {k: display_path(v) if k in _PATHS and v else v for k, v in scan.sources.describe().items()},
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -145,7 +145,8 @@ def optimizer_probe(probe) -> Finding:
 def optimizer_entry_unknown(loc: Location, path: str, what: str) -> Finding:
     """An overlay optimizer entry ``path`` whose imported module defines ``what`` under its name."""
     return _make(OPTIMIZER_ENTRY_UNKNOWN, loc, path,
-                 f"{path}: the optimizer entry names {what}, so it never applies; name the class as its module defines it")
+                 f"{path}: the optimizer entry names {what}, so it never applies; "
+                 "name the class as its module defines it")
 
 
 def stale_baseline(path: str, line: int, op: str, rule: str) -> Finding:

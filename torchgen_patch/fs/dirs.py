@@ -201,9 +201,9 @@ class Dir:
     def owner_writable_only(self) -> None:
         """chmod go-w everything below (a umask of 002 would leave a build group-writable, which
         install refuses); symlinks are left as they are."""
-        st = os.fstat(self.fd)
-        if st.st_mode & 0o022:
-            os.chmod(self.fd, stat.S_IMODE(st.st_mode) & ~0o022)
+        own = os.fstat(self.fd)
+        if own.st_mode & 0o022:
+            os.chmod(self.fd, stat.S_IMODE(own.st_mode) & ~0o022)
         for n in self.names():
             st = self.lstat(n)
             if st is None or stat.S_ISLNK(st.st_mode):

@@ -118,7 +118,7 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
 def sweep(d: Dir, prefixes: tuple[str, ...]) -> list[str]:
     """Remove the temporary directories (names starting with ``prefixes``) under ``d`` whose lease
     expired; returns their names."""
-    gone, now = [], time.time()
+    gone, now = [], time.time()  # type: list[str], float
     try:
         names = d.names()
     except OSError:

@@ -42,11 +42,12 @@ class Kernel:
 
     @property
     def yaml_name(self) -> str:
-        return printable(os.path.basename(self.loc.path))  # it lands in C++ comments: one line, always
+        # it lands in C++ comments: one line, always
+        return printable(os.path.basename(self.loc.path))  # type: ignore[type-var, arg-type]  # a yaml entry's
 
     @property
     def line(self) -> int:
-        return self.loc.line
+        return self.loc.line  # type: ignore[return-value]  # a yaml entry's
 
     def shard(self, n: int) -> int:
         return stable_hash(self.op) % n
@@ -231,13 +232,14 @@ def _kernel(r: OpRecord, entry, sig: CppSig, requires_grad_check: bool = True) -
     sig = CppSig(tuple((t, rename.get(n, n)) for t, n in sig.formals),
                  tuple(rename.get(a, a) for a in sig.call_args), sig.unambiguous_name, sig.root_name)
     written = tuple(w._replace(name=rename.get(w.name, w.name)) for w in r.written)
-    refuse_args = ()
+    refuse_args: tuple[str, ...] = ()
     if refuse:
         formals = {n for _, n in sig.formals}
         asked = tuple(dict.fromkeys((*r.grad_inputs, *(w.name for w in r.written))))
         if not (_IDENTIFIER.match(r.grad_name or "") and all(a in formals for a in (rename.get(n, n) for n in asked))):
-            raise InputError(r.loc.path, r.loc.line, f"{r.name}: the autograd facts name {printable(repr(r.grad_name))} "
-                                                     "or arguments the schema does not have", "regenerate the scan (--no-cache)")
+            raise InputError(r.loc.path, r.loc.line,
+                             f"{r.name}: the autograd facts name {printable(repr(r.grad_name))} "
+                             "or arguments the schema does not have", "regenerate the scan (--no-cache)")
         refuse_args = tuple(rename.get(n, n) for n in asked)
     xfail_devices = None
     xfail_reason = None
@@ -293,7 +295,8 @@ def plan_runtime(names: list[str], overlay: Overlay, live, installed: set[str]) 
             raise InputError(None, None, f"runtime op '{name}' needs its namespace ('ns::op.overload')")
         entry = overlay.get(name)
         if entry is not None and entry.action == Action.SKIP:
-            refused[name] = f"skipped by the overlay ({os.path.basename(overlay.path)}:{entry.line}): {entry.reason}"
+            refused[name] = (f"skipped by the overlay ({os.path.basename(overlay.path or '')}:{entry.line}): "
+                             f"{entry.reason}")
             continue
         if name in installed:
             already.append(name)

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import InputError
 from ..files import read_text
 from .. import cache
-from ..scan.model import MISSING, UNSUPPORTED, Scan
+from ..scan.model import MISSING, UNSUPPORTED, OpRecord, Scan
 from ..vocabulary import Action
 from ..sources import Sources
 
@@ -259,7 +260,7 @@ def _optimizers(path: str, line: int, node) -> dict[str, OptimizerEntry]:
 def _optimizer_fields(path: str, cls: str, line: int, node) -> OptimizerEntry:
     import yaml
 
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}  # a string or a tuple of strings, as the key wants
     for key, kl, v in _keys(path, cls, node, OPTIMIZER_KEYS):
         if key == "writes":
             if not isinstance(v, yaml.SequenceNode) or not v.value or \
@@ -318,7 +319,7 @@ def _entry(path, op, line, node, scan: Scan, templates: set[str]) -> Entry:
                 hint = "did you mean " + ", ".join(f"'{c}'" for c in close) + "?"
         raise InputError(path, line, f"unknown operator '{op}'", hint)
     if verdict not in (MISSING, UNSUPPORTED):
-        rec = scan.get(op)
+        rec: OpRecord = scan.get(op)  # type: ignore[assignment]  # it has a verdict: a record
         raise InputError(path, line, f"'{op}' is {verdict} ({rec.reason}), not missing: nothing to decide")
     return _fields(path, op, line, node, templates)
 
@@ -327,7 +328,7 @@ def _fields(path, op, line, node, templates: set[str] | None = None) -> Entry:
     """The entry's keys, each checked (``templates`` None: the template name is not looked up)."""
     import yaml
 
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}  # a string or a tuple of strings, as the key wants
     lines: dict[str, int] = {}
     for key, kl, v in _keys(path, op, node, KEYS):
         lines[key] = kl

@@ -25,7 +25,7 @@ class Artifact:
     """A library of kernels for one torch: what it is, what it holds, and where it came from."""
 
     path: str  # the shared library
-    sha256: str  # recorded when it was built; checked again on the descriptor that is loaded
+    sha256: str | None  # recorded when it was built (None: not, and not loaded); checked again on the descriptor
     torch: str  # the torch version it was built for
     kernels: tuple[tuple[str, str], ...]  # (op, schema) of every kernel in it
     origin: str  # "prebuilt" (an installed kernels wheel) | "cache" | "build" (compiled now) | "given"

@@ -30,6 +30,7 @@ import dataclasses
 import io
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import EnvironmentProblem, InputError
 from ..version import __version__
@@ -166,13 +167,15 @@ def state(site: str | None = None) -> State:
     site = site or site_dir()
     path, data_path = os.path.join(site, FILE), os.path.join(site, DATA)
     recorded = _recorded(site)
+    data_problem: str | None  # why the data file cannot be read (None: it can)
     try:
         data = _read(data_path)
     except OSError as e:
         data, data_problem = None, f"cannot read {data_path}: {e.strerror}"
     else:
         data_problem = None
-    common = dict(recorded=recorded, data=data_path, data_present=data is not None or data_problem is not None)
+    common: dict[str, Any] = dict(recorded=recorded, data=data_path,
+                                  data_present=data is not None or data_problem is not None)
     try:
         got = _read(path)
     except OSError as e:
@@ -184,7 +187,7 @@ def state(site: str | None = None) -> State:
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
-        problem = "it holds bytes that are not ASCII" + (
+        problem: str | None = "it holds bytes that are not ASCII" + (
             "" if _utf8(raw) else f", not even UTF-8: Python's site stops every interpreter of this environment at "
                                   f"start (repair: rm {path})")
         return State(site, path, True, problem=f"{problem} ({_by(st.st_uid)})", **common)
@@ -193,7 +196,7 @@ def state(site: str | None = None) -> State:
     problem, spec = why, None
     if problem is None and version != __version__:
         problem = f"written by torchgen-patch {version}; this is {__version__}"
-    elif problem is None and not os.path.isfile(hook):
+    elif problem is None and not os.path.isfile(hook):  # type: ignore[arg-type]  # no problem: a hook
         problem = f"its hook {hook} is gone (that torchgen-patch was uninstalled or moved): it does nothing"
     elif problem is None and hook != HOOK:
         problem = f"it loads the hook of another torchgen-patch install ({hook})"
@@ -239,7 +242,7 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None
 
     try:
         by = loads(raw.decode("utf-8")).get("enabled_by") if len(raw) <= MAX_DATA else None
-        version, hook = by["torchgen_patch"], by["hook"]
+        version, hook = by["torchgen_patch"], by["hook"]  # type: ignore[index]  # None: the TypeError below
         if not isinstance(version, str) or not isinstance(hook, str):
             raise TypeError("not strings")
     except (ValueError, TypeError, AttributeError, KeyError, MemoryError):
@@ -272,7 +275,7 @@ def enable(spec: LaunchSpec, site: str) -> State:
     except EnvironmentProblem:
         for p in reversed(done):
             with contextlib.suppress(EnvironmentProblem):  # a second fault: the first one is what is said
-                _write(p, before[p], site) if before[p] is not None else _remove(p, site)
+                _write(p, before[p] or b"", site) if before[p] is not None else _remove(p, site)
         raise
     return state(site)
 
@@ -302,7 +305,7 @@ def disable(site: str) -> State:
     if before.data_present:
         _remove(before.data, site)
     if rewritten is not None:
-        _write(record, rewritten, site)
+        _write(record, rewritten, site)  # type: ignore[arg-type]  # rewritten: record is there
     return before
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from ..errors import InputError, descriptors_said
 from ..sources import Options
 from ..vocabulary import Backend, CheckMode
-from .load import (REGISTRY, Candidate, InstallReport, check, installed_ops, register,  # noqa: F401
-                   register_python, register_runtime, select, uninstall)  # (re-exported: the package's API)
+from .load import (REGISTRY, Candidate, InstallReport, check,  # noqa: F401 (re-exported: the package's API)
+                   installed_ops, register, register_python, register_runtime, select, uninstall)
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
     with descriptors_said():  # no free descriptor, at an open or at a lazy import: one line, exit 3
         saved = None
         if how.check_saved is not None:  # the stage imported only for it (a plain install() stays light)
-            from .. import saved
+            from .. import saved  # type: ignore[assignment]  # the module, or None when not asked
         mode = None if saved is None else saved.mode_of(how.check_saved)  # refused before anything is built
         rep = _install(ops, backend, opts, plan, how)
         if mode is not None:

@@ -103,7 +103,8 @@ def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str
                                overlay=absolute(opts.overlay))
     return LaunchSpec(backend=Backend(backend), ops=None if ops is None else tuple(ops), runtime_ops=tuple(runtime_ops),
                       imports=tuple(imports), library=library, boxed=None, options=opts, quiet=quiet,
-                      verbose=verbose, roots=roots(), check_saved=None if check_saved is None else CheckMode(check_saved),
+                      verbose=verbose, roots=roots(),
+                      check_saved=None if check_saved is None else CheckMode(check_saved),
                       strict=strict)
 
 
@@ -165,6 +166,7 @@ def _check_key(spec: LaunchSpec) -> str | None:
     if torch is None or not torch.origin:
         return None
     fields = spec.to_dict()
+    parts: list[bytes | str]  # cache.key's
     parts = [json.dumps({k: fields[k] for k in ("backend", "runtime_ops", "imports", "options")}, sort_keys=True),
              sys.executable, os.getcwd(), cache.tool_fingerprint(), os.path.dirname(torch.origin),
              _read(os.path.join(os.path.dirname(torch.origin), "version.py"))]
@@ -252,7 +254,7 @@ def _check_main() -> None:
         log = build_log(spec.quiet)
         boxed = build_boxed(verbose=spec.verbose, log=log).path if spec.backend == Backend.CPP else None
         library, _ = resolve(spec, log)  # torch is imported here anyway: the processes skip the lookup
-        answer = {"ops": ops, "boxed": boxed, "library": library}
+        answer: dict = {"ops": ops, "boxed": boxed, "library": library}
     except ToolError as e:  # bad input (exit 2) or what this machine lacks (exit 3): the parent says it as its own
         answer = {"error": {"message": e.message, "hint": e.hint, "path": e.path, "line": e.line,
                             "code": e.exit_code}}
@@ -281,10 +283,10 @@ def _check_runtime_ops(names: list[str], opts) -> list[str]:
         if why is None:
             continue
         if live_op(name).schema is None:
-            e = unknown_names("this process's mutating operators without an ADInplaceOrView kernel", [name],
+            unknown = unknown_names("this process's mutating operators without an ADInplaceOrView kernel", [name],
                               [o.name for o in uncovered()])
             raise InputError(None, None, f"--runtime-op {name}: no such operator",
-                             (e.hint + "; " if e.hint else "") + IMPORT_HINT.format("it"))
+                             (unknown.hint + "; " if unknown.hint else "") + IMPORT_HINT.format("it"))
         raise InputError(None, None, f"--runtime-op {name}: {why}")
     return ops
 

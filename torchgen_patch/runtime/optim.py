@@ -24,7 +24,7 @@ import threading
 _LOCK = threading.Lock()
 _ENTRIES: dict = {}  # class path -> plan.overlay.OptimizerEntry
 _BY_CLASS: dict = {}  # class -> its entry or None, resolved at its first step
-_PENDING: dict[int, list] = {}  # id(optimizer) -> [(tensor, version, is a parameter)] of the step running
+_PENDING: dict[int, tuple] = {}  # id(optimizer) -> _snapshot's lists (tensor, version, ...) of the step running
 _HANDLES: list = []  # the two hooks' handles while any entry is active
 _UNRESOLVED = object()
 _TENSOR: list = []  # torch.Tensor, once an entry is active
@@ -103,7 +103,7 @@ def after_step(optimizer, args, kwargs) -> None:
     if todo is None:
         return
     bump = _BUMP[0]
-    for t, version, p, had_grad in zip(*todo):
+    for t, version, p, had_grad in zip(*todo, strict=True):
         # one at a time: a tensor that shares its counter with one bumped just now has moved already;
         # a tensor of a parameter the step skipped (no gradient before it or after it) was not written
         if t._version == version and (had_grad or p.grad is not None):
@@ -118,7 +118,7 @@ def _snapshot(optimizer, writes: tuple[str, ...]) -> tuple[list, list, list, lis
     tensors, owners, grads = (params, params, had_grad) if "params" in writes else ([], [], [])
     if "state" in writes:
         state, tensor = optimizer.state, _TENSOR[0]
-        more = [(t, p, g) for p, g in zip(params, had_grad) for t in (state.get(p) or {}).values()
+        more = [(t, p, g) for p, g in zip(params, had_grad, strict=True) for t in (state.get(p) or {}).values()
                 if isinstance(t, tensor)]
         tensors, owners, grads = tensors + [m[0] for m in more], owners + [m[1] for m in more], \
             grads + [m[2] for m in more]

@@ -58,7 +58,7 @@ def probe_modules(modules: list[str], entries: dict) -> list[StepProbe]:
     with _stdout_to_stderr(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         probes = [probe(c, covering(entries, c)) for c in classes]
-    return [_as_base(p, c, classes) for p, c in zip(probes, classes)]
+    return [_as_base(p, c, classes) for p, c in zip(probes, classes, strict=True)]
 
 
 def _as_base(p: StepProbe, cls: type, classes: list[type]) -> StepProbe:
@@ -140,7 +140,7 @@ def probe(cls: type, entry=None) -> StepProbe:
                                                                  "overlay entry can cover it")
             try:
                 changed, moved = _steps(opt, p)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 — the library's own error, reported as the reason
                 failed.append((kw, f"its step raised {_error(e)}"))
                 continue
             given = _given(kw)
@@ -235,7 +235,7 @@ def _how(cls, kw: dict) -> tuple[str, tuple[str, ...]]:
         opt, p = construct(cls, kw)
         with _recorder(p) as rec:
             _steps(opt, p)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 — the library's own error, reported as the reason
         return f"how it writes is not known (its step under a recording dispatch mode raised {_error(e)})", ()
     without = tuple(sorted(op for op in rec.ops if not dispatcher.has_kernel(op, "ADInplaceOrView")))
     if without:

@@ -238,7 +238,7 @@ def _installed() -> list:
     """Every installed copy of the kernels distribution on sys.path (by location and version)."""
     from importlib import metadata
 
-    found = {}
+    found: dict = {}
     for d in metadata.distributions(name=DIST):
         key = (os.path.realpath(str(d.locate_file(PACKAGE))), d.version)
         found.setdefault(key, d)

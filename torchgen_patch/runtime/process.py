@@ -54,13 +54,13 @@ class _Sink:
     def flush(self) -> None:
         try:
             self.target.flush()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 — the program's sink, not ours to fix
             pass
 
     def isatty(self) -> bool:
         try:
             return bool(self.target.isatty())
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 — the program's sink: not a terminal
             return False
 
 
@@ -219,7 +219,7 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
                              boxed_library=spec.boxed)
             line += f"{part}: {len(r.registered) + len(r.already)} active, {len(r.refused)} refused"
             refused = refused or bool(r.refused)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 — said on the start line; the program goes on
             line += f"{part} NOT active: " + (e.message if isinstance(e, ToolError) else f"{type(e).__name__}: {e}")
     elif not spec.runtime_ops:
         _DONE.add("runtime")

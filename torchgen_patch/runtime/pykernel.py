@@ -124,14 +124,14 @@ def make_kernel(opov, written: list[str], evidence: Evidence | None = None,
         before = [_version(t) for t in ts]
         if evidence is not None:
             named = [(n, _tensors(_get(args, kwargs, p, n, k))) for p, n, k in where]
-            copies = [(n, list(zip(group, _snapshot(group)))) for n, group in named]
+            copies = [(n, list(zip(group, _snapshot(group), strict=True))) for n, group in named]
         with below():
             result = opov.redispatch(keyset & after, *args, **kwargs)
         if evidence is not None:
             for n, pairs in copies:
                 seen = [_changed(b, t) for t, b in pairs]
                 evidence.add(name, n, None if None in seen else any(seen))
-        for t, v in zip(ts, before):
+        for t, v in zip(ts, before, strict=True):
             if t.is_inference() or t._version == v:
                 increment_version(t)
         return result  # an op may write arguments and return something too (custom ops do)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InputError, Location
@@ -35,7 +36,7 @@ def import_modules(modules: list[str]) -> None:
         for m in modules:
             try:
                 importlib.import_module(m)
-            except Exception as e:  # the user's module failed to import: bad input, not our bug
+            except Exception as e:  # noqa: BLE001 — the user's module failed to import: bad input, not our bug
                 raise InputError(None, None, f"--import {m}: {type(e).__name__}: {e}") from None
 
 
@@ -68,11 +69,11 @@ def _recording_defines():
                 break
         return result
 
-    tl.Library.define = define
+    tl.Library.define = define  # type: ignore[method-assign]  # recorded while the modules import
     try:
         yield
     finally:
-        tl.Library.define = real
+        tl.Library.define = real  # type: ignore[method-assign]  # torch's own again
 
 
 def location_of(name: str) -> Location:
@@ -101,7 +102,7 @@ def check_namespaces(namespaces: list[str] | None) -> None:
                              "(e.g. --import torch.distributed.fsdp)")
 
 
-def uncovered(namespaces: list[str] | None = None) -> list[RuntimeOp]:
+def uncovered(namespaces: Sequence[str] | None = None) -> list[RuntimeOp]:
     """Operators that write an argument, are not views, are not composite
     (CompositeImplicitAutograd: they decompose into ops that bump) and have no
     ADInplaceOrView kernel."""

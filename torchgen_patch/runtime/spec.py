@@ -114,6 +114,7 @@ class LaunchSpec:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
+_TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstance
 _TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
           "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
           "verbose": bool, "roots": dict, "check_saved": (str, type(None)), "strict": bool}

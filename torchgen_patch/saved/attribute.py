@@ -12,6 +12,7 @@ import sys
 import sysconfig
 import threading
 import weakref
+from types import FrameType
 
 from ..errors import display_path
 from ..vocabulary import Writer
@@ -41,7 +42,7 @@ _PROGRAM: dict = {}  # code object -> 2 (the program's own), 1 (a library outsid
 
 
 def _kind(code) -> int:
-    global _LIBS, _TORCH_OR_OURS
+    global _LIBS, _TORCH_OR_OURS  # noqa: PLW0603 (the process's torch and library paths, found at first use)
     if _LIBS is None:
         import torch
 
@@ -67,7 +68,7 @@ def caller(depth: int = 2):
     innermost frame of the program's own code and the innermost frame outside torch and this
     package, each as (code, line), or None."""
     try:
-        f = sys._getframe(depth)
+        f: FrameType | None = sys._getframe(depth)
     except ValueError:  # called from less deep than that
         return None, None
     site = None
@@ -99,11 +100,11 @@ def backward_call():
     if here is not None:
         return here
     for f in sys._current_frames().values():
-        probe = f
+        probe: FrameType | None = f
         while probe is not None and probe.f_code.co_name != "_engine_run_backward":
             probe = probe.f_back
         if probe is not None:
-            g = probe
+            g: FrameType | None = probe
             while g is not None:
                 if _PROGRAM.get(g.f_code, None) == 2 or _kind(g.f_code) == 2:
                     return g.f_code, g.f_lineno

@@ -56,7 +56,7 @@ class _Layer:
         self.recomputes = recomputes  # activation checkpointing's: what they return is meant to be what was saved
         self.own = own
         if inner_pack is None:  # autograd calls the implementation's own hooks, nothing in between
-            self.pack, self.unpack = own.pack, own.unpack
+            self.pack, self.unpack = own.pack, own.unpack  # type: ignore[method-assign]  # the implementation's own
             _OWN[id(own)] = self
 
     def pack(self, t):
@@ -226,8 +226,8 @@ def _patch() -> None:
         _PATCHED["enter"] = graph.saved_tensors_hooks.__enter__
         _PATCHED["exit"] = graph.saved_tensors_hooks.__exit__
         _PATCHED["disable"] = graph.disable_saved_tensors_hooks
-        graph.saved_tensors_hooks.__enter__ = _composing_enter
-        graph.saved_tensors_hooks.__exit__ = _composing_exit
+        graph.saved_tensors_hooks.__enter__ = _composing_enter  # type: ignore[method-assign]  # put back by _unpatch
+        graph.saved_tensors_hooks.__exit__ = _composing_exit  # type: ignore[method-assign]  # put back by _unpatch
         graph.disable_saved_tensors_hooks = _lifting_disable
 
 
@@ -237,8 +237,8 @@ def _unpatch() -> None:
     with _PATCH_LOCK:
         if not _PATCHED:
             return
-        graph.saved_tensors_hooks.__enter__ = _PATCHED.pop("enter")
-        graph.saved_tensors_hooks.__exit__ = _PATCHED.pop("exit")
+        graph.saved_tensors_hooks.__enter__ = _PATCHED.pop("enter")  # type: ignore[method-assign]  # torch's own
+        graph.saved_tensors_hooks.__exit__ = _PATCHED.pop("exit")  # type: ignore[method-assign]  # torch's own
         graph.disable_saved_tensors_hooks = _PATCHED.pop("disable")
 
 

@@ -40,7 +40,7 @@ def _sequence_reader():
     return read if read is not None else (lambda: None)
 
 
-_NEXT = []  # the binding, looked up once (this runs for every saved tensor)
+_NEXT: list = []  # the binding, looked up once (this runs for every saved tensor)
 
 
 def next_sequence_nr() -> int | None:

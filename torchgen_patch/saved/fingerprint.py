@@ -37,7 +37,7 @@ from __future__ import annotations
 import ctypes
 import secrets
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 WORDS = 256  # 32-bit words in an NH block
 BLOCK = WORDS * 4  # bytes
@@ -92,7 +92,7 @@ def fingerprint(t):
     """The parts of ``t``'s fingerprint (see the module's docstring), or a ``Skip``."""
     if _PLAIN is None:
         _init()
-    if type(t) not in _PLAIN:
+    if type(t) not in _PLAIN:  # type: ignore[operator]  # _init() set it
         inner = _inner_tensors(t)
         if inner is None:
             return Skip(f"a {type(t).__name__} (no storage of its own to read)")
@@ -133,7 +133,7 @@ def skip_reason(t) -> str | None:
 
 
 def _init() -> None:
-    global _PLAIN, _STRIDED
+    global _PLAIN, _STRIDED  # noqa: PLW0603 (torch's types, set once torch is imported)
     import torch
 
     _STRIDED = torch.strided
@@ -144,7 +144,7 @@ def plain_types() -> tuple:
     """The tensor types read directly: Tensor, Parameter, Buffer (torch >= 2.5)."""
     import torch
 
-    types = [torch.Tensor, torch.nn.Parameter]
+    types: list[type] = [torch.Tensor, torch.nn.Parameter]
     buffer = getattr(torch.nn, "Buffer", None)
     if isinstance(buffer, type):
         types.append(buffer)
@@ -183,7 +183,7 @@ def readable(t) -> bool:
     if not t.numel():
         return True  # nothing to read
     last = t.storage_offset()
-    for size, stride in zip(t.shape, t.stride()):
+    for size, stride in zip(t.shape, t.stride(), strict=True):
         if stride < 0:
             return False
         last += (size - 1) * stride
@@ -195,7 +195,7 @@ def dense(t) -> bool:
     if t.is_contiguous():
         return True
     expect = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1):
         if stride != expect:
             return False
         expect *= size
@@ -237,7 +237,7 @@ def _block_view(t):
 class _Numpy:
     """numpy and the key as numpy arrays, made on first use (None: numpy is missing)."""
 
-    np = None
+    np: Any = None  # numpy, or False once it is known missing
     nh_key = None
 
     @classmethod

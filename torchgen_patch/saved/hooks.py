@@ -36,6 +36,7 @@ callback), so no tensor costs a synchronisation. What waits for that read keeps 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..errors import say
 from ..vocabulary import CheckMode
@@ -70,7 +71,8 @@ class Check:
     @property
     def checked(self) -> int:
         """Saved tensors compared at use (a tensor a node writes itself, or lossy hooks gave back, is not)."""
-        return self._python.checked + (self._native.checked if self._native is not None else 0) - self._python.judged_out
+        return (self._python.checked + (self._native.checked if self._native is not None else 0)
+                - self._python.judged_out)
 
     @property
     def unpacked(self) -> int:
@@ -225,6 +227,18 @@ class _Saved:
 
     __slots__ = ("ref", "original", "version", "fp", "leaf", "output", "output_nr", "where", "steps", "ptr", "base",
                  "layout")
+    ref: Any  # the tensor, a detached alias of it, or None (composed with the program's hooks)
+    original: Any  # a weak reference to the tensor, or None
+    version: int
+    fp: Any  # fingerprint()'s: its figures, or a Skip
+    leaf: bool
+    output: bool
+    output_nr: int
+    where: Any  # attribute.caller()'s
+    steps: int
+    ptr: int | None
+    base: Any  # a weak reference to the tensor's base, or None
+    layout: tuple | None
 
 
 class _Kept:
@@ -324,10 +338,11 @@ class _PythonHooks:
             self.skip(fp.reason)
             return
         self.checked += 1
-        host = [a != b for a, b in zip(s.fp, fp) if isinstance(a, int) and isinstance(b, int)]
-        device = [(a, b) for a, b in zip(s.fp, fp) if not isinstance(a, int) and not isinstance(b, int)]
+        host = [a != b for a, b in zip(s.fp, fp, strict=False) if isinstance(a, int) and isinstance(b, int)]
+        device = [(a, b) for a, b in zip(s.fp, fp, strict=False) if not isinstance(a, int) and not isinstance(b, int)]
         lossy = returned and not judged
-        elsewhere = any(isinstance(a, int) != isinstance(b, int) for a, b in zip(s.fp, fp))  # moved between devices
+        # moved between devices
+        elsewhere = any(isinstance(a, int) != isinstance(b, int) for a, b in zip(s.fp, fp, strict=False))
         if any(host) or len(s.fp) != len(fp) or elsewhere:
             if lossy:
                 self.not_judged(LOSSY)
@@ -366,7 +381,7 @@ class _PythonHooks:
             return
         flags = torch.stack([e[0] for e in entries]).tolist()  # the one read of this backward pass
         where = attribute.backward_call() if any(flags) else None
-        for changed, (_, s, facts, original, node, returned, not_judged) in zip(flags, entries):
+        for changed, (_, s, facts, original, node, returned, not_judged) in zip(flags, entries, strict=True):
             if not changed:
                 continue
             if not_judged:
@@ -385,7 +400,7 @@ class _Facts:
         self.requires_grad = t.requires_grad
         try:
             self._ptr, self._numel, self._size = t.data_ptr(), t.numel(), t.element_size()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 — a wrapper subclass has no pointer of its own
             self._ptr, self._numel, self._size = None, 0, 0
 
     @classmethod
@@ -416,7 +431,7 @@ _PROCESS: Check | None = None  # the check install() and run turned on, for the 
 def enable(mode: CheckMode, path: str | None = None) -> Check:
     """Turn the check on for the rest of the process (on this thread, the one that imports torch) and
     say so once, on stderr; a second call returns the check already on (in its mode)."""
-    global _PROCESS
+    global _PROCESS  # noqa: PLW0603 (the one whole-process check, turned on and off here)
     import atexit
 
     if _PROCESS is not None and _PROCESS.active:
@@ -440,7 +455,7 @@ def _at_exit(check: Check) -> None:
 
 def disable() -> None:
     """Turn off the whole-process check (``uninstall()``)."""
-    global _PROCESS
+    global _PROCESS  # noqa: PLW0603 (the one whole-process check, turned on and off here)
     if _PROCESS is not None:
         _PROCESS.stop()
         _PROCESS = None

@@ -84,7 +84,7 @@ def validate(records, cpp: dict, facts: list) -> None:
     [view, generates]) read back from the cache are what a scan writes: names and types that are safe
     in C++, the enumerations' values, and each verdict and reason the one ``verdict_of`` gives."""
     _check(isinstance(facts, list) and len(facts) == len(records), "facts do not match the records")
-    for r, extra in zip(records, facts):
+    for r, extra in zip(records, facts, strict=True):
         _check(isinstance(r.name, str) and bool(_OP.match(r.name)), f"operator name {r.name!r}")
         _check(isinstance(r.schema, str) and r.schema.isprintable() and r.schema.startswith(r.name + "("),
                f"{r.name}: schema")
@@ -102,7 +102,7 @@ def validate(records, cpp: dict, facts: list) -> None:
         f = Facts(r.name, r.schema, r.loc.path, r.loc.line, r.kind, r.written, r.returns, extra[0], extra[1],
                   r.composite_implicit, r.manual, None)
         _check(verdict_of(f) == (r.verdict, r.reason), f"{r.name}: verdict {r.verdict!r} is not what its facts give")
-    candidates = {r.name for r, extra in zip(records, facts)
+    candidates = {r.name for r, extra in zip(records, facts, strict=True)
                   if kernel_candidate(r.kind, r.written, r.returns, extra[0])}
     _check(set(cpp) == candidates, "the C++ signatures are not those of the kernel candidates")
     for op, sig in cpp.items():
@@ -115,6 +115,7 @@ def validate(records, cpp: dict, facts: list) -> None:
         # and what a scan derives from the schema, exactly: the kernel redispatches to this op, with its
         # parameters in their order (a tampered entry must not call another op or swap arguments)
         base = op.split("::", 1)[-1]
-        _check(tuple(sig.call_args) == tuple(n for _, n in sig.formals), f"{op}: call arguments differ from its parameters")
+        _check(tuple(sig.call_args) == tuple(n for _, n in sig.formals),
+               f"{op}: call arguments differ from its parameters")
         _check(sig.unambiguous_name == base.replace(".", "_"), f"{op}: C++ name is not the op's")
         _check(sig.root_name in (base.split(".")[0], base.split(".")[0].rstrip("_")), f"{op}: C++ header name")

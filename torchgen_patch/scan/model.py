@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -58,7 +59,7 @@ class OpRecord(NamedTuple):
     @staticmethod
     def from_row(r: list, path: str) -> OpRecord:
         return OpRecord(r[0], r[1], Location(path, r[2]), Kind.parse(r[3]), _written(r[4]), r[5],
-                        Verdict.parse(r[6]), *r[7:10], Gap.parse(r[10]), r[11], tuple(r[12]))
+                        Verdict.parse(r[6]), r[7], r[8], r[9], Gap.parse(r[10]), r[11], tuple(r[12]))
 
 
 def _written(pairs) -> tuple[WrittenArg, ...]:
@@ -72,7 +73,7 @@ class Scan:
 
     sources: Sources
     records: tuple[OpRecord, ...]  # sorted by name
-    cpp: dict[str, CppSig]  # C++ signatures of the ops a kernel can be generated for
+    cpp: Mapping[str, CppSig]  # C++ signatures of the ops a kernel can be generated for
     key: str  # content key of everything that decided this scan
     autograd: bool = True  # the VariableType kernels were asked (OpRecord.autograd_gap is known)
     _index: dict = field(default_factory=dict, compare=False, repr=False)

@@ -55,7 +55,7 @@ class Sources:
 
         def sha(path: str | None) -> str | None:
             try:
-                with open(path, "rb") as fh:
+                with open(path, "rb") as fh:  # type: ignore[arg-type]  # None: the TypeError below
                     return hashlib.sha256(fh.read()).hexdigest()
             except (OSError, TypeError):
                 return None

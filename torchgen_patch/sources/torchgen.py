@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import InputError, one_line
 from ..files import check_depth, yaml_error
@@ -50,7 +50,7 @@ def _owned(name: str) -> bool:
 
 
 def _from(module, directory: str) -> bool:
-    f = getattr(module, "__file__", None)
+    f = getattr(module, "__file__", None) or ""
     return bool(f) and os.path.abspath(f).startswith(directory + os.sep)
 
 
@@ -113,7 +113,7 @@ def _import(tc: Toolchain, name: str):
                          _import_hint(tc)) from None
     except ImportError as e:
         raise InputError(*where_failed(tc, name, e), f"cannot import {name}: {one_line(e)}", _import_hint(tc)) from None
-    except Exception as e:  # the module itself raised while importing
+    except Exception as e:  # noqa: BLE001 — the module itself raised while importing
         raise InputError(*where_failed(tc, name, e), f"cannot import {name}: {type(e).__name__}: {one_line(e)}",
                          "is the checkout intact?" if tc.world == CHECKOUT else None) from None
     if not _from(module, tc.path_entry):
@@ -153,9 +153,9 @@ def load_yaml_list(tc: Toolchain, path: str, text: str, what: str) -> list:
     if len(es) > MAX_ENTRIES:  # torchgen's parse costs about a millisecond an entry
         raise InputError(path, None, f"{what} has {len(es):,} entries; the limit is {MAX_ENTRIES:,} (PyTorch's "
                                      "own has about 2,600)")
-    for e in es:
-        if not isinstance(e, dict):
-            raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(e).__name__}")
+    for entry in es:
+        if not isinstance(entry, dict):
+            raise InputError(path, 1, f"{what}: every entry must be a mapping, got {type(entry).__name__}")
     refuse_shared(path, es, what)
     return es
 
@@ -171,13 +171,13 @@ def facts(tc: Toolchain, native_path: str, tags_path: str, native_text: str, tag
         tag_es = load_yaml_list(tc, tags_path, tags_text, "tags.yaml")
         try:
             tags = gen.parse_tags_yaml_struct(tag_es, path=tags_path)
-        except Exception as e:  # torchgen raises bare AssertionError/KeyError
+        except Exception as e:  # noqa: BLE001 — torchgen raises bare AssertionError/KeyError
             raise rejected(tc, tags_path, e) from None
         es = load_yaml_list(tc, native_path, native_text, "native_functions.yaml")
         check_duplicates(native_path, es)
         try:
             parsed = gen.parse_native_yaml_struct(es, tags, path=native_path)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 — torchgen's parser raises bare AssertionError/KeyError
             raise rejected(tc, native_path, e, es) from None
         raw = {e["__line__"]: e["func"].strip() for e in es}
         try:
@@ -224,17 +224,18 @@ class _Asker:
         written = [tuple(WrittenArg(a.name, _form(a.type)) for a in f.func.arguments.flat_all
                          if a.annotation is not None and a.annotation.is_write) for f in functions]
         views = [self.g.get_view_info(f) is not None for f in functions]
-        registers = [self.registers(f) if w or v else False for f, w, v in zip(functions, written, views)]
-        bases = {str(f.func.name.name.base) for f, r in zip(functions, registers) if r and not f.is_abstract}
+        registers = [self.registers(f) if w or v else False for f, w, v in zip(functions, written, views, strict=True)]
+        bases = {str(f.func.name.name.base) for f, r in zip(functions, registers, strict=True)
+                 if r and not f.is_abstract}
         self.names = {str(f.func.name) for f in functions}
         self.derived = derivative_signatures(os.path.join(self.tc.autograd_dir, "derivatives.yaml"), bases)
-        gaps = self.autograd_gaps([f for f, w, v in zip(functions, written, views)
+        gaps = self.autograd_gaps([f for f, w, v in zip(functions, written, views, strict=True)
                                    if w and not v and not f.func.returns and f.func.kind().name in _GAP_KINDS]
                                   if self.autograd else [])
         none = (Gap.NONE, "", ())
-        return [self.one(f, reg, w, v, raw)._replace(**dict(zip(("autograd_gap", "grad_name", "grad_inputs"),
-                                                                gaps.get(str(f.func.name), none))))
-                for f, reg, w, v in zip(functions, registers, written, views)]
+        return [self.one(f, reg, w, v, raw)._replace(autograd_gap=g[0], grad_name=g[1], grad_inputs=g[2])
+                for f, reg, w, v in zip(functions, registers, written, views, strict=True)
+                for g in (gaps.get(str(f.func.name), none),)]
 
     def autograd_gaps(self, functions: list) -> dict[str, tuple[Gap, str, tuple[str, ...]]]:
         """Ask the tree's own ``gen_variable_type`` for the VariableType kernel of each void
@@ -294,7 +295,7 @@ class _Asker:
             try:
                 with self._parse_shared():
                     return ld.load_derivatives(part, self.native_path, self.tags_path)[0]
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 — the autograd codegen's own checks, whatever they raise
                 raise rejected(self.tc, path, e, who="autograd codegen") from None
             finally:
                 getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((part, self.native_path), None)
@@ -347,7 +348,7 @@ class _Asker:
             try:
                 with self._parse_shared():
                     self._infos, _ = ld.load_derivatives(path, self.native_path, self.tags_path)
-            except Exception as e:  # the autograd codegen's own checks of derivatives.yaml against the yaml
+            except Exception as e:  # noqa: BLE001 — the autograd codegen's checks of derivatives.yaml
                 raise rejected(self.tc, path, e, who="autograd codegen") from None
             finally:  # keyed by path: a file edited later in this process must be read again
                 getattr(ld, "_GLOBAL_LOAD_DERIVATIVE_CACHE", {}).pop((path, self.native_path), None)
@@ -358,7 +359,7 @@ class _Asker:
         """load_derivatives parses the yaml again through torchgen's parse_native_yaml, whose cache
         (by path) is given this scan's own parse of the same text for the call: the same result,
         once instead of twice (about a second). Emptied after, so an edited file is parsed afresh."""
-        cache = getattr(_import(self.tc, "torchgen.gen"), "_GLOBAL_PARSE_NATIVE_YAML_CACHE", None)
+        cache: Any = getattr(_import(self.tc, "torchgen.gen"), "_GLOBAL_PARSE_NATIVE_YAML_CACHE", None)
         seeded = isinstance(cache, dict) and self.parsed is not None and self.native_path not in cache
         if seeded:
             cache[self.native_path] = self.parsed
@@ -411,7 +412,7 @@ def derivative_signatures(path: str, bases: set[str] | None = None) -> frozenset
             continue
         try:
             sigs.add(str(FunctionSchema.parse(m.group(1)).signature()))
-        except Exception:  # an entry this torchgen cannot parse: let load_derivatives judge
+        except Exception:  # noqa: BLE001 — an entry this torchgen cannot parse: let load_derivatives judge
             sigs.add("*")
     return frozenset(sigs)
 
@@ -437,7 +438,7 @@ class _Entry(NamedTuple):
     """What ``cpp_signature`` reads of a NativeFunction: its schema, where it is, and the two fields of
     its yaml entry that decide its C++ types (torchgen's native_function_manager)."""
 
-    func: object
+    func: Any  # torchgen's FunctionSchema
     loc: object
     use_const_ref_for_mutable_tensors: bool
     part_of_structured_group: bool
@@ -465,7 +466,7 @@ def cpp_signatures(tc: Toolchain, native_path: str, native_text: str, wanted, id
             entry = _entry_at(tc, native_path, lines, line)
             try:
                 func = model.FunctionSchema.parse(schema.split("::", 1)[1])
-            except Exception as e:  # torchgen's parser raises bare AssertionErrors
+            except Exception as e:  # noqa: BLE001 — torchgen's parser raises bare AssertionErrors
                 raise ValueError(f"{op}: schema does not parse ({type(e).__name__})") from None
             own = str(entry.get("func", "")).split("(", 1)[0].strip() == str(func.name)
             structured = own and (entry.get("structured") is True or entry.get("structured_delegate") is not None)

@@ -23,7 +23,7 @@ def bounded(base: type) -> type:
         if len(node.value) > MAX_KEYS:
             raise yaml.constructor.ConstructorError(None, None, f"a mapping of {len(node.value):,} keys (the "
                                                     f"limit is {MAX_KEYS})", node.start_mark)
-        return base.construct_mapping(self, node, deep=deep)
+        return base.construct_mapping(self, node, deep=deep)  # type: ignore[attr-defined]  # a yaml Loader's
 
     return type(f"Bounded{base.__name__}", (base,), {"construct_mapping": construct_mapping})
 

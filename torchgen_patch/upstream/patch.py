@@ -109,7 +109,8 @@ def plan_edits(source: str, mode: str, path: str = TARGET) -> list[Insertion]:
     edits: list[Insertion] = []
     if mode == "fix":
         anchor = _function(tree, "modifies_arguments", path)
-        edits.append(Insertion(anchor.end_lineno + 1, "\n\n" + FIX_HELPERS.strip("\n") + "\n"))
+        edits.append(Insertion(anchor.end_lineno + 1,  # type: ignore[operator]  # ast.parse sets it
+                               "\n\n" + FIX_HELPERS.strip("\n") + "\n"))
         for name in ("inplace_or_view_method_definition", "inplace_or_view_method_registration"):
             fn = _function(tree, name, path)
             ifs = [n for n in ast.walk(fn) if isinstance(n, ast.If) and ast.unparse(n.test) == DROP_TEST]
@@ -121,7 +122,8 @@ def plan_edits(source: str, mode: str, path: str = TARGET) -> list[Insertion]:
             # the whole `if` is rewritten (same test, one more condition) rather than edited
             # in place, so that the file stays as PyTorch's formatter wants it
             edits.append(Insertion(ifs[0].lineno, _indent(FIX_DROP, ifs[0].col_offset),
-                                   replaces=ifs[0].end_lineno - ifs[0].lineno + 1))
+                                   replaces=ifs[0].end_lineno  # type: ignore[operator]  # ast.parse sets it
+                                   - ifs[0].lineno + 1))
         body = _function(tree, "emit_inplace_or_view_body", path)
         branch = [n for n in body.body if isinstance(n, ast.If) and ast.unparse(n.test) == "modifies_arguments(f)"]
         assigned = {t.id for n in body.body if isinstance(n, (ast.Assign, ast.AnnAssign))
@@ -132,7 +134,8 @@ def plan_edits(source: str, mode: str, path: str = TARGET) -> list[Insertion]:
         edits.append(Insertion(branch[0].lineno, _indent(FIX_BODY, branch[0].col_offset)))
     elif mode == "error":
         anchor = _function(tree, "use_derived", path)
-        edits.append(Insertion(anchor.end_lineno + 1, "\n\n" + ERROR_HELPERS.strip("\n") + "\n"))
+        edits.append(Insertion(anchor.end_lineno + 1,  # type: ignore[operator]  # ast.parse sets it
+                               "\n\n" + ERROR_HELPERS.strip("\n") + "\n"))
         gen = _function(tree, "gen_inplace_or_view_type", path)
         if [a.arg for a in gen.args.args][3:4] != ["fns_with_infos"]:
             raise _shape(path, "gen_inplace_or_view_type() does not take `fns_with_infos` fourth")

@@ -9,6 +9,7 @@ states only what was measured here.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..checks import verify as v
@@ -35,8 +36,8 @@ class Measurement:
     before: list[v.OpResult]
     after: list[v.OpResult]
     refused: dict[str, str]
-    grad_before: list[v.GradResult] = ()  # the out= ops whose kernels refuse requires_grad, unpatched
-    grad_after: list[v.GradResult] = ()
+    grad_before: Sequence[v.GradResult] = ()  # the out= ops whose kernels refuse requires_grad, unpatched
+    grad_after: Sequence[v.GradResult] = ()
 
 
 def measure(plan, device: str) -> Measurement:
@@ -77,7 +78,8 @@ def _table(m: Measurement) -> list[str]:
     lines += ["", "PASS: every written tensor advanced by exactly one; MISS: one did not advance; EXTRA: one "
               "advanced by more; NOT_RUN: the call needs what this machine lacks."]
     if m.refused:
-        lines.append("Refused by the runtime install: " + "; ".join(f"`{k}`: {r}" for k, r in sorted(m.refused.items())))
+        lines.append("Refused by the runtime install: "
+                     + "; ".join(f"`{k}`: {r}" for k, r in sorted(m.refused.items())))
     if m.grad_before:
         lines += ["", f"The {len(m.grad_before)} `out=` operators that return nothing, called in grad mode with "
                   "every floating input requiring grad:", "",
@@ -89,7 +91,7 @@ def _table(m: Measurement) -> list[str]:
     return lines
 
 
-def render(missing_kinds: dict[str, int], checkout_version: str, measurements: list[Measurement],
+def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: list[Measurement],
            unchecked: int = 0) -> str:
     """The markdown body. ``missing_kinds``: kernels the patched codegen adds, by kind; ``unchecked``:
     out= operators whose VariableType kernels gain the requires-grad refusal."""

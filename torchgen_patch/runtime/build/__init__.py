@@ -95,7 +95,8 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
         ninja = _ninja()  # said before "compiling ... with ninja", never after
         with contextlib.ExitStack() as held:
             try:  # a concurrent build of the key waits here
-                held.enter_context(builds.lock(f"{final}.lock", wait_note=f"waiting for another build of {lib.directory}"))
+                held.enter_context(builds.lock(f"{final}.lock",
+                                               wait_note=f"waiting for another build of {lib.directory}"))
             except EnvironmentProblem as e:
                 if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                     raise _not_writable(builds.path, e.cause or e.message) from None

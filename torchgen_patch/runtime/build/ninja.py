@@ -23,7 +23,7 @@ def build_ninja(compiler: str, cflags: list[str], ldflags: list[str], units: lis
              "rule compile", "  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out", "  depfile = $out.d",
              "  deps = gcc", "  description = compile $in", "",
              "rule link", "  command = $cxx $in $ldflags -o $out", "  description = link $out", ""]
-    lines += [f"build {o}: compile src/{u}" for u, o in zip(units, objects)]
+    lines += [f"build {o}: compile src/{u}" for u, o in zip(units, objects, strict=True)]
     lines += [f"build {library}: link {' '.join(objects)}", f"default {library}", ""]
     return "\n".join(lines)
 

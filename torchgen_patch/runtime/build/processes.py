@@ -47,7 +47,7 @@ def own_process_group():
     import signal
     import threading
 
-    handlers = {}
+    handlers: dict = {}
     if threading.current_thread() is threading.main_thread():
         def on_signal(signum, frame):
             _kill_children()

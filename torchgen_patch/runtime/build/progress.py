@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ... import cache
 from .ninja import ninja_times
@@ -17,7 +18,7 @@ class Progress:
         self.pending = {os.path.splitext(os.path.basename(s))[0] + ".o": os.path.basename(s) for s in sources}
         self.total = len(self.pending)
         self.on = bool(getattr(log, "isatty", lambda: False)()) and not os.environ.get("CI")
-        self._stop = None
+        self._stop: Any = None  # a threading.Event while it watches
 
     def poll(self) -> None:
         times = ninja_times(self.directory)

@@ -85,6 +85,7 @@ def python_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     include = sysconfig.get_paths().get("include") or ""
     if not os.path.isfile(os.path.join(include, "Python.h")):
-        raise EnvironmentProblem(f"this Python's headers are not installed (no Python.h in {include or 'its include path'})",
+        raise EnvironmentProblem("this Python's headers are not installed "
+                                 f"(no Python.h in {include or 'its include path'})",
                                  "install them (python3-dev on Debian and Ubuntu)")
     return ("-isystem", include, "-O3"), ("-ltorch_python",)

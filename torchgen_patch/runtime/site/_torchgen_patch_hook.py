@@ -39,14 +39,14 @@ _mode = None  # "run" | "enable"; None until start()
 _down = False  # the tool itself runs in this process (its CLI): it installs nothing behind its back
 _finished = False  # everything installed (or refused, said so): the audit hook only watches children
 _enabled_here = False  # the .pth of an enabled environment loaded this hook
-_start_path = ()  # sys.path when the hook started: an entry put first later is the program's own directory
+_start_path: tuple[str, ...] = ()  # sys.path at the hook's start: an entry put first later is the program's dir
 _lock = _thread.allocate_lock()
-_busy = set()  # threads doing the tool's own work right now
+_busy: set[int] = set()  # threads doing the tool's own work right now
 
 
 def start(spec_text, mode, source=None):
     """Start watching (once per process; ``run`` after ``enable``: run's spec governs)."""
-    global _spec, _value, _mode, _source, _start_path, _enabled_here
+    global _spec, _value, _mode, _source, _start_path, _enabled_here  # noqa: PLW0603 (the hook's state, one a process)
     if _mode is not None:
         if mode == "run" and spec_text:
             _spec, _value, _mode, _source = spec_text, None, "run", "$" + ENV
@@ -76,7 +76,7 @@ def enabled(data):
     torch reads nothing. A file that cannot be read as one is said in one line at that import, and the
     program goes on unpatched. (An enabled environment's spec has no --import modules: only torch is
     watched.)"""
-    global _lazy
+    global _lazy  # noqa: PLW0603 (the hook's state, one per process)
     _lazy = None if os.environ.get(ENV) else data  # run's own spec governs a process run started
     start(None, "enable", data)
 
@@ -121,7 +121,7 @@ _lazy = None  # that data file, not read yet
 
 def stand_down():
     """The tool's own command line runs in this process: leave its torch alone."""
-    global _down
+    global _down  # noqa: PLW0603 (the hook's state, one per process)
     _down = True
 
 
@@ -166,7 +166,7 @@ class _Watch:
     (importlib.util.find_spec("torch"), as libraries do to see whether torch is there) leaves the
     module watched."""
 
-    watched = set()
+    watched: set[str] = set()
 
     @classmethod
     def _ran(cls, name):
@@ -202,7 +202,7 @@ class _Watch:
             cls._ran(name)
             _after(name)
 
-        exec_module._torchgen_patch_of = wrapped or run_module
+        exec_module._torchgen_patch_of = wrapped or run_module  # type: ignore[attr-defined]  # a mark on the function
         try:
             loader.exec_module = exec_module
         except AttributeError:  # a loader that takes no attributes: the audit hook installs at the next import
@@ -272,11 +272,11 @@ def _after(name):
             _lock.release()
 
 
-_pending = []  # modules finished importing, not yet handed to the tool
+_pending: list[str] = []  # modules finished importing, not yet handed to the tool
 
 
 def _work(name):
-    global _finished
+    global _finished  # noqa: PLW0603 (the hook's state, one per process)
     try:
         spec = _launch_spec()
         if spec is None:
@@ -284,7 +284,7 @@ def _work(name):
         with _Own(spec.roots):
             from torchgen_patch.runtime.process import after_import
 
-            outcome = after_import(name, spec, _mode, program_import)
+            outcome = after_import(name, spec, _mode, program_import)  # type: ignore[arg-type]  # start() set _mode
         _finished = outcome.done
         if outcome.line:
             _say(outcome.line)
@@ -306,12 +306,11 @@ def _strict():
 
 
 def _launch_spec():
-    """The launch spec as the tool parses it (``LaunchSpec.parse``, imported from where the spec says
-    the tool is: where this hook is, where it says nothing readable), once per process; None where there is none to use, said in one line: a spec of
-    ``run`` that is not one stops the process (exit 2), as every bad input does; an enabled
-    environment's file that is not one leaves the program unpatched (as when it names what cannot be
-    had)."""
-    global _finished, _spec, _value, _broken, _lazy
+    """The launch spec as the tool parses it (``LaunchSpec.parse``, imported from where the spec says the tool is: where
+    this hook is, where it says nothing readable), once per process; None where there is none to use, said in one line:
+    a spec of ``run`` that is not one stops the process (exit 2), as every bad input does; an enabled environment's file
+    that is not one leaves the program unpatched (as when it names what cannot be had)."""
+    global _finished, _spec, _value, _broken, _lazy  # noqa: PLW0603 (the hook's state, one per process)
     if _value is not None:
         return _value
     if _lazy is not None and _mode == "enable":
@@ -337,7 +336,7 @@ def _launch_spec():
     with _Own({"torchgen_patch": root if isinstance(root, str) else PACKAGE}):  # the package and the stdlib only
         from torchgen_patch.runtime.process import read
 
-        _value, refused = read(_spec, _mode, _source)
+        _value, refused = read(_spec, _mode, _source)  # type: ignore[arg-type]  # start() set _mode
     if refused is not None:
         _finished = True
         if refused.line:
@@ -364,7 +363,7 @@ class _Own:
     meanwhile. Afterwards a module the tool imported stays in ``sys.modules`` only where the program's
     own import would find that same file, so the program imports what it imported before."""
 
-    _kept = {}  # the tool's modules the program could not have imported: the next block uses them again
+    _kept: dict = {}  # the tool's modules the program could not have imported: the next block uses them again
     active = None  # the block running now
 
     def __init__(self, roots):
@@ -373,7 +372,7 @@ class _Own:
     def __enter__(self):
         self.outer, _Own.active = _Own.active, self
         self.finder = _PathFinder
-        self.thread = _thread.get_ident()
+        self.thread: int | None = _thread.get_ident()
         self.own = {"", "."}
         if sys.path and sys.path[0] not in _start_path:
             self.own.add(sys.path[0])
@@ -404,7 +403,7 @@ class _Own:
             saved = sys.modules.pop(top)
             try:
                 theirs = importlib.util.find_spec(top)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 — a finder that fails: the module counts as not found there
                 theirs = None
             sys.modules[top] = saved
             if not _same(theirs, getattr(module, "__spec__", None)):
@@ -443,7 +442,7 @@ class _Own:
 
 _PathFinder = sys.modules["_frozen_importlib_external"].PathFinder  # importlib.machinery's, loaded at start
 _STD_FINDERS = (sys.modules["_frozen_importlib"].BuiltinImporter, sys.modules["_frozen_importlib"].FrozenImporter)
-_std_dirs = []  # the standard library's directories on sys.path, once known
+_std_dirs: list[str] = []  # the standard library's directories on sys.path, once known
 
 
 def _stdlib_dirs():
@@ -510,7 +509,7 @@ def program_import(name):
 
 
 def _under(module, root):
-    f = getattr(module, "__file__", None)
+    f = getattr(module, "__file__", None) or ""
     return bool(f) and os.path.abspath(f).startswith(os.path.join(os.path.abspath(root), ""))
 
 
@@ -552,7 +551,7 @@ def _from_compiler():
     std = tuple(d + os.sep for d in _stdlib_dirs())
     f = sys._getframe(1)
     while f is not None and (f.f_globals is globals() or f.f_code.co_filename.startswith(std)):
-        f = f.f_back
+        f = f.f_back  # type: ignore[assignment]  # None ends the walk
     name = f.f_globals.get("__name__") if f is not None else None
     return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS)
 
@@ -629,7 +628,7 @@ def _is_python(name):
 
 def interpreter_flags(argv):
     """The single-letter options of a ``python`` command line, up to its script, -c or -m."""
-    flags = set()
+    flags: set[str] = set()
     args = iter(argv[1:])
     for a in args:
         if a in ("-", "--") or not a.startswith("-"):

@@ -20,10 +20,10 @@ def _tgp_start(here):
         if hook is None:
             _tgp_sys.path.insert(0, here)
             try:
-                import _torchgen_patch_hook as hook
+                import _torchgen_patch_hook as hook  # type: ignore[no-redef]  # the hook beside this file
             finally:
                 del _tgp_sys.path[0]
-        hook.start(os.environ.get("TORCHGEN_PATCH_RUN", ""), "run")
+        hook.start(os.environ.get("TORCHGEN_PATCH_RUN", ""), "run")  # type: ignore[union-attr]  # imported above
     except Exception as e:  # noqa: BLE001 — the program goes on unpatched, and says so
         try:
             _tgp_sys.stderr.write(f"torchgen-patch: NOT active in pid {os.getpid()}: its hook did not load: "
@@ -40,7 +40,8 @@ def _tgp_chain(here):
     import os
 
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _tgp_sys.path)
-    if spec is not None and spec.loader is not None and os.path.dirname(os.path.realpath(spec.origin)) != here:
+    if spec is not None and spec.loader is not None and spec.origin is not None \
+            and os.path.dirname(os.path.realpath(spec.origin)) != here:
         module = importlib.util.module_from_spec(spec)
         _tgp_sys.modules["sitecustomize"] = module
         spec.loader.exec_module(module)
@@ -52,7 +53,7 @@ def _tgp_main():
     here = os.path.dirname(os.path.realpath(__file__))
     _tgp_sys.path[:] = [p for p in _tgp_sys.path if not p or os.path.realpath(p) != here]  # off the program's path
     if not getattr(_tgp_sys, "_torchgen_patch_site", False):  # a second copy of this folder on the path: once
-        _tgp_sys._torchgen_patch_site = True
+        _tgp_sys._torchgen_patch_site = True  # type: ignore[attr-defined]  # a mark of this process's own
         _tgp_start(here)
     _tgp_chain(here)
 
