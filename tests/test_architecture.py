@@ -720,3 +720,10 @@ def test_every_package_of_the_tree_ships():
     found = {os.path.relpath(base, ROOT).replace(os.sep, ".") for base, _, names in os.walk(PKG)
              if "__init__.py" in names and "__pycache__" not in base}
     assert found - listed == set()
+
+
+def test_one_module_takes_file_locks():
+    """The one lock protocol (fs/flock.py: try, then wait inside what the caller says while it waits):
+    no other module of the package imports fcntl."""
+    users = sorted(rel for rel in _sources_matching(r"^\s*(import fcntl|from fcntl import)"))
+    assert users == ["fs/flock.py"], users

@@ -16,6 +16,7 @@ import stat
 
 from ..errors import EnvironmentProblem, InputError
 from ..errors import no_descriptor as _descriptors
+from . import flock
 from .protected import Missing, _link_problem, cache_refusal, problem, trusted_uids
 from .root import ENV, directory, note
 from .walk import MAX_LINKS
@@ -219,8 +220,6 @@ class Dir:
         """An exclusive lock on the file ``name`` here: created with O_CREAT|O_NOFOLLOW (a symlink
         planted there is refused, not followed), never truncated, and used only when it is a
         regular file of a trusted owner. ``wait_note``: a -v note when another process holds it."""
-        import fcntl
-
         try:
             fd = self.open(name, os.O_RDWR | os.O_CREAT, 0o600)
         except Missing:  # the directory itself went away
@@ -232,16 +231,11 @@ class Dir:
                                      f"remove {self.join(name)} (it must be a plain file of yours)",
                                      cause=e.cause or e.message, errno=e.errno) from None
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if wait_note:
-                    note(wait_note)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            flock.take(fd, waiting=lambda: _noting(wait_note))
             try:
                 yield fd
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                flock.release(fd)
         finally:
             os.close(fd)
 
@@ -399,3 +393,11 @@ def open_under(root: str, rel: str, refusal: tuple[str, str], create: bool = Fal
             return
         with r.sub(os.sep.join(parts[:-1]), create=create) as d:
             yield d, parts[-1]
+
+
+@contextlib.contextmanager
+def _noting(text: str | None):
+    """While a lock is waited for: a -v note first, when there is one."""
+    if text:
+        note(text)
+    yield

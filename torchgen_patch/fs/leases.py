@@ -10,6 +10,7 @@ import os
 import time
 
 from ..errors import EnvironmentProblem
+from . import flock
 from .decode import loads
 from .dirs import Dir
 from .protected import Missing
@@ -66,11 +67,9 @@ def leased(d: Dir):
     """Hold a lease on the temporary directory ``d`` while the block runs: its ``.lease`` file, locked
     (flock) by this process and saying where it runs (``host_identity``). The lock ends with the
     process, however it ends."""
-    import fcntl
-
     fd = os.open(LEASE, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d.fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock.take(fd)
         os.write(fd, json.dumps(dict(host_identity(), pid=os.getpid(), started=time.time())).encode())
         yield
     finally:
@@ -86,8 +85,6 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
     after a day (locks may not cross hosts). A lease that names no kernel (taken where /proc could
     not be read) when its process is gone from this host and PID namespace, or after an hour; a
     directory without a lease after an hour."""
-    import fcntl
-
     age = now - os.fstat(d.fd).st_mtime
     try:
         fd = os.open(LEASE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d.fd)
@@ -97,9 +94,10 @@ def _lease_expired(d: Dir, now: float) -> tuple[bool, str]:
         return False, ""
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not flock.take(fd, wait=False):
+                return False, ""  # held: the build is alive
         except OSError:
-            return False, ""  # held: the build is alive
+            return False, ""
         try:
             info = loads(os.pread(fd, 4096, 0) or b"{}")
         except ValueError:

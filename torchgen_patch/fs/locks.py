@@ -10,6 +10,7 @@ import stat
 import sys
 
 from ..errors import EnvironmentProblem, InputError, ToolError
+from . import flock
 from .dirs import Dir, open_dir
 from .protected import Missing, cache_refusal, display, owner_name
 from .root import ENV, directory, key
@@ -58,14 +59,12 @@ def _locked(parent: int, base: str, shown: str, log=None, required: bool = True)
     (``lock_file``), so nothing another account makes in ``parent`` is used, or can stop a gen.
     After WAIT_S a line tells ``log``. ``required`` False: where no lock of one's own can be had,
     none is taken."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): no serialization, the swap is still whole
+    if not flock.AVAILABLE:  # no flock (Windows): no serialization, the swap is still whole
         yield
         return
     up = os.fstat(parent)
     if up.st_uid == os.geteuid() and not up.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        with _beside(parent, base, shown, log, required, fcntl):
+        with _beside(parent, base, shown, log, required):
             yield
         return
     try:
@@ -78,14 +77,14 @@ def _locked(parent: int, base: str, shown: str, log=None, required: bool = True)
                                  f"others can write {display(os.path.dirname(shown))}: {e.message}",
                                  e.hint) from None
     try:
-        _wait(fd, fcntl, shown, log)
+        _wait(fd, shown, log)
         yield
     finally:
         os.close(fd)
 
 
 @contextlib.contextmanager
-def _beside(parent: int, base: str, shown: str, log, required: bool, fcntl):
+def _beside(parent: int, base: str, shown: str, log, required: bool):
     """The lock file ``.base`` + LOCK in ``parent``, a directory only this user can write (created
     O_EXCL|O_NOFOLLOW, 0600; one owned by another account, or no regular file, is refused). The
     holder removes the file when done; a waiter that finds its file gone takes the new one."""
@@ -96,7 +95,7 @@ def _beside(parent: int, base: str, shown: str, log, required: bool, fcntl):
         if fd is None:
             yield
             return
-        _wait(fd, fcntl, shown, log)
+        _wait(fd, shown, log)
         try:
             now = os.stat(name, dir_fd=parent, follow_symlinks=False)
         except FileNotFoundError:
@@ -156,20 +155,20 @@ def _open_lock(parent: int, name: str, path: str, required: bool) -> int | None:
     return fd
 
 
-def _wait(fd: int, fcntl, shown: str, log) -> None:
-    """flock ``fd`` exclusively; a line to ``log`` (default: stderr) once it has taken WAIT_S."""
+def _wait(fd: int, shown: str, log) -> None:
+    """Lock ``fd`` (flock.take); a line to ``log`` (default: stderr) once it has waited WAIT_S."""
+    flock.take(fd, waiting=lambda: _saying_after(WAIT_S, f"waiting for another gen into {display(shown)}", log))
+
+
+@contextlib.contextmanager
+def _saying_after(seconds: float, text: str, log):
     import threading
 
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    timer = threading.Timer(WAIT_S, say, [f"waiting for another gen into {display(shown)}"])
+    timer = threading.Timer(seconds, say, [text])
     timer.daemon = True
     timer.start()
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         timer.cancel()
