@@ -267,13 +267,9 @@ def saved_library() -> tuple[tuple[str, str, str, str | None] | None, str | None
         if not isinstance(saved, dict) or not isinstance(saved.get("library"), str) or \
                 not isinstance(saved.get("sha256"), str):
             return None, None
-        why = _unfit(rec, name, Options())
+        lib, why = _fitting_library(d, name, rec, Options(), saved["library"], saved["sha256"])
         if why:
             return None, why
-        lib = os.path.basename(saved["library"])
-        problem = library_problem(d, lib, saved["sha256"])
-        if problem:
-            return None, f"{name}: {problem}"
     return (os.path.join(where, lib), saved["sha256"], where, saved.get("key")), None
 
 
@@ -300,14 +296,21 @@ def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
         if isinstance(found, str):
             return None, found
         rec = found
-        why = _unfit(rec, name, opts)
+        lib, why = _fitting_library(d, name, rec, opts, rec["library"], rec["sha256"])
         if why:
             return None, why
-        lib = os.path.basename(rec["library"])
-        problem = library_problem(d, lib, rec["sha256"])
-        if problem:
-            return None, f"{name}: {problem}"
     return Prebuilt(os.path.join(where, lib), dist.version, rec, rec["sha256"], where), None
+
+
+def _fitting_library(d: cache.Dir, name: str, rec: dict, opts: Options, library: str, sha256: str):
+    """(the library's name in the wheel's directory ``d``, None) where the wheel fits ``opts`` in this torch
+    and the library is the one its record names; else (None, why not)."""
+    why = _unfit(rec, name, opts)
+    if why:
+        return None, why
+    lib = os.path.basename(library)
+    problem = library_problem(d, lib, sha256)
+    return (None, f"{name}: {problem}") if problem else (lib, None)
 
 
 def _read_record(d: cache.Dir, name: str) -> dict | str:
