@@ -545,7 +545,6 @@ def test_the_check_of_private_names_finds_them():
 MODULE_LINES, FUNCTION_LINES = 500, 60
 # modules and functions over the limits, each at its size now: it may shrink, never grow
 OVER_THE_LIMITS = {
-    "cli/commands.py": 543,
     "runtime/site/_torchgen_patch_hook.py": 740,
 }
 

@@ -43,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with descriptors_said():
             from .commands import COMMANDS, notes
+            from .environment import ENVIRONMENT_COMMANDS
 
             with notes(args):
-                rc = COMMANDS[args.cmd](args)
+                rc = {**COMMANDS, **ENVIRONMENT_COMMANDS}[args.cmd](args)
         out.flush()  # here, where a full disk is said: not at the interpreter's exit
         return rc
     except StdoutFailed as e:

@@ -1,0 +1,88 @@
+"""The commands of an enabled environment: `enable`, `disable` and `status` (runtime/enable.py does the
+work; these say it)."""
+
+from __future__ import annotations
+
+import sys
+
+from .commands import _build_log, _named_checked, _needs_torch, _say
+from .parser import options
+
+
+def enable(args) -> int:
+    from ..runtime import enable as en
+
+    site = en.site_dir()
+    en.check_writable(site)  # before any work: a read-only environment costs nothing
+    _needs_torch("enable")  # the library is built now, against this environment's torch
+    opts = options(args)
+    _named_checked(args, opts)
+    spec, what = en.prepared(opts, args.backend, args.op, quiet=args.quiet, verbose=args.verbose,
+                             log=_build_log(args), strict=args.strict, check_saved=args.check_saved)
+    st = en.enable(spec, site)
+    undo = "`torchgen-patch disable` or `pip uninstall torchgen-patch` undoes it" if st.recorded else \
+        ("`torchgen-patch disable` undoes it (this torchgen-patch is installed elsewhere: `pip uninstall` leaves the "
+         "file, which then does nothing)")
+    print(f"enabled: {st.path}: every Python process of this environment that imports torch gets the kernels "
+          f"({args.backend}: {what}); {undo}")
+    return 0
+
+
+def disable(args) -> int:
+    from ..runtime import enable as en
+
+    site = en.site_dir()
+    before = en.state(site)
+    if not before.present and not before.data_present:
+        _say(args, f"disable: not enabled ({before.path} does not exist)")
+        return 0
+    en.check_writable(site, removing=True)
+    en.disable(site)
+    removed = " and ".join(p for p, there in ((before.path, before.present), (before.data, before.data_present))
+                           if there)
+    print(f"disabled: removed {removed}" + (", and their lines in pip's RECORD" if before.recorded else ""))
+    if args.verbose:
+        print(f"disable: it was {_enabled_line(before)}", file=sys.stderr)
+    return 0
+
+
+def status(args) -> int:
+    """Exit 0 when enabled as this torchgen-patch writes it, 1 otherwise; -q: the exit code alone."""
+    from ..runtime import enable as en
+
+    st = en.state()
+    if not st.present:
+        line = (f"not enabled: {st.path} does not exist (`torchgen-patch enable` patches every Python process of "
+                "this environment that imports torch" + (f"; {st.data} is left over: `torchgen-patch disable` removes "
+                                                         "it)" if st.data_present else ")"))
+    elif st.problem:
+        line = f"{st.path}: {st.problem} (`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)"
+    else:
+        line = f"enabled: {_enabled_line(st)}"
+    if not args.quiet:
+        print(line)
+        if args.verbose and st.spec is not None:
+            print(f"status: its launch spec: {st.spec.to_json()}", file=sys.stderr)
+    return 0 if st.present and not st.problem else 1
+
+
+def _enabled_line(st) -> str:
+    """What an enabled environment's file does, for people."""
+    from ..runtime import build_there
+
+    spec = st.spec
+    if st.problem or spec is None:
+        return f"{st.path}: {st.problem or 'not enabled'}"
+    ops = "every op of the plan" if spec.ops is None else ", ".join(spec.ops)
+    build = "" if not spec.library else "; the build it names is there" if build_there(spec.library) else \
+        "; the build it names is gone (the first process that imports torch finds or builds one)"
+    pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
+           None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}
+    fails = "strict: a process that cannot have the kernels stops (exit 3)" if spec.strict else \
+        "fail open: a process that cannot have the kernels runs unpatched, said in one line"
+    return (f"{st.path} (torchgen-patch {st.version}; {spec.backend.value}, {ops}{build}; "
+            f"{'quiet' if spec.quiet else 'one line per process'}; {fails}; "
+            f"saved-tensor check: {spec.check_saved.value if spec.check_saved else 'off'}; {pip[st.recorded]})")
+
+
+ENVIRONMENT_COMMANDS = {"enable": enable, "disable": disable, "status": status}
