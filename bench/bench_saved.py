@@ -150,9 +150,9 @@ def nothing_runs_when_off() -> dict:
     import torch.autograd.graph as graph
     from torch.optim import optimizer
 
-    from torchgen_patch.saved import engine, hooks
+    from torchgen_patch.saved import compose, engine
 
-    return {"hooks on the stack": engine.top(), "torch patched": hooks.patched(),
+    return {"hooks on the stack": engine.top(), "torch patched": compose.patched(),
             "saved_tensors_hooks.__enter__ from": graph.saved_tensors_hooks.__enter__.__module__,
             "global optimizer post-hooks": len(optimizer._global_optimizer_post_hooks)}
 

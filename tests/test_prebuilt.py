@@ -267,7 +267,12 @@ def test_the_cluster_recipe_as_written(wheel, tmp_path, default_plan):
     assert [line.split()[:2] for line in lines] == [["pip", "wheel"], ["torchgen-patch", "wheel"],
                                                    ["pip", "install"], ["torchgen-patch", "run"]]
     work = tmp_path / "clone"
-    shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".venv*", ".cache", "build", ".git", "*.egg-info"))
+    skip = shutil.ignore_patterns(".venv*", ".cache", ".git", "*.egg-info")
+
+    def ignore(d, names):  # the checkout's own build/ output, not the package's runtime/build/
+        return set(skip(d, names)) | ({"build"} & set(names) if os.path.samefile(d, ROOT) else set())
+
+    shutil.copytree(ROOT, work, ignore=ignore)
     dist = work / "dist"
     dist.mkdir()
     shutil.copy(wheel, dist)  # line 2, `torchgen-patch wheel -o dist`: the module's fixture ran it
