@@ -9,6 +9,14 @@ one process, interleaved round by round (the first mode alternating):
 - **two reads**: reading the step's saved bytes twice on the device, one pass each (as many bytes as
   the check's two fingerprints read), timed apart from the step.
 
+On CUDA, with the native hooks, two probes say where the cost above the floor goes, measured in the
+same rounds:
+
+- **launches**: identity hooks that launch the check's own kernel on each tensor at save and at use
+  (its reads and its launches, nothing else of the check);
+- **synced**: identity hooks and one wait for the device at the end of each backward pass (the check
+  reads its device comparisons there once).
+
 The floor is the identity-hooks step plus the two reads; a row's target is a ratio to the step
 with the check off, and a row that misses it says by how much beside the floor. Peak memory: CUDA,
 ``torch.cuda.max_memory_allocated`` over one step (each mode reset before it); CPU, a fresh process
@@ -173,18 +181,33 @@ class Bench:
         self.clock = time.perf_counter if device == "cuda" else time.process_time
         self.n = STEPS_PER_ROUND.get(name, 1)
 
-    def step(self) -> None:
+    def step(self, mode: str = "") -> None:
         self.opt.zero_grad(set_to_none=True)
         self.loss_of().backward()
+        if mode == "synced":
+            self.sync()
         self.opt.step()
+
+    def probes(self) -> tuple[str, ...]:
+        """The probe modes this run can measure: CUDA, with the native hooks (their kernel to launch)."""
+        return ("launches", "synced") if self.device == "cuda" and self.check._native is not None else ()
+
+    def _launching(self, t):
+        """An identity hook that launches the check's kernel on ``t`` (its fingerprint, left on the device)."""
+        if t.is_cuda and t.numel():
+            self.check._native.launch_cost(t, 1)
+        return t
 
     def context(self, mode: str):
         import contextlib
 
+        hooks = self.torch.autograd.graph.saved_tensors_hooks
         if mode == "on":
             return _running(self.check)
-        if mode == "identity":
-            return self.torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        if mode in ("identity", "synced"):
+            return hooks(lambda t: t, lambda t: t)
+        if mode == "launches":
+            return hooks(self._launching, self._launching)
         return contextlib.nullcontext()
 
     def block(self, mode: str) -> float:
@@ -193,7 +216,7 @@ class Bench:
             self.sync()
             t = self.clock()
             for _ in range(self.n):
-                self.step()
+                self.step(mode)
             self.sync()
             return (self.clock() - t) / self.n
 
@@ -255,7 +278,7 @@ class _running:
 
 def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
     b = Bench(name, device, path)
-    modes = ("off", "on", "identity")
+    modes = ("off", "on", "identity") + b.probes()
     for mode in modes + modes:  # warm-up: kernels compiled, caches made, the check's key on the device
         b.block(mode)
     runs: dict[str, list] = {m: [] for m in modes}
@@ -276,11 +299,12 @@ def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
     q = statistics.quantiles(ratios, n=4) if rounds >= 4 else [ratio, ratio, ratio]
     hooks_ratio = statistics.median(hooks)
     floor = hooks_ratio + reads / off
+    probes = {m: statistics.median([p / o for p, o in zip(runs[m], runs["off"], strict=True)]) for m in b.probes()}
     what, target = (CUDA_MODELS if device == "cuda" else CPU_MODELS)[name]
     extra = None if peaks["off"] is None else peaks["on"] / peaks["off"] - 1
     return {"model": name, "what": what, "target": target, "rounds": rounds, "path": b.check.path,
             "off_ms": off * 1e3, "on_ms": statistics.median(runs["on"]) * 1e3, "ratio": ratio, "p25": q[0],
-            "p75": q[2], "identity_ratio": hooks_ratio, "reads_ms": reads * 1e3, "floor": floor,
+            "p75": q[2], "probes": probes, "identity_ratio": hooks_ratio, "reads_ms": reads * 1e3, "floor": floor,
             "met": ratio <= target, "saved_tensors": count, "checked_per_step": checked, "saved_bytes": nbytes,
             "peak_mib": peaks, "extra_peak": extra,
             "memory_met": None if extra is None else extra <= MEMORY_TARGET,
@@ -297,10 +321,10 @@ def hook_cost(device: str, path: str | None, ops: int = 1000, repeats: int = 5) 
 
     import torchgen_patch
 
-    x = torch.randn(4, 4, device=device, requires_grad=True)
-    w = torch.randn(4, 4, device=device, requires_grad=True)
     check = torchgen_patch.check_saved("warn", path=path)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    x = torch.randn(4, 4, device=device, requires_grad=True)
+    w = torch.randn(4, 4, device=device, requires_grad=True)
 
     def chain():
         y = x
@@ -323,7 +347,12 @@ def hook_cost(device: str, path: str | None, ops: int = 1000, repeats: int = 5) 
     chain()
     off, ident, on = timed(contextlib.nullcontext), timed(identity), timed(lambda: _running(check))
     saved = 2 * ops
-    return {"op_us": off / ops * 1e6, "identity_us": (ident - off) / saved * 1e6, "check_us": (on - off) / saved * 1e6}
+    out = {"op_us": off / ops * 1e6, "identity_us": (ident - off) / saved * 1e6, "check_us": (on - off) / saved * 1e6}
+    x, w = (torch.randn(0, 4, device=device, requires_grad=True) for _ in range(2))
+    chain()  # tensors of no elements: the check's work without a fingerprint (nothing to read, no launch)
+    off, on = timed(contextlib.nullcontext), timed(lambda: _running(check))
+    out["bookkeeping_us"] = (on - off) / saved * 1e6
+    return out
 
 
 def kernel_bandwidth(check, device: str, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
@@ -364,18 +393,36 @@ def kernel_bandwidth(check, device: str, nbytes: int = 1 << 30, repeats: int = 5
         out[f"torch's sum {str(dtype).replace('torch.', '')}"] = nbytes / (time.perf_counter() - start) / 1e9
         del fused
     if device == "cuda":
-        small = torch.zeros(64, 256, device=device)
-        n = 2000
-        cost = h.launch_cost(small, n)
-        sync()
+        out.update(launch_parts(h, torch))
+    return out
+
+
+def launch_parts(h, torch, n: int = 100, repeats: int = 15) -> dict:
+    """Host microseconds of one launch of the check's kernel (a 64 KiB tensor), and of its parts: the
+    driver's launch alone (``launch_driver_us``), the rest of the check's launch (``launch_rest_us``);
+    beside them one small torch op (``torch_op_us``). Blocks of ``n`` from an idle device, so that the
+    launch queue never fills (a full queue times the device, not the host); the median of ``repeats``."""
+    small = torch.zeros(64, 256, device="cuda")
+    h.fingerprint(small)
+
+    def per(run) -> float:
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            times.append(run() / n * 1e6)
+        return statistics.median(times)
+
+    def torch_op() -> float:
         start = time.perf_counter()
         for _ in range(n):
             small.zero_()
-        took = time.perf_counter() - start
-        sync()
-        out["launch_us"] = cost * 1e6 / n if cost is not None else None
-        out["torch_op_us"] = took * 1e6 / n
-    return out
+        return time.perf_counter() - start
+
+    parts = {key: per(lambda part=part: h.launch_cost(small, n, part))
+             for key, part in (("launch_us", 0), ("launch_rest_us", 1), ("launch_driver_us", 2))}
+    parts["torch_op_us"] = per(torch_op)
+    torch.cuda.synchronize()
+    return parts
 
 
 MEMORY = r"""
@@ -509,28 +556,49 @@ def _write_report(report, device: str, text: str) -> None:
 
 def _where_it_goes(results: dict) -> list[str]:
     """What lies between each row's floor and its ratio, from the run's own probes: the check's host work
-    per saved tensor beyond identity hooks (``hook_cost``) times the step's saved tensors, and of that the
-    two launches (at pack and at use) where the device's launch cost was measured."""
+    per saved tensor beyond identity hooks (``hook_cost``) times the step's saved tensors; where the
+    device's launches were measured, what the driver's launch alone, once at save and once at use, adds to
+    the floor: the least a check that reads every saved tensor where it is saved and where it is used, one
+    launch each, can cost (the floor reads the step's saved bytes in two launches in all)."""
     cost = results.get("hook_cost")
     if not cost:
         return []
     per = cost["check_us"] - cost["identity_us"]
-    launch = (results.get("bandwidth") or {}).get("launch_us")
-    out = ["", "## Where the cost above the floor goes", "",
-           f"The check's host work per saved tensor beyond identity hooks is {per:.2f} us (the chain above)"
-           + (f", of which two launches of its kernel, at pack and at use, take {2 * launch:.2f} us "
-              f"({launch:.2f} us each, measured)" if launch else "")
-           + ". Where the host runs behind the device (short kernels: bf16, small layers), that work adds to "
-           "the step; the floor has no term for it.", "",
-           "| model | ratio | floor | + host work (saved x per tensor) | predicted | "
-           + ("floor + the two launches alone | " if launch else "") + "target |",
-           "|---|---|---|---|---|" + ("---|" if launch else "") + "---|"]
+    parts = results.get("bandwidth") or {}
+    launch, driver = parts.get("launch_us"), parts.get("launch_driver_us")
+    text = f"The check's host work per saved tensor beyond identity hooks is {per:.2f} us (the chain above)"
+    if "bookkeeping_us" in cost:
+        text += (f"; with tensors of no elements (no fingerprint, no launch) it costs {cost['bookkeeping_us']:.2f} us "
+                 "beyond no hooks")
+    if launch and driver:
+        text += (f". One launch of its kernel costs the host {launch:.2f} us, of which the driver's launch alone is "
+                 f"{driver:.2f} us and the rest of the check's launch {parts['launch_rest_us']:.2f} us (one small "
+                 f"torch op: {parts['torch_op_us']:.2f} us)")
+    text += (". Where the host runs behind the device (short kernels: bf16, small layers), that work adds to the "
+             "step; the floor has no term for it.")
+    extra = driver is not None
+    probed = all(t.get("probes") for t in results["models"])
+    if probed:
+        text += (" The probes (measured in the same rounds): identity hooks that launch the check's kernel at save "
+                 "and at use, and identity hooks with one wait at the end of backward; what is left is the check's "
+                 "own work on the host (its bookkeeping, frames, the comparisons kept for the end of backward).")
+    head = ["model", "ratio", "floor", "+ host work (saved x per tensor)", "predicted"]
+    if probed:
+        head += ["identity hooks + the check's launches", "+ the wait at backward's end", "the rest"]
+    if extra:
+        head += ["floor + one driver launch at save and one at use"]
+    out = ["", "## Where the cost above the floor goes", "", text, "",
+           "| " + " | ".join(head + ["target"]) + " |", "|" + "---|" * (len(head) + 1)]
     for t in results["models"]:
         host = t["saved_tensors"] * per / 1e3 / t["off_ms"]
-        row = (f"| {t['model']} | {t['ratio']:.3f} | {t['floor']:.3f} | +{host:.3f} | {t['floor'] + host:.3f} | ")
-        if launch:
-            row += f"{t['floor'] + t['saved_tensors'] * 2 * launch / 1e3 / t['off_ms']:.3f} | "
-        out.append(row + f"{t['target']} ({'met' if t['met'] else 'not met'}) |")
+        row = [f"{t['model']}", f"{t['ratio']:.3f}", f"{t['floor']:.3f}", f"+{host:.3f}", f"{t['floor'] + host:.3f}"]
+        if probed:
+            p = t["probes"]
+            wait = p["synced"] - t["identity_ratio"]
+            row += [f"{p['launches']:.3f}", f"{wait:+.3f}", f"{t['ratio'] - p['launches'] - wait:+.3f}"]
+        if extra:
+            row.append(f"{t['floor'] + t['saved_tensors'] * 2 * driver / 1e3 / t['off_ms']:.3f}")
+        out.append("| " + " | ".join(row + [f"{t['target']} ({'met' if t['met'] else 'not met'})"]) + " |")
     return out
 
 
