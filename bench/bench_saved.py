@@ -580,11 +580,13 @@ def _where_it_goes(results: dict) -> list[str]:
     probed = all(t.get("probes") for t in results["models"])
     if probed:
         text += (" The probes (measured in the same rounds): identity hooks that launch the check's kernel at save "
-                 "and at use, and identity hooks with one wait at the end of backward; what is left is the check's "
-                 "own work on the host (its bookkeeping, frames, the comparisons kept for the end of backward).")
+                 "and at use (its reads and its launches, nothing else of it), and identity hooks with one wait for "
+                 "the device at the end of each backward pass (what `raise` pays there; `warn` does not wait); what "
+                 "is left above the first probe is the check's own work on the host (its bookkeeping, frames, the "
+                 "comparisons kept for later).")
     head = ["model", "ratio", "floor", "+ host work (saved x per tensor)", "predicted"]
     if probed:
-        head += ["identity hooks + the check's launches", "+ the wait at backward's end", "the rest"]
+        head += ["identity hooks + the check's launches", "the rest", "a wait at backward's end (raise)"]
     if extra:
         head += ["floor + one driver launch at save and one at use"]
     out = ["", "## Where the cost above the floor goes", "", text, "",
@@ -595,7 +597,7 @@ def _where_it_goes(results: dict) -> list[str]:
         if probed:
             p = t["probes"]
             wait = p["synced"] - t["identity_ratio"]
-            row += [f"{p['launches']:.3f}", f"{wait:+.3f}", f"{t['ratio'] - p['launches'] - wait:+.3f}"]
+            row += [f"{p['launches']:.3f}", f"{t['ratio'] - p['launches']:+.3f}", f"{wait:+.3f}"]
         if extra:
             row.append(f"{t['floor'] + t['saved_tensors'] * 2 * driver / 1e3 / t['off_ms']:.3f}")
         out.append("| " + " | ".join(row + [f"{t['target']} ({'met' if t['met'] else 'not met'})"]) + " |")

@@ -260,3 +260,59 @@ def test_a_saved_cuda_tensor_moved_to_the_cpu_before_backward_is_a_finding(path)
         except RuntimeError:
             pass  # autograd may refuse the gradient's device; the check has spoken before
     assert len(c.findings) == 1
+
+
+def _a_write_between_forward_and_backward(mode: str, path: str, hold_backward: bool):
+    """A .data write to a saved weight between forward and backward, an optimizer step after the backward
+    (before the findings are read); with hold_backward, the device kept busy for about a second before the
+    backward's kernels. (host seconds of backward(), the findings)."""
+    import time
+
+    import torchgen_patch
+    from torchgen_patch.saved import SavedTensorChanged
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved(mode, path=path)
+    with check:
+        model(x).sum().backward()  # the kernel compiled, the key on the device
+        loss = model(x).pow(2).sum()
+        model[2].weight.data.mul_(2)
+        torch.cuda.synchronize()
+        if hold_backward:
+            torch.cuda._sleep(int(2e9))  # about a second of the device's clock
+        start = time.perf_counter()
+        try:
+            loss.backward()
+        except SavedTensorChanged:
+            assert mode == "raise"
+        took = time.perf_counter() - start
+        opt.step()  # after the pass: not a writer of what it found
+        findings = list(check.findings)
+    torch.cuda.synchronize()
+    return took, findings
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_in_warn_mode_a_backward_pass_never_waits_for_the_device(native_hooks):
+    took_raise, _ = _a_write_between_forward_and_backward("raise", "native", hold_backward=True)
+    took_warn, findings = _a_write_between_forward_and_backward("warn", "native", hold_backward=True)
+    assert took_raise > 0.5, took_raise  # raise reads its comparisons at the pass's end: it waits for them
+    assert took_warn < took_raise / 4, (took_warn, took_raise)
+    assert len(findings) == 1 and findings[0].name == "2.weight"
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_a_finding_read_after_the_pass_is_judged_as_of_the_passs_end(path):
+    from torchgen_patch.saved.render import as_dict
+
+    _, warned = _a_write_between_forward_and_backward("warn", path, hold_backward=False)
+    _, raised = _a_write_between_forward_and_backward("raise", path, hold_backward=False)
+    assert len(warned) == len(raised) == 1
+    assert warned[0].optimizer is None  # the step after the pass's end is not named
+    assert as_dict(warned[0]) == as_dict(raised[0])

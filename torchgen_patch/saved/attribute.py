@@ -203,10 +203,10 @@ class Steps:
                 self._handle.remove()
                 self._handle = None
 
-    def since(self, count: int, t, original=None) -> tuple[str | None, bool]:
-        """(the class of an optimizer that stepped after ``count``, preferring one that holds ``t``;
-        whether it holds it)."""
-        stepped = [(ref(), cls) for n, ref, cls in self.recent if n > count]
+    def since(self, count: int, t, original=None, upto: int | None = None) -> tuple[str | None, bool]:
+        """(the class of an optimizer that stepped after ``count`` (and by ``upto``), preferring one that
+        holds ``t``; whether it holds it)."""
+        stepped = [(ref(), cls) for n, ref, cls in self.recent if n > count and (upto is None or n <= upto)]
         for opt, cls in stepped:
             if opt is not None and any(p is original or p is t or _inside(t, p) for g in opt.param_groups
                                        for p in g["params"]):

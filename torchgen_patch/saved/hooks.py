@@ -57,11 +57,19 @@ class Check:
 
     def __init__(self, mode: CheckMode, path: str | None = None):
         self.mode = mode
-        self.findings: list[Finding] = []
+        self._findings: list[Finding] = []
         self._distinct: set = set()
         self._python = _PythonHooks(self)
         self._native = native.hooks(self, self._python, path)
         self.active = False
+        self._settles_at_exit = False
+
+    @property
+    def findings(self) -> list[Finding]:
+        """What it found (in warn mode, the device comparisons of passes that ended are waited for first)."""
+        if self._native is not None:
+            self._native.settle(True)
+        return self._findings
 
     @property
     def path(self) -> str:
@@ -104,6 +112,12 @@ class Check:
         layer.replaced = bool(top)
         self._layer = layer
         attribute.STEPS.start()
+        if self.mode == CheckMode.WARN and self._native is not None and not self._settles_at_exit:
+            import atexit
+            import weakref
+
+            atexit.register(_settle_at_exit, weakref.ref(self))  # a last pass's findings, said before exit
+            self._settles_at_exit = True
         self.active = True
         own.active = True
         self._python.active = True
@@ -123,6 +137,8 @@ class Check:
                 if hooks is not None:
                     for task in hooks.tasks():
                         hooks.flush(task)
+            if self._native is not None:
+                self._native.settle(True)
         finally:
             for hooks in (self._native, self._python):
                 if hooks is not None:
@@ -168,16 +184,26 @@ class Check:
         parts = fingerprint(t)
         return not isinstance(parts, Skip) and len(parts) == 1 and int(parts[0]) & ((1 << 64) - 1) == saved
 
-    def _changed_late(self, s, facts, original, node, returned: bool = False, where=...) -> None:
-        """At the end of backward: a device comparison said a tensor changed (``facts``: what was
-        kept of it; ``original``: the tensor itself, if still alive)."""
-        self.found(s, facts, original, node, attribute.backward_call() if where is ... else where, returned)
+    def _changed_late(self, s, facts, original, node, returned: bool = False, where=..., upto=None) -> None:
+        """At the end of backward, or later: a device comparison said a tensor changed (``facts``: what
+        was kept of it; ``original``: the tensor itself, if still alive; ``where`` and ``upto``: the backward
+        call and the optimizer step count at the end of its pass, where it is judged later)."""
+        self.found(s, facts, original, node, attribute.backward_call() if where is ... else where, returned, upto)
 
     def _at_end_of_backward(self, task: int) -> bool:
         """The native hooks' comparisons of ``task`` are read when it ends; False: no backward pass
-        runs (read them now)."""
+        runs (read them now). In warn mode the pass does not wait for the device: its comparisons are
+        judged once they have run (at a later pass's end, or when the findings are asked for), as of
+        its end (its backward call, the optimizer steps taken by then)."""
         hooks = self._native
-        if engine.at_end_of_backward(lambda: hooks.flush(task)):
+
+        def read() -> None:
+            if self.mode == CheckMode.WARN:
+                hooks.flush(task, (attribute.backward_call(), attribute.STEPS.count))
+            else:
+                hooks.flush(task)
+
+        if engine.at_end_of_backward(read):
             return True
         hooks.flush(task)
         return False
@@ -194,10 +220,10 @@ class Check:
     def _facts(self, shape, dtype, device, version, ptr, numel, element, requires_grad):
         return _Facts.of(shape, dtype, device, version, ptr, numel, element, requires_grad)
 
-    def found(self, s, t, original, node, backward, returned: bool = False) -> None:
+    def found(self, s, t, original, node, backward, returned: bool = False, upto: int | None = None) -> None:
         """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
         name, owner, view = attribute.module_name(t, original)
-        optimizer, holds = attribute.STEPS.since(s.steps, t, original)
+        optimizer, holds = attribute.STEPS.since(s.steps, t, original, upto)
         try:
             moved_storage = s.ptr is not None and t.data_ptr() != s.ptr
         except Exception:  # noqa: BLE001 — no pointer of its own
@@ -210,7 +236,7 @@ class Check:
                     backward=attribute.frame(backward),
                     writers=attribute.writers(holds, moved_storage, name is not None or s.leaf, returned),
                     optimizer=optimizer, rank=attribute.rank())
-        self.findings.append(f)
+        self._findings.append(f)
         first = f.key() not in self._distinct
         self._distinct.add(f.key())
         if self.mode == CheckMode.RAISE:
@@ -423,6 +449,13 @@ class _Facts:
 
     def element_size(self) -> int:
         return self._size
+
+
+def _settle_at_exit(ref) -> None:
+    """The findings of passes whose comparisons were still on the device, judged (and said) at exit."""
+    check = ref()
+    if check is not None and check._native is not None:
+        check._native.settle(True)
 
 
 _PROCESS: Check | None = None  # the check install() and run turned on, for the whole process
