@@ -8,15 +8,32 @@ files, only when the content changed (torchgen's FileManager convention).
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import stat
+import sys
+from typing import TYPE_CHECKING
 
 from .errors import EnvironmentProblem, InputError, ToolError, one_line
 # the file system layer, re-exported: the old place of these names
-from .fs.atomic import RENAME_EXCHANGE, RENAME_NOREPLACE, atomic_write, renameat2, replace_at  # noqa: F401 (re-exported: the old place)
 from .fs.decode import MAX_JSON_DEPTH, loads  # noqa: F401 (re-exported: the old place)
 from .fs.protected import display, keep_owner_and_mode, may_follow, may_replace, owner_name, umask  # noqa: F401 (re-exported: the old place)
 from .fs.walk import MAX_LINKS, Found, find  # noqa: F401 (re-exported: the old place)
+
+if TYPE_CHECKING:
+    from .fs.atomic import RENAME_EXCHANGE, RENAME_NOREPLACE, atomic_write, renameat2, replace_at  # noqa: F401 (re-exported: the old place)
+
+_WRITES = ("RENAME_EXCHANGE", "RENAME_NOREPLACE", "atomic_write", "renameat2", "replace_at")
+
+
+def __getattr__(name: str):
+    """fs.atomic's names, re-exported too, imported at their first use: a cached install() writes nothing."""
+    if name in _WRITES:
+        return getattr(importlib.import_module(".fs.atomic", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_this = sys.modules[__name__]  # its calls of those names go through its attributes, a patch of one included
 
 
 def read_bytes(path: str, what: str) -> bytes:
@@ -84,7 +101,7 @@ def write_if_changed(path: str, data: bytes) -> bool:
                 return False
     except OSError:
         pass
-    atomic_write(path, data)
+    _this.atomic_write(path, data)
     return True
 
 
@@ -215,7 +232,7 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
             f.check_replace(path, what)
             if if_changed and f.st is not None and _holds(f.dir_fd, f.name, data):
                 return False
-            replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
+            _this.replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
             return True
         except OSError as e:
             raise write_failed(path, f"cannot write {what}", e) from None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import os
-import stat
 import sys
 from dataclasses import dataclass
 
@@ -70,14 +69,16 @@ def _identity(*dirs: str) -> str:
     """Read every time (about 6 ms): a checkout edited between two calls is another toolchain."""
     h = hashlib.sha256()
     for d in dirs:
+        d = os.path.normpath(d)
         for base, subdirs, names in os.walk(d):
             subdirs[:] = sorted(s for s in subdirs if s not in ("__pycache__", "packaged"))
+            rel = base[len(d) + 1:] + os.sep if base != d else ""  # os.path.relpath's answer, without its cost
             for name in sorted(names):
                 p = os.path.join(base, name)
-                if name.endswith((".py", ".yaml")) and os.path.isfile(p) and stat.S_ISREG(os.stat(p).st_mode):
+                if name.endswith((".py", ".yaml")) and os.path.isfile(p):  # a regular file, a link followed
                     try:
                         with open(p, "rb") as fh:
-                            h.update(os.path.relpath(p, d).encode() + b"\0" + fh.read() + b"\0")
+                            h.update((rel + name).encode() + b"\0" + fh.read() + b"\0")
                     except OSError as e:
                         raise InputError(p, None, f"cannot read: {e.strerror}") from None
     return h.hexdigest()

@@ -24,21 +24,37 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ... import cache
-from ...codegen import compiled_sources
 from ...errors import EnvironmentProblem, InputError, require_torch
-from .compile import compile_into
-from .estimate import estimate
+from .estimate import estimate  # eager, as explain: a package attribute of a submodule's own name (see below)
 from .explain import explain
 from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, _key, build_problem, identity_source, torch_identity
-from .ninja import build_ninja, ninja_times
-from .processes import own_process_group
-from .progress import Progress
 from .record import LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, remove_stale
 from .toolchain import CFLAGS, _compiler, _compiler_runs, _ninja, default_flags, python_flags
+
+if TYPE_CHECKING:
+    from .ninja import build_ninja, ninja_times
+    from .processes import own_process_group
+    from .progress import Progress
+
+# What only a compile uses is imported when it is first named: a cached install() finds its library
+# through key.py, record.py and toolchain.py, and never loads the compile's modules (nor codegen). Not
+# estimate and explain: importing a submodule binds its name in the package, so a lazy name that is also
+# a submodule's would be the module, not the function, once anything imported that submodule.
+_COMPILE_PARTS = {"build_ninja": ".ninja", "ninja_times": ".ninja", "own_process_group": ".processes",
+                  "Progress": ".progress"}
+
+
+def __getattr__(name: str):
+    if name in _COMPILE_PARTS:
+        return getattr(importlib.import_module(_COMPILE_PARTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["CFLAGS", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "Progress", "RECORD",
            "RECORD_FORMAT", "TEMPORARY", "build", "build_boxed", "build_ninja", "build_problem", "build_saved",
@@ -104,6 +120,9 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
             if complete(builds, final, key, lib.path):
                 return lib
             remove_stale(builds)
+            from ...codegen import compiled_sources  # the compile path's modules (see _COMPILE_PARTS)
+            from .compile import compile_into
+
             compile_into(builds, files, sources or compiled_sources(shards), flags, name, key, final, compiler, ninja,
                          verbose, log, links, what)
     return Library(lib.path, lib.directory, key, torch.__version__, tuple(ops), True)
