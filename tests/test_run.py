@@ -182,9 +182,7 @@ def test_interpreter_flags_that_would_skip_the_patch_are_refused(run_cli, tmp_pa
 
 
 def test_flags_that_do_not_skip_the_patch_and_a_dash_c_text_are_not_mistaken_for_them():
-    from torchgen_patch.runtime.site._torchgen_patch_hook import interpreter_flags
-
-    from torchgen_patch.runtime.site._torchgen_patch_hook import dropped
+    from torchgen_patch.runtime.site._torchgen_patch_spawn import dropped, interpreter_flags
 
     assert interpreter_flags(["python3", "-X", "importtime", "-c", "-I"]) == set()
     assert interpreter_flags(["python3.12", "-Wd", "-m", "mod", "-E"]) == set()

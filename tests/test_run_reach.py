@@ -178,7 +178,7 @@ def test_a_fifo_planted_under_a_programs_name_never_blocks_the_program(tmp_path)
     name (a sticky /tmp): the hook looks for the program's interpreter line and must not open the FIFO
     (the open would block for ever); the program gets its FileNotFoundError and goes on. A script reached
     through a symlink is still read, and a FIFO on PATH is not."""
-    from torchgen_patch.runtime.site._torchgen_patch_hook import dropped
+    from torchgen_patch.runtime.site._torchgen_patch_spawn import dropped
 
     os.mkfifo(tmp_path / "tgp-not-installed")
     prog = tmp_path / "p.py"

@@ -4,9 +4,10 @@ imports torch gets the kernels, whatever started it.
 The mechanism is one ``.pth`` file in the environment's site-packages (``FILE``), as coverage and
 pytest-cov use: ``site`` reads it at every interpreter start that imports ``site``, ``-I``, ``-E``
 and a cleared environment included (only ``-S`` skips it). It holds one ASCII line that depends on
-nothing but where this install's hook is (``site/_torchgen_patch_hook.py``): it loads the hook by
-its absolute path and hands it the data file beside it (``DATA``, JSON: the launch spec, and which
-torchgen-patch wrote it), which ``site`` never parses. Whatever happened to either file, an
+nothing but where this install's hook is (``site/_torchgen_patch_hook.py``, which loads its two
+parts beside it by their path, ``SPEC_NAME`` and ``SPAWN_NAME``): it loads the hook by its absolute
+path and hands it the data file beside it (``DATA``, JSON: the launch spec, and which torchgen-patch
+wrote it), which ``site`` never parses. Whatever happened to either file, an
 interpreter's start goes on: a hook that is gone or fails to load, and a data file that cannot be
 read as a spec, are said in one line (the data file's at ``import torch``). Both are outputs like
 any other: written atomically (the data file first, so the line never names data half-written), by
@@ -41,6 +42,9 @@ FILE = "torchgen_patch_enable.pth"
 DATA = "torchgen_patch_enable.json"
 HOOK_NAME = "_torchgen_patch_hook"  # the hook's module name (site/_torchgen_patch_hook.py), never imported here
 HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site", HOOK_NAME + ".py")
+# the hook's parts, files beside it that it loads by their path (never imported here): what each one gone leaves undone
+SPEC_NAME, SPAWN_NAME = "_torchgen_patch_spec", "_torchgen_patch_spawn"
+PARTS = {SPEC_NAME: "it does nothing", SPAWN_NAME: "run in this environment names no process that drops the hook"}
 MAX_DATA = 1 << 20  # the hook's own limit
 _REPAIR = "`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it"
 
@@ -198,6 +202,8 @@ def state(site: str | None = None) -> State:
         problem = f"written by torchgen-patch {version}; this is {__version__}"
     elif problem is None and not os.path.isfile(hook):  # type: ignore[arg-type]  # no problem: a hook
         problem = f"its hook {hook} is gone (that torchgen-patch was uninstalled or moved): it does nothing"
+    elif problem is None and (gone := _part_gone(hook)) is not None:  # type: ignore[arg-type]  # no problem: a hook
+        problem = gone
     elif problem is None and hook != HOOK:
         problem = f"it loads the hook of another torchgen-patch install ({hook})"
     elif problem is None:
@@ -206,6 +212,15 @@ def state(site: str | None = None) -> State:
         except InputError as e:  # said once, after the file's name
             problem = e.message
     return State(site, path, True, spec, version, problem, **common)
+
+
+def _part_gone(hook: str) -> str | None:
+    """Why a part of the hook at ``hook`` is gone (the first one that is), or None: both are there."""
+    for name, undone in PARTS.items():
+        part = os.path.join(os.path.dirname(hook), name + ".py")
+        if not os.path.isfile(part):
+            return f"its hook's part {part} is gone (that torchgen-patch install is damaged: reinstall it): {undone}"
+    return None
 
 
 def _utf8(raw: bytes) -> bool:

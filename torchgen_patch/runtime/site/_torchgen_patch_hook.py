@@ -1,21 +1,20 @@
 """torchgen-patch's hook in a Python process: loaded at interpreter start by ``run``'s
 ``sitecustomize`` (this folder first on PYTHONPATH) or by the ``.pth`` file ``torchgen-patch enable``
 writes into an environment's site-packages. Standard library only, and at start nothing but what
-the interpreter has loaded already: the rest waits for the first ``import torch``.
+the interpreter has loaded already: the rest waits for the first ``import torch``, and so do the hook's
+two parts, files beside it loaded by their path (``_part``): ``_torchgen_patch_spec.py`` (an enabled
+environment's data file, why a process has no launch spec) at that import, ``_torchgen_patch_spawn.py``
+(the processes this one starts) at the first process it starts.
 
 - A meta-path finder lets the other finders find ``torch`` (and the ``--import`` modules), then
   wraps that one loader's ``exec_module`` so the kernels are installed right after the module ran.
 - An audit hook (``sys.addaudithook``: it cannot be removed) puts the finder back in front when the
   program reset ``sys.meta_path`` or put a finder of its own first, and installs the kernels at the
   next import when torch came in past the finder (``importlib.import_module`` raises no audit event
-  of its own). Under ``run`` it also watches the processes this one starts (``subprocess``,
-  ``os.exec*``, ``os.posix_spawn``, ``os.system``): a Python child whose command line or environment
-  drops the hook is named in one line, since nothing of this tool will run in it.
-- The tool's own imports in the program's process (``_Own``) come from where the tool is installed
-  (its package and its dependencies, by name) and, for a module of the standard library's name,
-  from the standard library's own directories, never from the program's own directory or an entry
-  of PYTHONPATH; a module of such a name the program imported from elsewhere is out of the tool's
-  sight. They leave ``sys.path`` and the program's view of ``sys.modules`` as they were.
+  of its own). Under ``run`` it also hands the processes this one starts (``subprocess``, ``os.exec*``,
+  ``os.posix_spawn``, ``os.system``) to the spawn part, which names a Python child that drops the hook.
+- The tool's own imports in the program's process and the parts' (``_Own``) never come from the program's
+  own directory or PYTHONPATH, and leave ``sys.path`` and the program's view of ``sys.modules`` as they were.
 """
 
 import _thread
@@ -26,11 +25,12 @@ NAME = "_torchgen_patch_hook"
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))  # the sys.path entry of this hook's torchgen_patch
 ENV = "TORCHGEN_PATCH_RUN"
-BLOCKING = {"I": "isolated mode ignores PYTHONPATH", "E": "it ignores PYTHONPATH",
-            "S": "it skips the site module, which loads the hook"}
 HINT = "torchgen-patch enable patches every Python process of an environment"
+SPEC, SPAWN = "_torchgen_patch_spec", "_torchgen_patch_spawn"  # the hook's two parts: files beside it
 _SPAWN = ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system")
 _EVENTS = frozenset(("import", *_SPAWN))
+_PathFinder = sys.modules["_frozen_importlib_external"].PathFinder  # importlib.machinery's, loaded at start
+_STD_FINDERS = (sys.modules["_frozen_importlib"].BuiltinImporter, sys.modules["_frozen_importlib"].FrozenImporter)
 
 _spec = None  # the launch spec's text: run's $TORCHGEN_PATCH_RUN, or what enable wrote
 _value = None  # that text as the tool parsed it (a LaunchSpec), once torch has been imported
@@ -40,8 +40,13 @@ _down = False  # the tool itself runs in this process (its CLI): it installs not
 _finished = False  # everything installed (or refused, said so): the audit hook only watches children
 _enabled_here = False  # the .pth of an enabled environment loaded this hook
 _start_path: tuple[str, ...] = ()  # sys.path at the hook's start: an entry put first later is the program's dir
+_broken = None  # why an enabled environment's data file cannot be its launch spec (said at `import torch`)
+_lazy = None  # that data file, not read yet
 _lock = _thread.allocate_lock()
 _busy: set[int] = set()  # threads doing the tool's own work right now
+_pending: list[str] = []  # modules finished importing, not yet handed to the tool
+_parts: dict = {}  # name -> the hook's part of that name, or None where it cannot be had (said once)
+_std_dirs: list[str] = []  # the standard library's directories on sys.path, once known
 
 
 def start(spec_text, mode, source=None):
@@ -71,52 +76,12 @@ def start(spec_text, mode, source=None):
 
 def enabled(data):
     """The start of a process of an enabled environment (its ``.pth`` line calls this): the launch spec
-    is the file ``data`` beside that line, read as bytes (a regular file of the site-packages directory's
-    owner, written by none other) only once torch has been imported, so a process that never imports
-    torch reads nothing. A file that cannot be read as one is said in one line at that import, and the
-    program goes on unpatched. (An enabled environment's spec has no --import modules: only torch is
-    watched.)"""
+    is the file ``data`` beside that line, read (by the spec part) once torch has been imported: a process
+    that never imports torch reads nothing, and one whose file cannot be the spec says so in one line at
+    that import and goes on unpatched. (Its spec has no --import modules: only torch is watched.)"""
     global _lazy  # noqa: PLW0603 (the hook's state, one per process)
     _lazy = None if os.environ.get(ENV) else data  # run's own spec governs a process run started
     start(None, "enable", data)
-
-
-def _read_data(path):
-    """(the file's text, None), or (None, why it cannot be the spec). Nothing here can block: a FIFO
-    is opened with O_NONBLOCK and not read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as e:
-        return None, f"cannot read it: {e.strerror}"
-    try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o170000 != 0o100000:
-            return None, "it is not a regular file"
-        if st.st_uid != os.stat(os.path.dirname(path)).st_uid or st.st_mode & 0o022:
-            return None, (f"it is not as torchgen-patch enable writes it (uid {st.st_uid}, mode "
-                          f"{st.st_mode & 0o7777:04o}: another account's, or writable by others)")
-        chunks, size = [], 0
-        while size <= _DATA_MAX:
-            chunk = os.read(fd, _DATA_MAX + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        return None, f"cannot read it: {e.strerror}"
-    finally:
-        os.close(fd)
-    if size > _DATA_MAX:
-        return None, f"it is larger than {_DATA_MAX} bytes"
-    try:
-        return b"".join(chunks).decode("utf-8"), None
-    except UnicodeDecodeError as e:
-        return None, f"it is not UTF-8 ({e.reason} at byte {e.start})"
-
-
-_DATA_MAX = 1 << 20
-_broken = None  # why an enabled environment's data file cannot be its launch spec (said at `import torch`)
-_lazy = None  # that data file, not read yet
 
 
 def stand_down():
@@ -222,7 +187,11 @@ def _audit(event, args):
         if event == "os.posix_spawn" and sys._getframe(1).f_code.co_name == "_posix_spawn":
             return  # subprocess.Popen's own way of starting the child it raised its event for
         try:
-            _on_spawn(event, args)
+            spawn = _part(SPAWN, f"NOT watching the processes pid {os.getpid()} starts")
+            line = spawn and spawn.on_spawn(event, args, enabled=_enabled_here, stdlib=_stdlib_dirs(), std=_std,
+                                            ours=globals(), hint=HINT)
+            if line:
+                _say(line)
         except Exception:  # noqa: BLE001 — never stop the program starting its process
             pass
 
@@ -272,9 +241,6 @@ def _after(name):
             _lock.release()
 
 
-_pending: list[str] = []  # modules finished importing, not yet handed to the tool
-
-
 def _work(name):
     global _finished  # noqa: PLW0603 (the hook's state, one per process)
     try:
@@ -313,23 +279,17 @@ def _launch_spec():
     global _finished, _spec, _value, _broken, _lazy  # noqa: PLW0603 (the hook's state, one per process)
     if _value is not None:
         return _value
-    if _lazy is not None and _mode == "enable":
-        _spec, _broken = _read_data(_lazy)
-        _lazy = None
-    if _broken and _mode == "enable" and not _source.startswith("$"):
+    part = _part(SPEC, f"NOT active in pid {os.getpid()}")
+    if part is None:  # said; the data file is not read, so strict is unknown: never exit 3 for it (fail open)
         _finished = True
-        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: {_broken} (hint: `torchgen-patch enable` "
-             "writes it again, `torchgen-patch disable` removes it)")
         return None
-    if not _spec and _mode == "enable" and not _source.startswith("$"):  # an enabled environment's file, empty
+    if _lazy is not None and _mode == "enable":
+        _spec, _broken = part.read_data(_lazy)
+        _lazy = None
+    why = part.unusable(_spec, _broken, _source, from_file=_mode == "enable" and not _source.startswith("$"), hint=HINT)
+    if why is not None:  # a damaged data file: what it would have said, strict included, is unknown
         _finished = True
-        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source}: it is empty (hint: `torchgen-patch "
-             "enable` writes it again, `torchgen-patch disable` removes it)")
-        return None  # as every damaged data file: what it would have said, strict included, is unknown
-    if not _spec:  # the hook came with PYTHONPATH, what to install did not: said, not stopped
-        _finished = True
-        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {_source} is not set (the process that started "
-             f"this one left it out of its environment) (hint: {HINT})")
+        _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {why}")
         return None
     roots = _early("roots")
     root = roots.get("torchgen_patch") if isinstance(roots, dict) else None
@@ -440,11 +400,6 @@ class _Own:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
-_PathFinder = sys.modules["_frozen_importlib_external"].PathFinder  # importlib.machinery's, loaded at start
-_STD_FINDERS = (sys.modules["_frozen_importlib"].BuiltinImporter, sys.modules["_frozen_importlib"].FrozenImporter)
-_std_dirs: list[str] = []  # the standard library's directories on sys.path, once known
-
-
 def _stdlib_dirs():
     """Where this interpreter's standard library lives: the entries of sys.path at start that are its
     library directory (or below it: lib-dynload, but no site-packages) or its zip beside it."""
@@ -493,6 +448,30 @@ def _std(name):
         return sys.modules[name]
 
 
+def _part(name, undone):
+    """The hook's part ``name`` (HERE/name.py), once per process, by its path: never found on sys.path nor put in
+    sys.modules, read from one descriptor (a regular file of the hook file's owner, writable by no one the hook's
+    own file keeps out), compiled from those bytes and run inside _Own (its imports: the standard library's,
+    whatever the program's path holds). None where it cannot be had, said once (``undone``: what is left undone)."""
+    if name not in _parts:
+        path = os.path.join(HERE, name + ".py")
+        try:  # a FIFO is opened without blocking, and never read
+            with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK | os.O_NOCTTY)) as fh:
+                st, hook = os.fstat(fh.fileno()), os.stat(os.path.join(HERE, NAME + ".py"))
+                if st.st_mode & 0o170000 != 0o100000 or st.st_uid != hook.st_uid or st.st_mode & 0o022 & ~hook.st_mode:
+                    raise OSError(0, f"not a regular file as the hook's own (uid {st.st_uid}, mode {st.st_mode:o})")
+                source = fh.read()
+            part = type(sys)(name)
+            part.__file__ = path
+            with _Own({}):
+                exec(compile(source, path, "exec", dont_inherit=True), vars(part))
+        except Exception as e:  # noqa: BLE001 — a part gone or damaged: said, and the program goes on
+            part, why = None, e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+            _say(f"torchgen-patch: {undone}: its part {path} cannot be loaded: {why} (hint: reinstall torchgen-patch)")
+        _parts.setdefault(name, part)  # two threads at once: the first one's
+    return _parts[name]
+
+
 def program_import(name):
     """Import ``name`` (a module of --import) as the program would: the tool's routing is off in this
     thread meanwhile."""
@@ -518,222 +497,3 @@ def _same(a, b):
         return False
     return a.origin == b.origin and list(a.submodule_search_locations or []) == \
         list(b.submodule_search_locations or [])
-
-
-# ---- the processes this one starts ---------------------------------------------------------------
-
-
-def _on_spawn(event, args):
-    if event == "subprocess.Popen":
-        executable, argv, _cwd, env = args
-    elif event == "os.system":
-        executable, argv, env = None, ["/bin/sh", "-c", os.fsdecode(args[0])], None
-    else:  # os.exec, os.posix_spawn: (path, argv, env)
-        executable, argv, env = args
-    argv = [os.fsdecode(a) for a in argv] if not isinstance(argv, (str, bytes)) else [os.fsdecode(argv)]
-    why = dropped(argv, env, executable, enabled=_enabled_here)
-    if why is None or _from_compiler():
-        return
-    command = _shown(argv)
-    where = f"in pid {os.getpid()} after its exec" if event == "os.exec" else f"in a child of pid {os.getpid()}"
-    _say(f"torchgen-patch: NOT active {where} ({command}): {why} (hint: {HINT})")
-
-
-# torch's compile machinery: the Python processes it starts (inductor's probe of the CPU's vector units, its
-# compile workers, Triton's) compile code and never run autograd, so they need no kernels and are not named
-COMPILERS = ("torch._inductor", "torch._dynamo", "torch.utils.cpp_extension", "triton")
-
-
-def _from_compiler():
-    """Whether torch's compile machinery starts the process: the frame nearest the start past this hook's
-    and the standard library's is one of COMPILERS' (only the nearest: a program's function compiled by
-    torch.compile runs under torch._dynamo's frames, and what it starts is the program's)."""
-    std = tuple(d + os.sep for d in _stdlib_dirs())
-    f = sys._getframe(1)
-    while f is not None and (f.f_globals is globals() or f.f_code.co_filename.startswith(std)):
-        f = f.f_back  # type: ignore[assignment]  # None ends the walk
-    name = f.f_globals.get("__name__") if f is not None else None
-    return isinstance(name, str) and any(name == m or name.startswith(m + ".") for m in COMPILERS)
-
-
-def _shown(argv):
-    text = " ".join(argv)
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def dropped(argv, env=None, executable=None, enabled=False, check_env=True):
-    """Why a process started as ``argv`` (``executable``: the file run, when it is not argv[0]) with
-    the environment ``env`` (None: this process's) would run without the hook, or None: it keeps
-    it, or it is not seen to be Python (a program whose interpreter cannot be read from its command
-    line or its first line; what it starts in turn is its own business). ``enabled``: this
-    environment's own Python patches itself (``torchgen-patch enable``), whatever the environment."""
-    env = dict(os.environ if env is None else env)
-    env = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-    argv = [os.fsdecode(a) for a in argv]
-    prog = os.fsdecode(executable) if executable is not None else (argv[0] if argv else "")
-    for _ in range(6):  # env, a shell's -c, a script's first line: a few levels, never a loop
-        name = os.path.basename(prog)
-        if name == "env":
-            argv, env = _env_command(argv[1:], env)
-            if not argv:
-                return None
-            prog = argv[0]
-        elif name in ("sh", "bash", "dash", "zsh", "ksh") and len(argv) >= 3 and argv[1] == "-c":
-            simple = _simple_command(argv[2], env)
-            if simple is None:
-                return None
-            argv, env = simple
-            prog = argv[0]
-        elif _is_python(name):
-            break
-        else:
-            script = _which(prog, env)
-            line = _shebang(script)
-            if line is None:
-                return None
-            parts = line.split(None, 1)
-            argv = parts + [script] + argv[1:]
-            prog = parts[0]
-    else:
-        return None
-    flags = interpreter_flags(argv)
-    for flag, why in BLOCKING.items():
-        if flag in flags:
-            return f"{name} -{flag}: {why}"
-    if enabled and os.path.dirname(os.path.abspath(_which(prog, env) or prog)) == \
-            os.path.dirname(os.path.abspath(sys.executable)):
-        return None  # this environment's own Python: the enabled environment patches it
-    if check_env:
-        hooked, told = HERE in env.get("PYTHONPATH", "").split(os.pathsep), bool(env.get(ENV))
-        if not hooked and not told:
-            return f"its environment has neither torchgen-patch's PYTHONPATH entry nor ${ENV}"
-        if not hooked:
-            return "its own PYTHONPATH leaves out torchgen-patch's hook"
-        if not told:
-            return f"its environment has no ${ENV}"
-    return None
-
-
-def _is_python(name):
-    """python, python3, python3.12, python3.13t (a free-threaded build)."""
-    if not name.startswith("python"):
-        return False
-    version = name[len("python"):]
-    if version.endswith("t"):
-        version = version[:-1]
-    major, dot, minor = version.partition(".")
-    return version == "" or major.isdigit() and (minor.isdigit() or not dot)
-
-
-def interpreter_flags(argv):
-    """The single-letter options of a ``python`` command line, up to its script, -c or -m."""
-    flags: set[str] = set()
-    args = iter(argv[1:])
-    for a in args:
-        if a in ("-", "--") or not a.startswith("-"):
-            break
-        if a.startswith("--"):
-            if a == "--check-hash-based-pycs":
-                next(args, None)
-            continue
-        for i, c in enumerate(a[1:]):
-            if c in "cm":  # the program follows
-                return flags
-            if c in "WX":  # takes a value: the rest of this word, or the next one
-                if i == len(a) - 2:
-                    next(args, None)
-                break
-            flags.add(c)
-    return flags
-
-
-def _env_command(args, env):
-    """``env [OPTION]... [NAME=VALUE]... COMMAND [ARG]...``: (the command line, its environment)."""
-    env, args, i = dict(env), list(args), 0
-    while i < len(args):
-        a = args[i]
-        if a in ("-i", "-", "--ignore-environment"):
-            env = {}
-        elif a in ("-u", "--unset") and i + 1 < len(args):
-            env.pop(args[i + 1], None)
-            i += 1
-        elif a.startswith("--unset=") or (a.startswith("-u") and not a.startswith("--")):
-            env.pop(a.split("=", 1)[1] if a.startswith("--") else a[2:], None)
-        elif a in ("-S", "--split-string") and i + 1 < len(args):
-            args[i:i + 2] = args[i + 1].split()
-            continue
-        elif a.startswith(("-S", "--split-string=")):
-            args[i:i + 1] = (a.split("=", 1)[1] if a.startswith("--") else a[2:]).split()
-            continue
-        elif a in ("-C", "--chdir"):
-            i += 1
-        elif a == "--":
-            i += 1
-            break
-        elif a.startswith("-"):
-            pass  # -0, -v, --debug, ...: no bearing on what runs
-        elif "=" in a:
-            k, v = a.split("=", 1)
-            env[k] = v
-        else:
-            break
-        i += 1
-    return args[i:], env
-
-
-def _simple_command(text, env):
-    """A shell's ``-c`` text that is one simple command (assignments, a program, its arguments, quoted
-    or not), as (argv, env); None for anything a shell would expand, redirect or chain."""
-    if any(c in text for c in "|&;<>()$`\\\n*?[{~"):
-        return None
-    try:
-        words = _std("shlex").split(text)
-    except ValueError:
-        return None
-    env = dict(env)
-    while words and "=" in words[0] and not words[0].startswith("="):
-        k, v = words.pop(0).split("=", 1)
-        env[k] = v
-    return (words, env) if words else None
-
-
-def _which(prog, env):
-    """The file ``prog`` names as ``execvp`` finds it: a name with a slash as it is, any other the first
-    executable regular file of that name on PATH; None when there is none (the exec fails: nothing runs,
-    and a file of that name in the working directory is not it)."""
-    if os.sep in prog:
-        return prog
-    for d in env.get("PATH", os.defpath).split(os.pathsep):
-        p = os.path.join(d or ".", prog)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
-
-
-def _shebang(path):
-    """The interpreter line of a script (``#!`` and what follows, up to the line's end), or None. Only a
-    regular file is read (a symlink to one is followed), and nothing here can block: a FIFO or a device
-    (another account's, planted under the program's name) is opened with O_NONBLOCK, if at all, and not read."""
-    import stat
-
-    if path is None:
-        return None
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        head = os.read(fd, 256)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if not head.startswith(b"#!"):
-        return None
-    line = head[2:].split(b"\n", 1)[0].strip()
-    return os.fsdecode(line) if line else None
