@@ -130,7 +130,7 @@ def test_enabled_adds_at_most_10ms_to_a_start_and_disable_leaves_it_as_before(en
 def test_pip_uninstall_removes_it_and_a_tool_gone_or_damaged_does_nothing(env, tmp_path, wheel):
     assert env.tool("enable").returncode == 0
     r = subprocess.run([sys.executable, "-m", "pip", "--python", env.python, "uninstall", "-y", "torchgen-patch"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=_inherited())  # a source tree on PYTHONPATH is "installed"
     assert r.returncode == 0 and not os.path.exists(env.pth), r.stdout + r.stderr
     r = env.run("-c", "import torch; print('started')")
     assert (r.returncode, r.stdout, r.stderr) == (0, "started\n", "")

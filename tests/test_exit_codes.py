@@ -123,16 +123,21 @@ def test_lint_of_a_file_that_is_not_native_functions(run_cli, tmp_path):
     assert "tags.yaml" not in err and os.path.exists(readme)
 
 
+def _tool() -> list[str]:
+    """The installed command, or the module where only the source tree is on the path (a machine with no index)."""
+    script = os.path.join(os.path.dirname(sys.executable), "torchgen-patch")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "torchgen_patch"]
+
+
 @pytest.mark.parametrize("argv", [["lint", "-q"], ["lint", "-q", "-o", "-"], ["scan"], ["status"]])
 @pytest.mark.parametrize("stdout", ["full", "closed"])
 def test_standard_output_that_cannot_take_the_result_is_one_line_and_exit_3(argv, stdout):
     """Standard output on a full disk (/dev/full) or closed at start: one line, exit 3 (it was a traceback
     and exit 1, which lint's callers read as findings); a pipe closed early stays exit 0."""
-    tool = os.path.join(os.path.dirname(sys.executable), "torchgen-patch")
     if stdout == "full" and not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
     with open("/dev/full" if stdout == "full" else os.devnull, "w") as sink:
-        r = subprocess.run(["sh", "-c", '"$@" >&-', "sh", tool, *argv] if stdout == "closed" else [tool, *argv],
+        r = subprocess.run(["sh", "-c", '"$@" >&-', "sh", *_tool(), *argv] if stdout == "closed" else [*_tool(), *argv],
                            stdout=sink if stdout == "full" else None, stderr=subprocess.PIPE, text=True)
     why = "No space left on device" if stdout == "full" else "it is closed"
     assert r.returncode == 3 and r.stderr.count("\n") == 1, r.stderr
@@ -140,7 +145,6 @@ def test_standard_output_that_cannot_take_the_result_is_one_line_and_exit_3(argv
 
 
 def test_a_pipe_closed_early_is_still_exit_0():
-    tool = os.path.join(os.path.dirname(sys.executable), "torchgen-patch")
-    r = subprocess.run(["sh", "-c", '"$@" | head -c 1 > /dev/null; exit "${PIPESTATUS:-0}"', "sh", tool, "scan"],
+    r = subprocess.run(["sh", "-c", '"$@" | head -c 1 > /dev/null; exit "${PIPESTATUS:-0}"', "sh", *_tool(), "scan"],
                        capture_output=True, text=True)
     assert "Traceback" not in r.stderr and "error" not in r.stderr, r.stderr
