@@ -251,7 +251,7 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     record = json.load(open(os.path.join(os.path.dirname(build_boxed(root=str(tmp_path)).path), build.RECORD)))
     said = {u: t["seconds"] for u, t in record["unit_times"].items()}
     assert said["BoxedADInplaceOrView.cpp"] > said["torchgen_patch_build.cpp"] >= 0
-    estimating = importlib.import_module("torchgen_patch.runtime.build.estimate")  # the module, not its function
+    estimating = importlib.import_module("torchgen_patch.runtime.build.build_time")  # the module, not its function
 
     monkeypatch.setattr(estimating, "load_now", lambda: record["load"])  # as busy as during that build
     guess = estimate(str(tmp_path), {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
@@ -292,7 +292,7 @@ def test_the_estimate_grows_with_how_busy_the_machine_is_now_against_then(tmp_pa
     """An earlier build of 2 units on 2 workers, 2 processors idle, 10 s a unit: alone again, about 10 s;
     beside 6 other runnable processes, each worker gets a quarter of a processor: about 40 s (the
     estimate ran at half the real time and less on a loaded machine)."""
-    estimating = importlib.import_module("torchgen_patch.runtime.build.estimate")  # the module, not its function
+    estimating = importlib.import_module("torchgen_patch.runtime.build.build_time")  # the module, not its function
 
     d = tmp_path / "build-0123"
     d.mkdir()

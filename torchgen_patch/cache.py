@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from .errors import EnvironmentProblem, InputError, ToolError
 # the file system layer, re-exported: the old place of these names
 from .fs.decode import loads
-from .fs.dirs import Dir, check_path, open_dir, open_under  # noqa: F401 (re-exported: the old place)
+from .fs.dirs import Dir, check_path, open_dir, open_under, subdir  # noqa: F401 (re-exported: the old place)
 from .fs.load import loadable, private_copy  # noqa: F401 (re-exported: the old place)
 from .fs.protected import Missing, cache_refusal, inside, library_refusal, problem, trusted_uids  # noqa: F401 (re-exported: the old place)
 from .fs.protected import may_follow, owner_name  # noqa: F401 (re-exported: the old place)
@@ -40,11 +40,11 @@ from .version import __version__
 
 if TYPE_CHECKING:
     from .fs.leases import LEASE, host_identity, leased, sweep  # noqa: F401 (re-exported: the old place)
-    from .fs.locks import LOCKS, lock_file, subdir  # noqa: F401 (re-exported: the old place)
+    from .fs.locks import LOCKS, lock_file  # noqa: F401 (re-exported: the old place)
 
 # re-exported too, imported when first named: a cached install() takes no lock and leases no build
 _LAZY = {**dict.fromkeys(("LEASE", "host_identity", "leased", "sweep"), ".fs.leases"),
-         **dict.fromkeys(("LOCKS", "lock_file", "subdir"), ".fs.locks")}
+         **dict.fromkeys(("LOCKS", "lock_file"), ".fs.locks")}
 
 
 def __getattr__(name: str):

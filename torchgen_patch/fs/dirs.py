@@ -401,3 +401,17 @@ def _noting(text: str | None):
     if text:
         note(text)
     yield
+
+
+def subdir(name: str) -> Dir:
+    """``<root>/<name>``, created private, the root and it checked (EnvironmentProblem if not)."""
+    d = directory()
+    try:
+        with open_dir(d, cache_refusal(d), create=True) as r:
+            return r.sub(name, create=True)
+    except InputError as e:  # could not be made
+        raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.cause or e.message}",
+                                 f"set {ENV} to a writable directory") from None
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.strerror}",
+                                 f"set {ENV} to a writable directory") from None

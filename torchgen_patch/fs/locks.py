@@ -11,24 +11,9 @@ import sys
 
 from ..errors import EnvironmentProblem, InputError, ToolError
 from . import flock
-from .dirs import Dir, open_dir
-from .protected import Missing, cache_refusal, display, owner_name
-from .root import ENV, directory, key
-
-
-def subdir(name: str) -> Dir:
-    """``<root>/<name>``, created private, the root and it checked (EnvironmentProblem if not)."""
-    d = directory()
-    try:
-        with open_dir(d, cache_refusal(d), create=True) as r:
-            return r.sub(name, create=True)
-    except InputError as e:  # could not be made
-        raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.cause or e.message}",
-                                 f"set {ENV} to a writable directory") from None
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot create {os.path.join(d, name)}: {e.strerror}",
-                                 f"set {ENV} to a writable directory") from None
-
+from .dirs import subdir
+from .protected import Missing, display, owner_name
+from .root import key
 
 LOCKS = "locks"
 

@@ -16,8 +16,8 @@ the library's SHA-256, checked before it is loaded (``load/trust.py``).
 The parts: the toolchain found (``toolchain.py``), the key and the library's statement of its build
 (``key.py``), the record (``record.py``), build.ninja and ninja's log (``ninja.py``), the compile
 (``compile.py``) in a process group of its own (``processes.py``), with progress lines
-(``progress.py``), an estimate said before it starts (``estimate.py``) and compiler errors mapped
-back to kernels (``explain.py``). ``build()`` is the one entry point, and composes them.
+(``progress.py``), an estimate said before it starts (``build_time.py``) and compiler errors mapped
+back to kernels (``compiler_errors.py``). ``build()`` is the one entry point, and composes them.
 """
 
 from __future__ import annotations
@@ -31,23 +31,21 @@ from typing import TYPE_CHECKING
 
 from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
-from .estimate import estimate  # eager, as explain: a package attribute of a submodule's own name (see below)
-from .explain import explain
 from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, _key, build_problem, identity_source, torch_identity
 from .record import LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, remove_stale
 from .toolchain import CFLAGS, _compiler, _compiler_runs, _ninja, default_flags, python_flags
 
 if TYPE_CHECKING:
+    from .build_time import estimate
+    from .compiler_errors import explain
     from .ninja import build_ninja, ninja_times
     from .processes import own_process_group
     from .progress import Progress
 
 # What only a compile uses is imported when it is first named: a cached install() finds its library
-# through key.py, record.py and toolchain.py, and never loads the compile's modules (nor codegen). Not
-# estimate and explain: importing a submodule binds its name in the package, so a lazy name that is also
-# a submodule's would be the module, not the function, once anything imported that submodule.
-_COMPILE_PARTS = {"build_ninja": ".ninja", "ninja_times": ".ninja", "own_process_group": ".processes",
-                  "Progress": ".progress"}
+# through key.py, record.py and toolchain.py, and never loads the compile's modules (nor codegen).
+_COMPILE_PARTS = {"estimate": ".build_time", "explain": ".compiler_errors", "build_ninja": ".ninja",
+                  "ninja_times": ".ninja", "own_process_group": ".processes", "Progress": ".progress"}
 
 
 def __getattr__(name: str):

@@ -12,8 +12,8 @@ import time
 from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
 from ...vocabulary import plural
-from .estimate import estimate, load_now
-from .explain import explain
+from .build_time import estimate, load_now
+from .compiler_errors import explain
 from .key import IDENTITY_SOURCE, identity_source
 from .ninja import build_ninja, ninja_times
 from .processes import run_in_group
