@@ -354,22 +354,22 @@ ALLOWED = {
                                            "library's checked descriptor",
     ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by files.find)",
     ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
-    ("runtime/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
+    ("runtime/launch/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
     ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",
-    ("runtime/launch.py", "_read"): "the installed torch's version file and the overlay, hashed into the check's key",
-    ("runtime/launch.py", "_stamp"): "the files of the --import modules, stamped into the check's key",
-    ("runtime/launch.py", "_silenced"): "the null device, for what the --import modules print",
+    ("runtime/launch/launcher.py", "_read"): "the installed torch's version file and the overlay, hashed into the check's key",
+    ("runtime/launch/launcher.py", "_stamp"): "the files of the --import modules, stamped into the check's key",
+    ("runtime/launch/launcher.py", "_silenced"): "the null device, for what the --import modules print",
     ("cli/__init__.py", "_silence_stdout"): "the null device, in place of a standard output that failed",
-    ("runtime/enable.py", "_is_dir"): "the data file's name in site-packages, looked at before disable removes anything",
-    ("runtime/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
-    ("runtime/enable.py", "check_writable"): "the environment's site-packages",
-    ("runtime/enable.py", "state"): "enable's output files, and the hook of this install they name",
-    ("runtime/enable.py", "_part_gone"): "the hook's parts, beside the hook enable's data file names",
-    ("runtime/enable.py", "_read"): "enable's output files (the .pth line and its data file)",
-    ("runtime/enable.py", "_write"): "enable's output file and pip's RECORD of this tool",
-    ("runtime/enable.py", "_remove"): "enable's output file",
-    ("runtime/enable.py", "_record_path"): "pip's RECORD of this tool in the site-packages",
-    ("runtime/enable.py", "_lines"): "pip's RECORD of this tool",
+    ("runtime/launch/enable.py", "_is_dir"): "the data file's name in site-packages, looked at before disable removes anything",
+    ("runtime/launch/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
+    ("runtime/launch/enable.py", "check_writable"): "the environment's site-packages",
+    ("runtime/launch/enable.py", "state"): "enable's output files, and the hook of this install they name",
+    ("runtime/launch/enable.py", "_part_gone"): "the hook's parts, beside the hook enable's data file names",
+    ("runtime/launch/enable.py", "_read"): "enable's output files (the .pth line and its data file)",
+    ("runtime/launch/enable.py", "_write"): "enable's output file and pip's RECORD of this tool",
+    ("runtime/launch/enable.py", "_remove"): "enable's output file",
+    ("runtime/launch/enable.py", "_record_path"): "pip's RECORD of this tool in the site-packages",
+    ("runtime/launch/enable.py", "_lines"): "pip's RECORD of this tool",
     ("runtime/site/_torchgen_patch_hook.py", "_part"): "the hook's own parts, files beside it",
     ("cli/commands.py", "_emit"): "-o/--output",
     ("cli/commands.py", "lint"): "--write-baseline",
@@ -446,7 +446,7 @@ def test_the_cache_directory_is_named_only_where_it_is_handed_on():
     never for the root's name to build paths from; the launcher only hands the absolute name to the
     processes it starts."""
     named = _sources_matching(r"\bcache\.directory\(|\bimport directory\b|\bdirectory\(\)")
-    assert {m for m in named if not m.startswith("fs" + os.sep)} - {"cache.py"} == {"runtime/launch.py"}
+    assert {m for m in named if not m.startswith("fs" + os.sep)} - {"cache.py"} == {"runtime/launch/launcher.py"}
 
 
 def test_nothing_loads_a_library_by_path():
@@ -592,7 +592,7 @@ NOFOLLOW_OUTSIDE_FS = {
                     "fs.walk.find gave it, and which of their files are gen's own"),
     **dict.fromkeys(["files.py:_write_through", "files.py:_holds"],
                     "write_output's last step, through the directory fs.walk.find found"),
-    "runtime/enable.py:_read": "the data file the interpreter's hook reads, read the way the hook reads it",
+    "runtime/launch/enable.py:_read": "the data file the interpreter's hook reads, read the way the hook reads it",
     "runtime/site/_torchgen_patch_spec.py:read_data": "the hook's part runs in the program's process and imports "
                                                       "nothing of the package",
 }

@@ -515,7 +515,7 @@ def p_run_quiet(**_):
 
 def _site(monkeypatch, tmp_path) -> str:
     """enable, disable and status act on a site-packages of the test's own, never this environment's."""
-    from torchgen_patch.runtime import enable as en
+    from torchgen_patch.runtime.launch import enable as en
 
     site = tmp_path / "site-packages"
     site.mkdir(exist_ok=True)
@@ -525,7 +525,7 @@ def _site(monkeypatch, tmp_path) -> str:
 
 def _enabled_spec(site: str) -> dict:
     """The launch spec an enabled environment's data file holds, as its JSON says it."""
-    from torchgen_patch.runtime import enable as en
+    from torchgen_patch.runtime.launch import enable as en
 
     return json.loads(en.state(site).spec.to_json())
 

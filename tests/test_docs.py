@@ -402,7 +402,7 @@ def test_foreach_out_count_is_the_plans(default_plan):
 def test_the_pages_show_the_line_a_patched_process_prints():
     """Every example of a patched process's line (`torchgen-patch: N kernels active ...`) has the shape
     the install step prints: the same parts in the same order, its numbers and process aside."""
-    from torchgen_patch.runtime.process import kernels_line, process_line
+    from torchgen_patch.runtime.launch.process import kernels_line, process_line
 
     shown = [(page, m.group(1)) for page in PAGES
              for m in re.finditer(r"`(torchgen-patch: \d+ kernels? active [^`]*)`", _read(page))]

@@ -233,7 +233,7 @@ def test_enable_writes_the_data_first_and_a_failure_leaves_the_old_state_whole(t
     the old data back (and removes new files where there were none): status reads the old spec, with no
     problem. Before, the one .pth file held the spec; there was no data file and no restore."""
     from torchgen_patch.errors import EnvironmentProblem
-    from torchgen_patch.runtime import enable as en
+    from torchgen_patch.runtime.launch import enable as en
 
     site = tmp_path / "site-packages"
     site.mkdir()

@@ -57,7 +57,7 @@ def _run(site, code):
 def _enabled(tmp_path, site, code, strict=False):
     """``python -c code`` in a process of an enabled environment whose hook is the one of ``site``: the .pth
     line enable writes, run as site runs it, with its data file beside it."""
-    from torchgen_patch.runtime import enable as en
+    from torchgen_patch.runtime.launch import enable as en
 
     packages = tmp_path / "site-packages"
     packages.mkdir()
@@ -80,7 +80,7 @@ def test_a_copy_of_the_hooks_folder_patches_as_the_tree_does(tmp_path):
 def test_the_names_the_parts_share_with_the_hook_agree():
     """What the spawn part spells again (it imports nothing of the hook) and enable's names of the parts (enable
     never imports the hook) are the hook's own."""
-    from torchgen_patch.runtime import enable as en
+    from torchgen_patch.runtime.launch import enable as en
     from torchgen_patch.runtime.site import _torchgen_patch_hook as hook
     from torchgen_patch.runtime.site import _torchgen_patch_spawn as spawn
 
@@ -181,7 +181,7 @@ def test_a_module_of_a_parts_name_on_the_programs_path_is_never_the_part(tmp_pat
 def test_status_names_a_part_gone(tmp_path, monkeypatch, run_cli, name, undone):
     """The environment's files name a hook whose part is gone: status says which, and what that leaves
     undone (exit 1); with both there it says nothing of parts."""
-    from torchgen_patch.runtime import enable as en
+    from torchgen_patch.runtime.launch import enable as en
 
     site = _site(tmp_path)
     packages = tmp_path / "site-packages"

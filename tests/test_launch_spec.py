@@ -26,7 +26,7 @@ def _spec(**kw):
 
 
 def test_the_spec_reads_back_as_it_was_written_and_the_same_spec_is_the_same_text():
-    from torchgen_patch.runtime.spec import LaunchSpec
+    from torchgen_patch.runtime.launch.spec import LaunchSpec
     from torchgen_patch.vocabulary import Backend, CheckMode
 
     spec = _spec(imports=["m"], runtime_ops=["ns::*"], check_saved="raise", strict=True, quiet=True)
@@ -50,7 +50,7 @@ def test_the_spec_reads_back_as_it_was_written_and_the_same_spec_is_the_same_tex
 def test_a_spec_with_a_field_no_torchgen_patch_writes_is_one_line_naming_it(edit, says):
     """Before, a key no torchgen-patch writes and a saved-tensor mode that is none passed the table."""
     from torchgen_patch.errors import InputError
-    from torchgen_patch.runtime.spec import LaunchSpec
+    from torchgen_patch.runtime.launch.spec import LaunchSpec
 
     d = json.loads(_spec().to_json())
     edit(d)
@@ -62,7 +62,7 @@ def test_a_spec_with_a_field_no_torchgen_patch_writes_is_one_line_naming_it(edit
 
 def test_status_names_a_key_of_the_data_file_no_torchgen_patch_writes(tmp_path):
     """Before, the data file's spec passed with any extra key in it (status: enabled, no problem)."""
-    from torchgen_patch.runtime import enable as en
+    from torchgen_patch.runtime.launch import enable as en
 
     site = tmp_path / "site-packages"
     site.mkdir()

@@ -122,7 +122,7 @@ def test_a_count_of_one_reads_in_the_singular():
     from torchgen_patch.errors import Location
     from torchgen_patch.runtime.install import InstallReport
     from torchgen_patch.runtime.optim_probe import StepProbe, _as_base
-    from torchgen_patch.runtime.process import kernels_line
+    from torchgen_patch.runtime.launch.process import kernels_line
     from torchgen_patch.vocabulary import StepOutcome, plural
 
     assert [plural(n, "kernel") for n in (0, 1, 2)] == ["0 kernels", "1 kernel", "2 kernels"]

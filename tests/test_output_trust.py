@@ -258,7 +258,7 @@ def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_re
     """enable's file in a directory any account can write is theirs to replace (and every Python of the
     environment runs it): refused in one line; a file of another account's there is named as theirs."""
     from torchgen_patch.errors import EnvironmentProblem
-    from torchgen_patch.runtime import enable
+    from torchgen_patch.runtime.launch import enable
 
     site = tmp_path / "site-packages"
     site.mkdir()

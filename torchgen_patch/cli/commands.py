@@ -59,7 +59,7 @@ def _say(args, text: str) -> None:
 
 def _build_log(args):
     """The build's messages: stderr, or nowhere with -q."""
-    from ..runtime.process import build_log
+    from ..runtime.launch.process import build_log
 
     return build_log(args.quiet)
 

@@ -1,4 +1,4 @@
-"""The commands of an enabled environment: `enable`, `disable` and `status` (runtime/enable.py does the
+"""The commands of an enabled environment: `enable`, `disable` and `status` (runtime/launch/enable.py does the
 work; these say it)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .parser import options
 
 
 def enable(args) -> int:
-    from ..runtime import enable as en
+    from ..runtime.launch import enable as en
 
     site = en.site_dir()
     en.check_writable(site)  # before any work: a read-only environment costs nothing
@@ -29,7 +29,7 @@ def enable(args) -> int:
 
 
 def disable(args) -> int:
-    from ..runtime import enable as en
+    from ..runtime.launch import enable as en
 
     site = en.site_dir()
     before = en.state(site)
@@ -48,7 +48,7 @@ def disable(args) -> int:
 
 def status(args) -> int:
     """Exit 0 when enabled as this torchgen-patch writes it, 1 otherwise; -q: the exit code alone."""
-    from ..runtime import enable as en
+    from ..runtime.launch import enable as en
 
     st = en.state()
     if not st.present:

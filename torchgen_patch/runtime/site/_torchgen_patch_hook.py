@@ -248,7 +248,7 @@ def _work(name):
         if spec is None:
             return
         with _Own(spec.roots):
-            from torchgen_patch.runtime.process import after_import
+            from torchgen_patch.runtime.launch.process import after_import
 
             outcome = after_import(name, spec, _mode, program_import)  # type: ignore[arg-type]  # start() set _mode
         _finished = outcome.done
@@ -294,7 +294,7 @@ def _launch_spec():
     roots = _early("roots")
     root = roots.get("torchgen_patch") if isinstance(roots, dict) else None
     with _Own({"torchgen_patch": root if isinstance(root, str) else PACKAGE}):  # the package and the stdlib only
-        from torchgen_patch.runtime.process import read
+        from torchgen_patch.runtime.launch.process import read
 
         _value, refused = read(_spec, _mode, _source)  # type: ignore[arg-type]  # start() set _mode
     if refused is not None:

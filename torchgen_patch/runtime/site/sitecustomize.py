@@ -7,7 +7,7 @@
 # TORCH_* variables, ...) is seen by torch as without `run`; a process that never imports torch is
 # left alone. The next sitecustomize on the path (the user's or the environment's) runs after this
 # one, as it would have without `run`. What to install comes from $TORCHGEN_PATCH_RUN
-# (torchgen_patch/runtime/launch.py).
+# (torchgen_patch/runtime/launch/launcher.py).
 import sys as _tgp_sys
 
 

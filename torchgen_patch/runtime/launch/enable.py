@@ -33,15 +33,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import EnvironmentProblem, InputError
-from ..version import __version__
-from ..vocabulary import Backend, plural
+from ...errors import EnvironmentProblem, InputError
+from ...version import __version__
+from ...vocabulary import Backend, plural
 from .spec import LaunchSpec
 
 FILE = "torchgen_patch_enable.pth"
 DATA = "torchgen_patch_enable.json"
 HOOK_NAME = "_torchgen_patch_hook"  # the hook's module name (site/_torchgen_patch_hook.py), never imported here
-HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site", HOOK_NAME + ".py")
+HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "site", HOOK_NAME + ".py")
 # the hook's parts, files beside it that it loads by their path (never imported here): what each one gone leaves undone
 SPEC_NAME, SPAWN_NAME = "_torchgen_patch_spec", "_torchgen_patch_spawn"
 PARTS = {SPEC_NAME: "it does nothing", SPAWN_NAME: "run in this environment names no process that drops the hook"}
@@ -83,7 +83,7 @@ def check_writable(site: str, removing: bool = False) -> None:
     """Refuse, before any work, a site-packages directory this account may not write into: another
     account's (the file would be this account's in an environment it does not own), a read-only one,
     and for a file to be written (not ``removing`` one: ``disable``), one others can write."""
-    from ..fs.protected import owner_name
+    from ...fs.protected import owner_name
 
     try:
         st = os.stat(site)
@@ -253,7 +253,7 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None
     raw, st = got
     if st.st_uid != owner or st.st_mode & 0o022:
         return None, None, None, f"{data_path} is not as torchgen-patch writes it ({_by(st.st_uid)})"
-    from ..fs.decode import loads
+    from ...fs.decode import loads
 
     try:
         by = loads(raw.decode("utf-8")).get("enabled_by") if len(raw) <= MAX_DATA else None
@@ -266,7 +266,7 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None
 
 
 def _by(uid: int) -> str:
-    from ..fs.protected import owner_name
+    from ...fs.protected import owner_name
 
     return "edited?" if uid == os.geteuid() else f"{owner_name(uid)} owns it: replaced by that account?"
 
@@ -334,7 +334,7 @@ def _is_dir(path: str) -> bool:
 
 
 def _write(path: str, data: bytes, site: str) -> None:
-    from ..files import atomic_write
+    from ...files import atomic_write
 
     try:
         atomic_write(path, data)
@@ -432,11 +432,11 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
     each process also turns the saved-tensor check on in that mode."""
     import sys
 
-    from . import launch
+    from . import launcher as launch
 
     library = None
     if backend == Backend.CPP:
-        from . import library as compose
+        from .. import library as compose
 
         art = compose(opts, verbose=verbose, log=log or sys.stderr)
         n = len(art.kernels) if ops is None else len(ops)
@@ -446,7 +446,7 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
             library = art.path
             what = f"{plural(n, 'kernel')}, {'built now' if art.origin == 'build' else 'from the cached build'}"
     else:
-        from ..pipeline import plan
+        from ...pipeline import plan
 
         _, p = plan(opts)  # the scan cached for the processes
         what = f"{plural(len(p.kernels) if ops is None else len(ops), 'Python kernel')}, no compiler needed"

@@ -25,17 +25,17 @@ import json
 import os
 import sys
 
-from .. import cache
-from ..errors import InputError, ToolError
-from ..vocabulary import Backend
+from ... import cache
+from ...errors import InputError, ToolError
+from ...vocabulary import Backend
 from .process import build_log, resolve
-from .site import _torchgen_patch_hook as hook
-from .site._torchgen_patch_spawn import dropped
+from ..site import _torchgen_patch_hook as hook
+from ..site._torchgen_patch_spawn import dropped
 from .spec import LaunchSpec
 
 ENV = hook.ENV
 SITE = hook.HERE
-PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # what this tool imports besides itself: taken from where the tool is installed, by name
 DEPENDENCIES = ("yaml", "_yaml", "jinja2", "markupsafe", "ninja")
 
@@ -95,7 +95,7 @@ def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str
     one line; under ``run`` it always stops)."""
     import dataclasses
 
-    from ..vocabulary import CheckMode
+    from ...vocabulary import CheckMode
 
     def absolute(p):
         return os.path.abspath(p) if p else p
@@ -138,7 +138,7 @@ def _runtime_check(spec: LaunchSpec) -> tuple[list[str], str | None, str | None]
     none), once the patterns and --import modules passed the check; from the cache when nothing it
     read has changed and the builds it names are still there. The libraries are where each process
     looks first (it finds its own where one is gone)."""
-    from . import build_there
+    from .. import build_there
 
     key = _check_key(spec)
     name = f"runtime-check-{key[:32]}.json" if key else None
@@ -160,7 +160,7 @@ def _check_key(spec: LaunchSpec) -> str | None:
     (names, sizes, times), as found from the current directory. None: not keyable (no torch found)."""
     import importlib.machinery
 
-    from ..sources import overlay_path
+    from ...sources import overlay_path
 
     path = [os.getcwd()] + [p for p in sys.path if p not in ("", ".")]
     torch = importlib.machinery.PathFinder.find_spec("torch", path)
@@ -220,7 +220,7 @@ def _checked_elsewhere(spec: LaunchSpec) -> tuple[list[str], str | None, str | N
     error comes back as this process's error (same message, same exit code)."""
     import subprocess
 
-    from ..errors import EnvironmentProblem
+    from ...errors import EnvironmentProblem
 
     code = ("import sys; sys.path[0] = sys.argv[1]; from torchgen_patch.runtime.launch import _check_main; "
             "_check_main()")
@@ -243,9 +243,9 @@ def _check_main() -> None:
     What the --import modules print while they import goes nowhere (the program prints it, once)."""
     _stand_down()
     try:
-        from ..errors import require_torch
-        from .build import build_boxed
-        from .registry import import_modules
+        from ...errors import require_torch
+        from ..build import build_boxed
+        from ..registry import import_modules
 
         spec = LaunchSpec.parse(sys.stdin.read(), f"${ENV}")  # what the program will run with
         require_torch("--runtime-op")  # from the tool's own path, before the current directory is on it
@@ -268,10 +268,10 @@ IMPORT_HINT = "the module that defines {} goes in --import MOD"
 def _check_runtime_ops(names: list[str], opts) -> list[str]:
     """Each pattern matches an operator and each name given exactly is one this process can patch:
     the names, the patterns expanded."""
-    from ..errors import unknown_names
-    from ..plan import plan_runtime
-    from .install import expand_patterns, live_op, runtime_overlay
-    from .registry import uncovered
+    from ...errors import unknown_names
+    from ...plan import plan_runtime
+    from ..install import expand_patterns, live_op, runtime_overlay
+    from ..registry import uncovered
 
     try:
         ops = expand_patterns(names)

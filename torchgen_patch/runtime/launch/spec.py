@@ -14,9 +14,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from ..errors import InputError
-from ..sources import Options
-from ..vocabulary import Backend, CheckMode
+from ...errors import InputError
+from ...sources import Options
+from ...vocabulary import Backend, CheckMode
 
 NOT_A_SPEC = "not a launch spec of torchgen-patch"
 
@@ -57,7 +57,7 @@ class LaunchSpec:
 
     @classmethod
     def _build(cls, text) -> LaunchSpec:
-        from ..fs.decode import loads
+        from ...fs.decode import loads
 
         try:
             raw = loads(text or "")

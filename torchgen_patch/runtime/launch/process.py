@@ -19,8 +19,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..errors import EnvironmentProblem, InputError, ToolError
-from ..vocabulary import Backend, plural
+from ...errors import EnvironmentProblem, InputError, ToolError
+from ...vocabulary import Backend, plural
 from .spec import LaunchSpec, is_run_source
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:
     under the cache's lock where the cache lacks it."""
     if spec.backend != Backend.CPP:
         return None, None
-    from . import artifact_at, library as compose
+    from .. import artifact_at, library as compose
 
     refused = None
     if spec.library:
@@ -197,7 +197,7 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
     """Install what is due now; the line to say about it, or None."""
     import importlib
 
-    from . import install as inst
+    from .. import install as inst
 
     line, refused = "", False
     if "kernels" not in _DONE:
