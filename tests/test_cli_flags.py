@@ -421,7 +421,7 @@ def p_run_runtime_op(**_):
 
 
 def p_run_verbose(run_cli, monkeypatch, **_):
-    from torchgen_patch.runtime import launch
+    from torchgen_patch.runtime.launch import launcher as launch
 
     seen = []
     monkeypatch.setattr(launch, "prepare", lambda *a, **k: seen.append(a[-2:]) or {})

@@ -58,7 +58,8 @@ def test_a_lock_that_cannot_be_opened_says_its_cause_and_errno_as_fields(tmp_pat
 def test_a_pattern_that_matches_nothing_names_the_namespaces_as_a_field(monkeypatch):
     """run's check keeps that part and gives its own advice (--import), without cutting the hint apart."""
     from torchgen_patch.errors import InputError
-    from torchgen_patch.runtime import install, launch, registry
+    from torchgen_patch.runtime import install, registry
+    from torchgen_patch.runtime.launch import launcher as launch
 
     monkeypatch.setattr(registry, "uncovered", lambda: [types.SimpleNamespace(name="ns1::a"),
                                                          types.SimpleNamespace(name="ns2::b")])
@@ -125,7 +126,8 @@ def test_what_the_machine_lacks_is_no_bad_input_and_both_are_said_the_same_way(m
     lets what the machine lacks go on with its own exit code. Before, EnvironmentProblem was an
     InputError, and run's --runtime-op check said a missing torch as bad input (exit 2)."""
     from torchgen_patch.errors import EnvironmentProblem, InputError, ToolError
-    from torchgen_patch.runtime import install, launch
+    from torchgen_patch.runtime import install
+    from torchgen_patch.runtime.launch import launcher as launch
 
     assert not issubclass(EnvironmentProblem, InputError) and issubclass(EnvironmentProblem, ToolError)
     assert issubclass(InputError, ToolError)

@@ -132,7 +132,7 @@ def _spec_indexed(tree) -> list[int]:
 
 
 # where an Options is made from a mapping: the spec's parse, once
-OPTIONS_FROM_A_MAPPING = {os.path.join("torchgen_patch", "runtime", "spec.py"): 1}
+OPTIONS_FROM_A_MAPPING = {os.path.join("torchgen_patch", "runtime", "launch", "spec.py"): 1}
 
 
 def test_options_are_rebuilt_from_a_spec_in_one_place_and_nothing_indexes_a_spec():

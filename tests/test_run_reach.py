@@ -325,7 +325,7 @@ def test_a_cached_runtime_op_verdict_is_used_only_while_the_builds_it_names_are_
     """The verdict's libraries are looked at through the cache: one naming a file outside the cache's
     builds, or a build since removed, is checked again; one naming a build that is there is the verdict."""
     from torchgen_patch import cache
-    from torchgen_patch.runtime import launch
+    from torchgen_patch.runtime.launch import launcher as launch  # its internals
     from torchgen_patch.sources import Options
 
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(tmp_path / "c"))

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .launcher import check_program, launch_spec, prepare, run_program
 
 __all__ = ["check_program", "launch_spec", "prepare", "run_program"]
-_LAUNCHER = (*__all__, "_check_key", "_check_main")  # and two the check's process and its tests name
+_LAUNCHER = (*__all__, "_check_main")  # and the one the --runtime-op check's process imports
 
 
 def __getattr__(name: str):
