@@ -190,12 +190,12 @@ class Bench:
 
     def probes(self) -> tuple[str, ...]:
         """The probe modes this run can measure: CUDA, with the native hooks (their kernel to launch)."""
-        return ("launches", "synced") if self.device == "cuda" and self.check._native is not None else ()
+        return ("launches", "synced") if self.device == "cuda" and self.check.native is not None else ()
 
     def _launching(self, t):
         """An identity hook that launches the check's kernel on ``t`` (its fingerprint, left on the device)."""
         if t.is_cuda and t.numel():
-            self.check._native.launch_cost(t, 1)
+            self.check.native.launch_cost(t, 1)
         return t
 
     def context(self, mode: str):
@@ -361,7 +361,7 @@ def kernel_bandwidth(check, device: str, nbytes: int = 1 << 30, repeats: int = 5
     bfloat16; beside it torch's sum of the same bytes."""
     import torch
 
-    h = check._native
+    h = check.native
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = {}
     if h is None:

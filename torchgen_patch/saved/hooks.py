@@ -77,6 +77,11 @@ class Check:
         return "native" if self._native is not None else "python"
 
     @property
+    def native(self):
+        """The native hooks this check runs (None on the Python path), for benchmarks and diagnostics."""
+        return self._native
+
+    @property
     def checked(self) -> int:
         """Saved tensors compared at use (a tensor a node writes itself, or lossy hooks gave back, is not)."""
         return (self._python.checked + (self._native.checked if self._native is not None else 0)
