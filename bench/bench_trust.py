@@ -134,6 +134,6 @@ if __name__ == "__main__":
     args = ap.parse_args()
     res = main(args.rounds, args.baseline, args.target, args.launcher)
     if args.json:
-        save([{"section": "trust", "results": res}], args.json)
+        save([{"section": "unchanged" if args.launcher else "trust", "results": res}], args.json)
     print(json.dumps(res, indent=2))
     sys.exit(0)
