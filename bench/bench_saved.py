@@ -9,13 +9,15 @@ one process, interleaved round by round (the first mode alternating):
 - **two reads**: reading the step's saved bytes twice on the device, one pass each (as many bytes as
   the check's two fingerprints read), timed apart from the step.
 
-On CUDA, with the native hooks, two probes say where the cost above the floor goes, measured in the
+On CUDA, with the native hooks, three probes say where the cost above the floor goes, measured in the
 same rounds:
 
 - **launches**: identity hooks that launch the check's own kernel on each tensor at save and at use
   (its reads and its launches, nothing else of the check);
 - **synced**: identity hooks and one wait for the device at the end of each backward pass (the check
-  reads its device comparisons there once).
+  reads its device comparisons there once);
+- **per tensor**: the check with one launch a tensor at use (by default it reads all the tensors a
+  backward node saved in one launch, when the node uses the first of them).
 
 The floor is the identity-hooks step plus the two reads; a row's target is a ratio to the step
 with the check off, and a row that misses it says by how much beside the floor. Peak memory: CUDA,
@@ -190,7 +192,7 @@ class Bench:
 
     def probes(self) -> tuple[str, ...]:
         """The probe modes this run can measure: CUDA, with the native hooks (their kernel to launch)."""
-        return ("launches", "synced") if self.device == "cuda" and self.check.native is not None else ()
+        return ("launches", "synced", "per-tensor") if self.device == "cuda" and self.check.native is not None else ()
 
     def _launching(self, t):
         """An identity hook that launches the check's kernel on ``t`` (its fingerprint, left on the device)."""
@@ -204,6 +206,8 @@ class Bench:
         hooks = self.torch.autograd.graph.saved_tensors_hooks
         if mode == "on":
             return _running(self.check)
+        if mode == "per-tensor":
+            return _running(self.check, batching=False)
         if mode in ("identity", "synced"):
             return hooks(lambda t: t, lambda t: t)
         if mode == "launches":
@@ -264,16 +268,23 @@ class Bench:
 
 
 class _running:
-    """The check on for a block (start and stop: its ``with`` form also prints its count)."""
+    """The check on for a block (start and stop: its ``with`` form also prints its count); batching False:
+    the native hooks launch one kernel a tensor at use."""
 
-    def __init__(self, check):
-        self.check = check
+    def __init__(self, check, batching: bool = True):
+        self.check, self.batching = check, batching
 
     def __enter__(self):
+        from torchgen_patch.saved import native
+
+        native.batching(self.batching)
         self.check.start()
 
     def __exit__(self, *exc):
+        from torchgen_patch.saved import native
+
         self.check.stop()
+        native.batching(True)
 
 
 def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
@@ -286,9 +297,15 @@ def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
         order = modes if r % 2 == 0 else tuple(reversed(modes))
         for mode in order:
             runs[mode].append(b.block(mode))
-    checked_before = b.check.checked
-    b.block("on")
-    checked = (b.check.checked - checked_before) // b.n
+    from torchgen_patch.saved import native
+
+    launched, checked = {}, 0
+    for mode in ("on",) + (("per-tensor",) if "per-tensor" in b.probes() else ()):
+        before, checked_before = native.launches(), b.check.checked
+        b.block(mode)
+        launched[mode] = (native.launches() - before) // b.n
+        if mode == "on":
+            checked = (b.check.checked - checked_before) // b.n
     count, nbytes = b.saved_bytes()
     reads = b.two_reads(nbytes)
     peaks = {mode: b.peak(mode) for mode in ("off", "on", "identity")}
@@ -306,6 +323,7 @@ def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
             "off_ms": off * 1e3, "on_ms": statistics.median(runs["on"]) * 1e3, "ratio": ratio, "p25": q[0],
             "p75": q[2], "probes": probes, "identity_ratio": hooks_ratio, "reads_ms": reads * 1e3, "floor": floor,
             "met": ratio <= target, "saved_tensors": count, "checked_per_step": checked, "saved_bytes": nbytes,
+            "launches_per_step": launched,
             "peak_mib": peaks, "extra_peak": extra,
             "memory_met": None if extra is None else extra <= MEMORY_TARGET,
             "findings": len(b.check.findings), "threads": b.torch.get_num_threads()}
@@ -557,9 +575,10 @@ def _write_report(report, device: str, text: str) -> None:
 def _where_it_goes(results: dict) -> list[str]:
     """What lies between each row's floor and its ratio, from the run's own probes: the check's host work
     per saved tensor beyond identity hooks (``hook_cost``) times the step's saved tensors; where the
-    device's launches were measured, what the driver's launch alone, once at save and once at use, adds to
-    the floor: the least a check that reads every saved tensor where it is saved and where it is used, one
-    launch each, can cost (the floor reads the step's saved bytes in two launches in all)."""
+    device's launches were measured, what the driver's launch alone adds to the floor, once a tensor at save
+    and once at use (the least a check that launches once a tensor at each end can cost), and for the
+    launches the check made in the step (one a tensor at save, one a backward node at use; the floor reads the
+    step's saved bytes in two launches in all)."""
     cost = results.get("hook_cost")
     if not cost:
         return []
@@ -583,12 +602,19 @@ def _where_it_goes(results: dict) -> list[str]:
                  "and at use (its reads and its launches, nothing else of it), and identity hooks with one wait for "
                  "the device at the end of each backward pass (what `raise` pays there; `warn` does not wait); what "
                  "is left above the first probe is the check's own work on the host (its bookkeeping, frames, the "
-                 "comparisons kept for later).")
+                 "comparisons kept for later), less what reading a node's saved tensors in one launch at use "
+                 "saves; and the check itself with one launch a tensor at use.")
     head = ["model", "ratio", "floor", "+ host work (saved x per tensor)", "predicted"]
+    per_tensor = probed and all("per-tensor" in t["probes"] for t in results["models"])
     if probed:
         head += ["identity hooks + the check's launches", "the rest", "a wait at backward's end (raise)"]
+    if per_tensor:
+        head += ["the check, one launch a tensor at use"]
     if extra:
         head += ["floor + one driver launch at save and one at use"]
+    counted = extra and all(t.get("launches_per_step") for t in results["models"])
+    if counted:
+        head += ["launches a step (saved tensors)", "floor + the check's launches"]
     out = ["", "## Where the cost above the floor goes", "", text, "",
            "| " + " | ".join(head + ["target"]) + " |", "|" + "---|" * (len(head) + 1)]
     for t in results["models"]:
@@ -598,8 +624,13 @@ def _where_it_goes(results: dict) -> list[str]:
             p = t["probes"]
             wait = p["synced"] - t["identity_ratio"]
             row += [f"{p['launches']:.3f}", f"{t['ratio'] - p['launches']:+.3f}", f"{wait:+.3f}"]
+        if per_tensor:
+            row.append(f"{t['probes']['per-tensor']:.3f}")
         if extra:
             row.append(f"{t['floor'] + t['saved_tensors'] * 2 * driver / 1e3 / t['off_ms']:.3f}")
+        if counted:
+            n = t["launches_per_step"]["on"]
+            row += [f"{n} ({t['saved_tensors']})", f"{t['floor'] + n * driver / 1e3 / t['off_ms']:.3f}"]
         out.append("| " + " | ".join(row + [f"{t['target']} ({'met' if t['met'] else 'not met'})"]) + " |")
     return out
 

@@ -316,3 +316,206 @@ def test_a_finding_read_after_the_pass_is_judged_as_of_the_passs_end(path):
     assert len(warned) == len(raised) == 1
     assert warned[0].optimizer is None  # the step after the pass's end is not named
     assert as_dict(warned[0]) == as_dict(raised[0])
+
+
+def _batching(on: bool):
+    from torchgen_patch.saved import native
+
+    native.batching(on)
+
+
+def _layer_norm_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 8)).cuda()
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_at_use_a_nodes_saved_tensors_are_read_in_one_launch(native_hooks):
+    """One launch at use for each backward node's CUDA tensors (layer norm saves five, each product two),
+    one a tensor when batching is off; the same tensors checked either way, nothing found."""
+    import torchgen_patch
+    from torchgen_patch.saved import native
+
+    model = _layer_norm_net()
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved("raise", path="native")
+    counts = {}
+    try:
+        for turn, on in enumerate((True, False, True, False)):
+            _batching(on)
+            with check:
+                loss = model(x).pow(2).sum()
+                before, checked, unpacked = native.launches(), check.checked, check.unpacked
+                loss.backward()
+                counts[turn] = (on, native.launches() - before, check.checked - checked, check.unpacked - unpacked)
+    finally:
+        _batching(True)
+    why = (counts, check.skipped)
+    assert all(c[2] == c[3] == 11 for c in counts.values()), why  # every tensor checked, either way
+    nodes = 5  # the nodes that saved CUDA tensors: addmm (2), layer norm (5), gelu (1), addmm (2), pow (1)
+    assert [c[1] for c in counts.values()] == [nodes, 11, nodes, 11], why
+    assert check.findings == []
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("target", ["0.weight", "1.weight", "1.bias", "3.weight", "x"])
+def test_a_write_to_any_tensor_read_in_a_batch_is_found_the_same_on_every_path(target):
+    """A .data write to one of a node's saved tensors between forward and backward: one finding, the same
+    (as a dict) with the node's tensors read in one launch, one launch a tensor, and on the Python path."""
+    import torchgen_patch
+    from torchgen_patch.saved.render import as_dict
+
+    out = {}
+    for name, path, on in (("batched", "native", True), ("per tensor", "native", False),
+                           ("python", "python", True)):
+        model = _layer_norm_net()
+        x = torch.randn(16, 64, device="cuda", requires_grad=True)
+        written = x if target == "x" else dict(model.named_parameters())[target]
+        check = torchgen_patch.check_saved("warn", path=path)
+        _batching(on)
+        try:
+            with check:
+                loss = model(x).pow(2).sum()
+                written.data.add_(1)
+                loss.backward()
+            out[name] = [as_dict(f) for f in check.findings]
+        finally:
+            _batching(True)
+    assert len(out["batched"]) == 1, out
+    assert out["batched"] == out["per tensor"] == out["python"], out
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_a_comparison_read_in_a_batch_that_its_node_never_uses_is_not_judged(path):
+    """Saves made while one node is made form its batch: a custom Function whose forward runs an op with
+    grad enabled (that op's node saves z) saves its own tensors next, so z's comparison is read with them.
+    z is written and never used by a backward pass: no finding. A write to the Function's own saved tensor:
+    one finding, on both paths."""
+    import torchgen_patch
+
+    z = torch.randn(256, device="cuda")
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            with torch.enable_grad():
+                w = torch.ones(256, device="cuda", requires_grad=True)
+                ctx.inner = w * z  # its node saves z (w requires grad), kept alive by ctx
+            ctx.save_for_backward(a, b)
+            return a * b
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            return g * b, g * a
+
+    a = torch.randn(256, device="cuda", requires_grad=True)
+    b = torch.randn(256, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path=path)
+    with check:
+        out = F.apply(a, b)
+        z.data.add_(1)  # z's bits change, its version does not: its comparison in the batch differs
+        out.sum().backward()
+    assert check.findings == []
+    with check:
+        out = F.apply(a, b)
+        b.data.mul_(2)
+        out.sum().backward()
+    assert len(check.findings) == 1 and check.findings[0].node.startswith("FBackward"), check.findings
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_a_graph_kept_for_a_second_backward_is_read_again_at_its_second_use(path):
+    """retain_graph: the second pass reads every node's tensors again (its batches are its own), so a write
+    between the two passes is found in the second only."""
+    import torchgen_patch
+
+    model = _layer_norm_net()
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path=path)
+    with check:
+        loss = model(x).pow(2).sum()
+        loss.backward(retain_graph=True)
+        first = len(check.findings)
+        model[1].weight.data.mul_(2)
+        loss.backward()
+    assert first == 0
+    assert [f.name for f in check.findings] == ["1.weight"]
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int8], ids=str)
+def test_a_batch_reads_every_layout_as_its_own_launch_does(dtype, native_hooks):
+    """A node that saved one tensor of every layout (the dense kernel's, the rows', the strided one's,
+    unaligned starts; several blocks of threads each), read in one launch at use: no finding when nothing
+    changed, and one bit flipped in any one of them is that one finding."""
+    import torchgen_patch
+
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    names = list(_layouts(_sample(dtype)))
+
+    def views():  # each from a base of its own: a write to one changes no other
+        return [_layouts(_sample(dtype, 1031, 96).cuda())[name] for name in names]
+
+    class Keep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, *saved):
+            ctx.save_for_backward(*saved)
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            ctx.saved_tensors
+            return (g,) + (None,) * len(names)
+
+    x = torch.randn(4, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path="native")
+    with check:
+        Keep.apply(x, *views()).sum().backward()
+    assert check.findings == []
+    for i, name in enumerate(names):
+        saved = views()
+        with check:
+            out = Keep.apply(x, *saved)
+            saved[i].data[(0,) * saved[i].dim()].view(bits).bitwise_xor_(1)
+            out.sum().backward()
+        assert len(check.findings) == i + 1, (name, len(check.findings))
+
+
+FIRST_PASS = r"""
+import json, torch, torchgen_patch
+from torchgen_patch.runtime import checklib
+assert checklib.prepare("native") is None
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).cuda()
+x = torch.randn(16, 64, device="cuda", requires_grad=True)
+check = torchgen_patch.check_saved("raise", path="native")
+with check:
+    model(x).pow(2).sum().backward()
+print(json.dumps({"checked": check.checked, "unpacked": check.unpacked, "skipped": check.skipped}))
+"""
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_a_processs_first_backward_pass_checks_its_first_saved_tensor(native_hooks):
+    """autograd's device thread has no CUDA context current before its first kernel; the first saved tensor
+    a fresh process's first backward pass uses is read there, before any: it is checked like the others."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FIRST_PASS], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["skipped"] == {} and got["checked"] == got["unpacked"] >= 5, got

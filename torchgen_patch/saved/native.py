@@ -96,3 +96,16 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def batching(on: bool) -> None:
+    """At use, one launch for all the CUDA tensors a backward node saved (True, the default), or one a tensor."""
+    module = _STATE["module"]
+    if module is not None:
+        module.batching(on)
+
+
+def launches() -> int:
+    """The fingerprint kernel's launches in this process so far (0 where the native hooks are not loaded)."""
+    module = _STATE["module"]
+    return module.launches() if module is not None else 0
