@@ -9,9 +9,9 @@ Two implementations of the same hooks, one suite of tests run on both (``native.
 
 - **native** (the default wherever a C++ compiler is there; the library is built once and cached
   like the kernels, loaded by the same trust rules): pack and unpack are C++, the fingerprint is read
-  in place on CPU (vectorized, on torch's intra-op threads) and by one CUDA kernel per saved tensor
-  launched from C++; the program's frame is kept as a code object and an instruction offset, made a
-  line only when a finding needs it.
+  in place on CPU (vectorized, on torch's intra-op threads) and on CUDA by a kernel launched from C++,
+  once a saved tensor where it is saved and once a backward node where it uses them; the program's
+  frame is kept as a code object and an instruction offset, made a line only when a finding needs it.
 - **python** (``_PythonHooks`` here): the same decisions in Python, for a machine where nothing can be
   compiled and for tensors the native hooks leave to it (tensor subclasses, devices other than CPU
   and CUDA).
