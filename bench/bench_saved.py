@@ -529,7 +529,7 @@ def main(rounds: int = 11, report=False, json_path: str | None = None, device: s
     if json_path:
         save([results], json_path)
     if report:
-        _write_report(report, device, render(results, rounds, device))
+        _write_report(report, device, render(results, rounds, device), results["torch"])
     return results
 
 
@@ -562,11 +562,10 @@ def summary_line(t: dict) -> str:
             f"{_memory(t).replace('**', '')}; path {t['path']}; findings {t['findings']}")
 
 
-def _write_report(report, device: str, text: str) -> None:
-    import torch
-
+def _write_report(report, device: str, text: str, release: str) -> None:
+    """``release``: the torch the run measured (its version, as the run's results name it)."""
     path = report if isinstance(report, str) else os.path.join(
-        ROOT, "reports", f"saved-check-{device}-torch{torch.__version__.split('+')[0]}.md")
+        ROOT, "reports", f"saved-check-{device}-torch{release.split('+')[0]}.md")
     with open(path, "w") as f:
         f.write(text)
     print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}")
@@ -683,6 +682,7 @@ if __name__ == "__main__":
     if a.from_json:
         with open(a.from_json) as fh:
             saved = json.load(fh)[0]
-        _write_report(a.report or True, a.device, render(saved, saved["models"][0]["rounds"], a.device))
+        device = "cpu" if saved["device"] == "cpu" else "cuda"  # the run's, whatever this machine has
+        _write_report(a.report or True, device, render(saved, saved["models"][0]["rounds"], device), saved["torch"])
         raise SystemExit(0)
     main(a.rounds, a.report, a.json, a.device, a.models.split(",") if a.models else None, a.path)
