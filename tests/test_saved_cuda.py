@@ -519,3 +519,61 @@ def test_a_processs_first_backward_pass_checks_its_first_saved_tensor(native_hoo
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["skipped"] == {} and got["checked"] == got["unpacked"] >= 5, got
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_a_pass_after_one_that_raised_finds_a_write_to_its_first_tensor(path):
+    """A backward pass that raised (autograd's own error: a saved weight bumped in place) never reaches its
+    end; the next pass reads its comparisons first, at its first saved tensor. That read must not lose
+    the next pass's own first comparison: the output pow saved, written between forward and backward, is
+    the one finding."""
+    import torchgen_patch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8)).cuda()
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path=path)
+    with check:
+        loss = model(x).sum()
+        with torch.no_grad():
+            model[0].weight.mul_(1)  # a version bump: addmm's unpack raises autograd's error
+        with pytest.raises(RuntimeError):
+            loss.backward()
+        y = model(x)
+        loss = y.pow(2).sum()
+        y.data.mul_(2)  # pow's saved output: the first tensor the pass uses
+        loss.backward()
+        torch.cuda.synchronize()
+        findings = list(check.findings)
+    assert len(findings) == 1 and findings[0].node.startswith("Pow"), findings
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_in_raise_mode_two_writes_to_one_node_name_the_tensor_it_used_first_on_every_path():
+    """Both of a product's saved tensors written: raise names the one the node used first, whether the
+    node's tensors were read in one launch, one launch each, or on the Python path."""
+    import torchgen_patch
+    from torchgen_patch.saved import SavedTensorChanged
+
+    named = {}
+    for name, path, on in (("batched", "native", True), ("per tensor", "native", False),
+                           ("python", "python", True)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 64).cuda()
+        x = torch.randn(16, 64, device="cuda", requires_grad=True)
+        check = torchgen_patch.check_saved("raise", path=path)
+        _batching(on)
+        try:
+            with check:
+                loss = model(x).pow(2).sum()
+                x.data.add_(1)
+                model.weight.data.add_(1)
+                with pytest.raises(SavedTensorChanged) as e:
+                    loss.backward()
+            named[name] = e.value.finding.name
+        finally:
+            _batching(True)
+    assert named["batched"] == named["per tensor"] == named["python"], named
