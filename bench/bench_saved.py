@@ -593,7 +593,10 @@ def _where_it_goes(results: dict) -> list[str]:
                  f"{driver:.2f} us and the rest of the check's launch {parts['launch_rest_us']:.2f} us (one small "
                  f"torch op: {parts['torch_op_us']:.2f} us)")
     text += (". Where the host runs behind the device (short kernels: bf16, small layers), that work adds to the "
-             "step; the floor has no term for it.")
+             "step; the floor has no term for it. At use the check reads all the tensors a backward node saved in one "
+             "launch (they are used one after another, before the node computes anything); at save it launches once "
+             "a tensor, since a read put off until later could miss a write made between the op that saved a tensor "
+             "and that read.")
     extra = driver is not None
     probed = all(t.get("probes") for t in results["models"])
     if probed:
