@@ -552,9 +552,10 @@ def test_a_pass_after_one_that_raised_finds_a_write_to_its_first_tensor(path):
 
 @pytest.mark.cuda
 @needs_cuda
-def test_in_raise_mode_two_writes_to_one_node_name_the_tensor_it_used_first_on_every_path():
-    """Both of a product's saved tensors written: raise names the one the node used first, whether the
-    node's tensors were read in one launch, one launch each, or on the Python path."""
+def test_in_raise_mode_two_writes_to_one_node_name_the_same_tensor_on_every_path():
+    """Both of a product's saved tensors written: raise names the same one whether the node's tensors
+    were read in one launch, one launch each, or on the Python path (a parity check: a node unpacks in
+    the order it saved, so the batch's order and the order of use agree here)."""
     import torchgen_patch
     from torchgen_patch.saved import SavedTensorChanged
 
@@ -577,3 +578,24 @@ def test_in_raise_mode_two_writes_to_one_node_name_the_tensor_it_used_first_on_e
         finally:
             _batching(True)
     assert named["batched"] == named["per tensor"] == named["python"], named
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("path", PATHS)
+def test_a_saved_tensor_read_outside_backward_is_judged_there_and_leaves_nothing_behind(path):
+    """``grad_fn._saved_result`` outside a backward pass (as graph viewers read it): the comparison is read
+    at once, a write found there; the next backward pass, with nothing written, adds no finding."""
+    import torchgen_patch
+
+    x = torch.randn(256, device="cuda", requires_grad=True)
+    check = torchgen_patch.check_saved("warn", path=path)
+    with check:
+        y = (x * 2).exp()  # exp's node saves its result
+        y.data.add_(1)
+        y.grad_fn._saved_result
+        found = len(check.findings)
+        (x * 2).exp().sum().backward()
+        torch.cuda.synchronize()
+        after = len(check.findings)
+    assert (found, after) == (1, 1), (found, after, check.findings)
