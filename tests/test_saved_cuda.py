@@ -7,6 +7,7 @@ synchronisation whatever the number of tensors it checks. Skipped without a GPU;
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -318,10 +319,20 @@ def test_a_finding_read_after_the_pass_is_judged_as_of_the_passs_end(path):
     assert as_dict(warned[0]) == as_dict(raised[0])
 
 
-def _batching(on: bool):
+# the three readings a node's saved CUDA tensors can get: (name, the check's path, one launch a node at use)
+READINGS = (("batched", "native", True), ("per tensor", "native", False), ("python", "python", True))
+
+
+@contextlib.contextmanager
+def _reading(batched: bool):
+    """The native hooks batching (or not) for a block, batching again after it."""
     from torchgen_patch.saved import native
 
-    native.batching(on)
+    native.batching(batched)
+    try:
+        yield
+    finally:
+        native.batching(True)
 
 
 def _layer_norm_net():
@@ -342,16 +353,12 @@ def test_at_use_a_nodes_saved_tensors_are_read_in_one_launch(native_hooks):
     x = torch.randn(16, 64, device="cuda", requires_grad=True)
     check = torchgen_patch.check_saved("raise", path="native")
     counts = {}
-    try:
-        for turn, on in enumerate((True, False, True, False)):
-            _batching(on)
-            with check:
-                loss = model(x).pow(2).sum()
-                before, checked, unpacked = native.launches(), check.checked, check.unpacked
-                loss.backward()
-                counts[turn] = (on, native.launches() - before, check.checked - checked, check.unpacked - unpacked)
-    finally:
-        _batching(True)
+    for turn, on in enumerate((True, False, True, False)):
+        with _reading(on), check:
+            loss = model(x).pow(2).sum()
+            before, checked, unpacked = native.launches(), check.checked, check.unpacked
+            loss.backward()
+            counts[turn] = (on, native.launches() - before, check.checked - checked, check.unpacked - unpacked)
     why = (counts, check.skipped)
     assert all(c[2] == c[3] == 11 for c in counts.values()), why  # every tensor checked, either way
     nodes = 5  # the nodes that saved CUDA tensors: addmm (2), layer norm (5), gelu (1), addmm (2), pow (1)
@@ -369,21 +376,16 @@ def test_a_write_to_any_tensor_read_in_a_batch_is_found_the_same_on_every_path(t
     from torchgen_patch.saved.render import as_dict
 
     out = {}
-    for name, path, on in (("batched", "native", True), ("per tensor", "native", False),
-                           ("python", "python", True)):
+    for name, path, batched in READINGS:
         model = _layer_norm_net()
         x = torch.randn(16, 64, device="cuda", requires_grad=True)
         written = x if target == "x" else dict(model.named_parameters())[target]
         check = torchgen_patch.check_saved("warn", path=path)
-        _batching(on)
-        try:
-            with check:
-                loss = model(x).pow(2).sum()
-                written.data.add_(1)
-                loss.backward()
-            out[name] = [as_dict(f) for f in check.findings]
-        finally:
-            _batching(True)
+        with _reading(batched), check:
+            loss = model(x).pow(2).sum()
+            written.data.add_(1)
+            loss.backward()
+        out[name] = [as_dict(f) for f in check.findings]
     assert len(out["batched"]) == 1, out
     assert out["batched"] == out["per tensor"] == out["python"], out
 
@@ -473,7 +475,7 @@ def test_a_batch_reads_every_layout_as_its_own_launch_does(dtype, native_hooks):
 
         @staticmethod
         def backward(ctx, g):
-            ctx.saved_tensors
+            _ = ctx.saved_tensors  # unpacked: read at use
             return (g,) + (None,) * len(names)
 
     x = torch.randn(4, device="cuda", requires_grad=True)
@@ -560,23 +562,18 @@ def test_in_raise_mode_two_writes_to_one_node_name_the_same_tensor_on_every_path
     from torchgen_patch.saved import SavedTensorChanged
 
     named = {}
-    for name, path, on in (("batched", "native", True), ("per tensor", "native", False),
-                           ("python", "python", True)):
+    for name, path, batched in READINGS:
         torch.manual_seed(0)
         model = torch.nn.Linear(64, 64).cuda()
         x = torch.randn(16, 64, device="cuda", requires_grad=True)
         check = torchgen_patch.check_saved("raise", path=path)
-        _batching(on)
-        try:
-            with check:
-                loss = model(x).pow(2).sum()
-                x.data.add_(1)
-                model.weight.data.add_(1)
-                with pytest.raises(SavedTensorChanged) as e:
-                    loss.backward()
-            named[name] = e.value.finding.name
-        finally:
-            _batching(True)
+        with _reading(batched), check:
+            loss = model(x).pow(2).sum()
+            x.data.add_(1)
+            model.weight.data.add_(1)
+            with pytest.raises(SavedTensorChanged) as e:
+                loss.backward()
+        named[name] = e.value.finding.name
     assert named["batched"] == named["per tensor"] == named["python"], named
 
 
@@ -593,7 +590,7 @@ def test_a_saved_tensor_read_outside_backward_is_judged_there_and_leaves_nothing
     with check:
         y = (x * 2).exp()  # exp's node saves its result
         y.data.add_(1)
-        y.grad_fn._saved_result
+        _ = y.grad_fn._saved_result  # unpacked outside backward
         found = len(check.findings)
         (x * 2).exp().sum().backward()
         torch.cuda.synchronize()
