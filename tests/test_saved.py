@@ -587,10 +587,11 @@ def _sample(dtype, shape=(6, 5)):
 
 
 def _layouts(t):
-    """The same memory seen as a contiguous tensor, transposed, sliced with gaps, expanded (overlapping)
-    and as a 0-d tensor."""
+    """The same memory seen as a contiguous tensor, transposed, sliced with gaps (and transposed: its logical
+    order not its order in memory), expanded (overlapping) and as a 0-d tensor."""
     return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::2], "row": t[1], "expanded": t[:1].expand(4, -1),
-            "0-d": t[0, 0], "column": t[:1].t()}  # column: contiguous, yet its last stride is not 1
+            "0-d": t[0, 0], "column": t[:1].t(),  # column: contiguous, yet its last stride is not 1
+            "sliced, transposed": t[:, ::2].t()}
 
 
 def pytest_generate_tests(metafunc):
@@ -666,6 +667,8 @@ def test_the_fingerprint_never_differs_for_unchanged_bits(dtype, path):
         if v.is_contiguous() or name in ("transposed",):
             assert _same(first, _fingerprint(copy) if name != "transposed" else _fingerprint(
                 copy.t().contiguous().t())), name
+        if name != "expanded":  # a copy keeps the order of the dimensions in memory: read in the same order
+            assert _same(first, _fingerprint(copy)), name
 
 
 @pytest.mark.parametrize("dtype", _dtypes(), ids=str)
