@@ -667,7 +667,8 @@ def test_the_fingerprint_never_differs_for_unchanged_bits(dtype, path):
         if v.is_contiguous() or name in ("transposed",):
             assert _same(first, _fingerprint(copy) if name != "transposed" else _fingerprint(
                 copy.t().contiguous().t())), name
-        if name != "expanded":  # a copy keeps the order of the dimensions in memory: read in the same order
+        if name != "expanded":  # a copy of a tensor whose elements do not overlap keeps the order of its
+            # dimensions in memory: read in the same order
             assert _same(first, _fingerprint(copy)), name
 
 

@@ -4,8 +4,9 @@ same bits: integer arithmetic on the stored bit patterns only (never values, so 
 
 The bytes read (the *stream*): a tensor whose elements fill one block of memory (contiguous, or any
 permutation of the dimensions of a contiguous block: a transposed weight) is read as that block, in
-memory order; any other (a slice, a split head, an expanded tensor) as its elements in the order of their
-addresses: its dimensions by decreasing stride (of equal strides, the first first), each read in turn.
+memory order; any other (a slice, a split head, an expanded tensor) as its elements with its dimensions
+taken by decreasing stride (of equal strides, the first first): for a slice or a split head, in the order
+of their addresses.
 The stream is cut into NH blocks of 256 little-endian 32-bit words (1 KiB; the last one padded with
 zero words), and
 
@@ -227,9 +228,9 @@ def _pieces(t, limit: int):
         yield t[i:i + step]
 
 
-def _by_address(t):
-    """``t`` with its dimensions in the order of their addresses (by decreasing stride; of equal strides, the
-    first first): a view whose elements, in logical order, are the stream of a tensor that is not dense."""
+def _by_stride(t):
+    """``t`` with its dimensions by decreasing stride (of equal strides, the first first): a view whose
+    elements, in logical order, are the stream of a tensor that is not dense."""
     return t.permute(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
 
 
@@ -313,7 +314,7 @@ class _Stream:
 
 def _cpu(t) -> int:
     """The CPU fingerprint of ``t``: its block of memory read in place when its elements fill one,
-    else its elements in the order of their addresses, a contiguous copy of a piece at a time."""
+    else its elements with its dimensions by decreasing stride, a contiguous copy of a piece at a time."""
     np = _Numpy.load()
     if not np:
         return _cpu_without_numpy(t)
@@ -322,7 +323,7 @@ def _cpu(t) -> int:
         nbytes = t.numel() * t.element_size()
         stream.feed(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B"))
     else:
-        for piece in _pieces(_bits_of(_by_address(t.detach())), CHUNK):
+        for piece in _pieces(_bits_of(_by_stride(t.detach())), CHUNK):
             block = piece.contiguous()
             stream.feed(memoryview((ctypes.c_char * (block.numel() * block.element_size()))
                                    .from_address(block.data_ptr())).cast("B"))
@@ -332,7 +333,7 @@ def _cpu(t) -> int:
 def _cpu_without_numpy(t) -> int:
     """The same number in plain Python (no numpy: slow, and only where nothing else is there)."""
     k = _nh_key()
-    pieces = [t] if dense(t) else [p.contiguous() for p in _pieces(_bits_of(_by_address(t.detach())), CHUNK)]
+    pieces = [t] if dense(t) else [p.contiguous() for p in _pieces(_bits_of(_by_stride(t.detach())), CHUNK)]
     data = b"".join(ctypes.string_at(p.data_ptr(), p.numel() * p.element_size()) for p in pieces)
     data += bytes(-len(data) % BLOCK)
     total = 0
@@ -392,7 +393,7 @@ def _on_device(t):
     if dense(t):
         pieces = [_block_view(t)]
     else:
-        pieces = list(_pieces(_bits_of(_by_address(t.detach())), CHUNK))
+        pieces = list(_pieces(_bits_of(_by_stride(t.detach())), CHUNK))
     total, blocks, rest = None, 0, None
     for piece in pieces:
         data = piece.contiguous().reshape(-1).view(torch.uint8)
