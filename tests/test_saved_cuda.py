@@ -32,7 +32,8 @@ def _sample(dtype, rows: int = 64, cols: int = 48):
 def _layouts(t):
     return {"contiguous": t, "transposed": t.t(), "sliced": t[:, ::3], "offset": t[:, 1:], "expanded":
             t[:1].expand(4, -1), "0-d": t[0, 0], "column": t[:1].t(), "heads": t.view(t.shape[0], 4, -1)[:, 1:3]
-            .transpose(0, 1), "columns": t[:, 16:48]}  # heads, columns: the rows kernel where 16-byte aligned
+            .transpose(0, 1), "columns": t[:, 16:48],  # heads, columns: the rows kernel where 16-byte aligned
+            "sliced, transposed": t[:, ::3].t()}  # the strided kernel, its dimensions read by decreasing stride
 
 
 @pytest.fixture(scope="module")
