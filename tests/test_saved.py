@@ -664,11 +664,8 @@ def test_the_fingerprint_never_differs_for_unchanged_bits(dtype, path):
         first = _fingerprint(v)
         copy = v.clone()  # other memory, same bits
         assert _same(first, _fingerprint(v)), name
-        if v.is_contiguous() or name in ("transposed",):
-            assert _same(first, _fingerprint(copy) if name != "transposed" else _fingerprint(
-                copy.t().contiguous().t())), name
         if name != "expanded":  # a copy of a tensor whose elements do not overlap keeps the order of its
-            # dimensions in memory: read in the same order
+            # dimensions in memory (a contiguous one stays contiguous, a transposed one transposed): the same
             assert _same(first, _fingerprint(copy)), name
 
 
