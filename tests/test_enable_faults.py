@@ -307,12 +307,13 @@ def _put_back(env, old: bytes) -> None:
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_failure_the_tool_did_not_foresee_stops_a_strict_environments_program_only(cached, strict):
-    """The tool's own package not where the data file says (a removed or broken dependency fails the
-    same way): one line naming it; the program runs on unpatched, or with --strict stops with exit 3
-    (it ran on before, whatever --strict said)."""
+    """The tool's dependencies not where the data file says (a removed or broken dependency): one line
+    naming it; the program runs on unpatched, or with --strict stops with exit 3 (it ran on before,
+    whatever --strict said)."""
     env = cached
     assert _tool(env, "enable", "-q", *(["--strict"] if strict else [])).returncode == 0
-    old = _edit_data(env, lambda spec: spec["roots"].update(torchgen_patch="/nonexistent"))
+    old = _edit_data(env, lambda spec: spec["roots"].update({n: "/nonexistent" for n in spec["roots"]
+                                                             if n != "torchgen_patch"}))
     try:
         r = _prog(env)
     finally:

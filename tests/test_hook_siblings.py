@@ -34,10 +34,12 @@ def _cannot(part, why):
 
 
 def _site(tmp_path):
-    """A copy of the hook's folder, each file's mode kept: run's PYTHONPATH entry, or an enabled environment's hook."""
-    d = tmp_path / "site"
-    shutil.copytree(SITE, d, ignore=shutil.ignore_patterns("__pycache__"))
-    return d
+    """The hook's folder in a copy of the package, each file's mode kept (the hook imports the tool from the package it
+    is in): run's PYTHONPATH entry, or an enabled environment's hook."""
+    tree = tmp_path / "tree" / "torchgen_patch"
+    shutil.copytree(os.path.dirname(os.path.dirname(SITE)), tree, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(ROOT, "templates"), tree.parent / "templates")
+    return tree / "runtime" / "site"
 
 
 def _spec(**kw):

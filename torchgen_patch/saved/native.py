@@ -40,11 +40,23 @@ def loaded() -> bool:
 
 
 def chosen(path: str | None) -> str | None:
-    """The path a check asks for (its argument, else $TORCHGEN_PATCH_CHECK_PATH, else None: either)."""
-    path = path or os.environ.get(ENV) or None
-    if path is not None and path not in PATHS:
-        raise ValueError(f"the saved-tensor check's path must be 'native' or 'python', not {path!r}")
-    return path
+    """The path a check asks for (its argument, else $TORCHGEN_PATCH_CHECK_PATH, else None: either). A bad
+    argument is refused (ValueError); a bad value of the variable chooses nothing (``variable_problem``
+    says so on the check's line): it never costs the process its kernels or its check."""
+    if path:
+        if path not in PATHS:
+            raise ValueError(f"the saved-tensor check's path must be 'native' or 'python', not {path!r}")
+        return path
+    value = os.environ.get(ENV)
+    return value if value in PATHS else None
+
+
+def variable_problem() -> str | None:
+    """What is wrong with $TORCHGEN_PATCH_CHECK_PATH, in words (None: unset, empty or one of PATHS)."""
+    value = os.environ.get(ENV)
+    if value and value not in PATHS:
+        return f"${ENV} is {value!r}, neither 'native' nor 'python'"
+    return None
 
 
 def hooks(check, fallback, path: str | None):
@@ -76,7 +88,12 @@ def skip_counts(h) -> dict[str, int]:
 
 
 def describe(check) -> str:
-    """Which path ``check`` runs, in words (the line ``enable`` prints)."""
+    """Which path ``check`` runs, in words (the line ``enable`` prints), and a bad $TORCHGEN_PATCH_CHECK_PATH."""
+    problem = variable_problem()
+    return _path_of(check) + (f"; {problem}: ignored, either path may run" if problem else "")
+
+
+def _path_of(check) -> str:
     if check.path == "python":
         why = "" if chosen(None) == "python" else f" ({_STATE['why']})"
         return f"Python hooks{why}"

@@ -114,7 +114,12 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
     """The environment the program runs with. ``quiet``: no build messages, and each process says
     only when the patch is NOT active; ``check_saved``: each process also turns the saved-tensor check
     on in that mode. Imports no torch here; with runtime ops, one separate process checks them (or
-    the cache has its verdict)."""
+    the cache has its verdict). A variable every process reads that holds no value it takes is refused here."""
+    from ...saved.native import variable_problem
+
+    problem = variable_problem()
+    if problem is not None:
+        raise InputError(None, None, problem, "set it to native or python, or unset it")
     spec = launch_spec(opts, backend, ops, runtime_ops, imports, verbose=verbose, quiet=quiet,
                        check_saved=check_saved)
     if runtime_ops:

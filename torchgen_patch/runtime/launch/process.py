@@ -15,13 +15,14 @@ stderr as the program left them (closed, or redirected to an object that cannot 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
 
 from ...errors import EnvironmentProblem, InputError, ToolError
 from ...vocabulary import Backend, plural
-from .spec import LaunchSpec, is_run_source
+from .spec import LaunchSpec, hint_for, is_run_source
 
 @dataclass(frozen=True)
 class Outcome:
@@ -85,12 +86,17 @@ def build_log(quiet: bool):
     return _Quiet() if quiet else _Stderr()
 
 
-def read(text: str | None, mode: str, source: str) -> tuple[LaunchSpec | None, Outcome | None]:
+def read(text: str | None, mode: str, source: str, data: tuple[str | None, str | None, str] | None = None, *,
+         isolated: bool = False) -> tuple[LaunchSpec | None, Outcome | None]:
     """The launch spec in ``text`` (from ``source``: ``$TORCHGEN_PATCH_RUN``, or an enabled
     environment's data file), or what to do instead: a ``$TORCHGEN_PATCH_RUN`` that is no launch spec
     stops the process (exit 2); an enabled environment's file that is none (damaged, edited) leaves
     the program running unpatched, said in one line: a file in site-packages must never make the
-    environment's programs unusable."""
+    environment's programs unusable. ``data``: in an enabled environment whose process has
+    ``$TORCHGEN_PATCH_RUN`` too, its data file (text, why it cannot be read, path); ``isolated``: the
+    interpreter runs with -I or -E (``governing`` decides between the two)."""
+    if data is not None:
+        return governing(text, mode, data, isolated=isolated)
     try:
         return LaunchSpec.parse(text, source), None
     except InputError as e:
@@ -98,6 +104,59 @@ def read(text: str | None, mode: str, source: str) -> tuple[LaunchSpec | None, O
         if is_run_source(source):  # run's own variable, not what run writes: stop, as every bad input does
             return None, Outcome(True, e.render(), e.exit_code)
         return None, Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {e.message} (hint: {e.hint})")
+
+
+def governing(env_text: str | None, mode: str, data: tuple[str | None, str | None, str], *,
+              isolated: bool) -> tuple[LaunchSpec | None, Outcome | None]:
+    """An enabled environment's process where ``$TORCHGEN_PATCH_RUN`` is set as well: the variable governs
+    only where run's own hook passed it on (``mode`` "run": its PYTHONPATH entry loaded the hook, so the
+    environment chose this process's code already), never under -I or -E, and never with fewer kernels,
+    runtime ops or checks than the environment's data file; it never chooses where the tool and its
+    dependencies come from (the file's ``roots``; the hook imports the tool from where it is itself).
+    Where the file governs instead the Outcome is not done and carries the one line that says why; a
+    file that cannot be read leaves the variable governing under run, else the program unpatched."""
+    text, broken, path = data
+    try:
+        own = LaunchSpec.parse(text, path) if text and not broken else None
+    except InputError:
+        own = None
+    if own is None:  # the file cannot be its spec: run's variable as before the file, else the file's own line
+        return read(env_text, mode, "$TORCHGEN_PATCH_RUN") if mode == "run" and not isolated else \
+            _damaged(text, broken, path)
+    why = "python -I or -E: the environment chooses nothing" if isolated else None
+    if why is None and mode != "run":
+        why = "it did not come with run's PYTHONPATH entry, and only run passes it on in an enabled environment"
+    if why is None:
+        try:
+            env = LaunchSpec.parse(env_text, "$TORCHGEN_PATCH_RUN")
+        except InputError as e:
+            why = e.message.removeprefix("$TORCHGEN_PATCH_RUN: ")
+        else:
+            why = weaker(env, own)
+            if why is None:
+                return dataclasses.replace(env, roots=own.roots), None
+    return own, Outcome(False, f"torchgen-patch: $TORCHGEN_PATCH_RUN not used in pid {os.getpid()} "
+                               f"({_who('enable')}): {why}; this environment's own launch spec governs ({path})")
+
+
+def weaker(env: LaunchSpec, own: LaunchSpec) -> str | None:
+    """How the spec ``env`` asks for less than ``own`` (an enabled environment's), or None."""
+    if env.ops is not None and (own.ops is None or not set(own.ops) <= set(env.ops)):
+        return f"it asks for {plural(len(env.ops), 'op')}, fewer than the environment installs"
+    if not set(own.runtime_ops) <= set(env.runtime_ops):
+        return "it leaves out runtime ops the environment installs"
+    if own.check_saved is not None and env.check_saved is None:
+        return "it turns off the saved-tensor check the environment runs"
+    return None
+
+
+def _damaged(text: str | None, broken: str | None, path: str) -> tuple[LaunchSpec | None, Outcome | None]:
+    """An enabled environment's data file that cannot be its spec: the program runs unpatched, said once."""
+    if broken or not text:
+        why = broken or "it is empty"
+        return None, Outcome(True, f"torchgen-patch: NOT active in pid {os.getpid()}: {path}: {why} "
+                                   f"(hint: {hint_for(path)})")
+    return read(text, "enable", path)
 
 
 def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:

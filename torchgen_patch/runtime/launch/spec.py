@@ -53,7 +53,7 @@ class LaunchSpec:
         try:
             return cls._build(text)
         except ValueError as e:
-            raise InputError(None, None, f"{source}: {e}", _hint(source)) from None
+            raise InputError(None, None, f"{source}: {e}", hint_for(source)) from None
 
     @classmethod
     def _build(cls, text) -> LaunchSpec:
@@ -125,7 +125,7 @@ def is_run_source(source: str) -> bool:
     return source.startswith("$")
 
 
-def _hint(source: str) -> str:
+def hint_for(source: str) -> str:
     """What to do about a launch spec from ``source`` that is not one."""
     return "torchgen-patch run sets it: unset it" if is_run_source(source) else \
         "`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it"

@@ -1,10 +1,9 @@
-"""torchgen-patch's hook in a Python process: loaded at interpreter start by ``run``'s
-``sitecustomize`` (this folder first on PYTHONPATH) or by the ``.pth`` file ``torchgen-patch enable``
-writes into an environment's site-packages. Standard library only, and at start nothing but what
-the interpreter has loaded already: the rest waits for the first ``import torch``, and so do the hook's
-two parts, files beside it loaded by their path (``_part``): ``_torchgen_patch_spec.py`` (an enabled
-environment's data file, why a process has no launch spec) at that import, ``_torchgen_patch_spawn.py``
-(the processes this one starts) at the first process it starts.
+"""torchgen-patch's hook in a Python process: loaded at interpreter start by ``run``'s ``sitecustomize`` (this folder
+first on PYTHONPATH) or by the ``.pth`` file ``torchgen-patch enable`` writes into an environment's site-packages.
+Standard library only, and at start nothing but what the interpreter has loaded already: the rest waits for the first
+``import torch``, and so do the hook's two parts, files beside it loaded by their path (``_part``):
+``_torchgen_patch_spec.py`` (an enabled environment's data file, why a process has no launch spec) at that import,
+``_torchgen_patch_spawn.py`` (the processes this one starts) at the first process it starts.
 
 - A meta-path finder lets the other finders find ``torch`` (and the ``--import`` modules), then
   wraps that one loader's ``exec_module`` so the kernels are installed right after the module ran.
@@ -13,8 +12,8 @@ environment's data file, why a process has no launch spec) at that import, ``_to
   next import when torch came in past the finder (``importlib.import_module`` raises no audit event
   of its own). Under ``run`` it also hands the processes this one starts (``subprocess``, ``os.exec*``,
   ``os.posix_spawn``, ``os.system``) to the spawn part, which names a Python child that drops the hook.
-- The tool's own imports in the program's process and the parts' (``_Own``) never come from the program's
-  own directory or PYTHONPATH, and leave ``sys.path`` and the program's view of ``sys.modules`` as they were.
+- The tool's own imports in the program's process and the parts' (``_Own``) never come from the program's own
+  directory, PYTHONPATH or a launch spec, and leave ``sys.path`` and the program's view of ``sys.modules`` as they were.
 """
 
 import _thread
@@ -42,6 +41,7 @@ _enabled_here = False  # the .pth of an enabled environment loaded this hook
 _start_path: tuple[str, ...] = ()  # sys.path at the hook's start: an entry put first later is the program's dir
 _broken = None  # why an enabled environment's data file cannot be its launch spec (said at `import torch`)
 _lazy = None  # that data file, not read yet
+_data = None  # (its text, _broken, its path) where $TORCHGEN_PATCH_RUN is set as well: the tool decides which governs
 _lock = _thread.allocate_lock()
 _busy: set[int] = set()  # threads doing the tool's own work right now
 _pending: list[str] = []  # modules finished importing, not yet handed to the tool
@@ -80,7 +80,7 @@ def enabled(data):
     that never imports torch reads nothing, and one whose file cannot be the spec says so in one line at
     that import and goes on unpatched. (Its spec has no --import modules: only torch is watched.)"""
     global _lazy  # noqa: PLW0603 (the hook's state, one per process)
-    _lazy = None if os.environ.get(ENV) else data  # run's own spec governs a process run started
+    _lazy = data  # read even where $TORCHGEN_PATCH_RUN is set: that variable may not ask for less, nor choose code
     start(None, "enable", data)
 
 
@@ -98,10 +98,9 @@ def _watched():
 
 
 def _early(field):
-    """A field of the launch spec the hook needs before the tool's own parse (``LaunchSpec.parse``) can
-    run, or where the tool failed to load: ``imports`` at start, ``roots`` to import the tool from,
-    ``strict`` when it could not be loaded; read with the standard library's JSON decoder, None where
-    the text is no JSON object (the tool's parse says what is wrong)."""
+    """A field of the launch spec the hook needs before the tool's own parse (``LaunchSpec.parse``) can run, or where
+    the tool failed to load (``imports`` at start, ``strict``), by the standard library's JSON decoder; None where the
+    text is no JSON object (the tool's parse says what is wrong). No field chooses where the tool comes from."""
     try:
         data = _std("json").loads(_spec)
     except (ValueError, TypeError, RecursionError):
@@ -110,8 +109,7 @@ def _early(field):
 
 
 def _say(text):
-    """One line on stderr, wherever the program sent it: nothing when it is closed (never stdout), and
-    a sink that cannot flush (or write) costs nothing."""
+    """One line on stderr, wherever the program sent it: nothing where it is closed or broken (never stdout)."""
     err = sys.stderr
     if err is None:
         return
@@ -176,8 +174,7 @@ class _Watch:
 
 
 def _audit(event, args):
-    """Every audited event of the process (a file opened, sys._getframe, ...): so it returns at once
-    for all but a few (about 0.25 us an event)."""
+    """Every audited event of the process (a file opened, ...): returns at once for all but a few (0.25 us an event)."""
     if event not in _EVENTS or _down:
         return
     if event == "import":
@@ -247,7 +244,7 @@ def _work(name):
         spec = _launch_spec()
         if spec is None:
             return
-        with _Own(spec.roots):
+        with _Own({**spec.roots, "torchgen_patch": PACKAGE}):  # the tool from where this hook is, whatever a spec says
             from torchgen_patch.runtime.launch.process import after_import
 
             outcome = after_import(name, spec, _mode, program_import)  # type: ignore[arg-type]  # start() set _mode
@@ -266,39 +263,44 @@ def _work(name):
 
 
 def _strict():
-    """Whether the launch spec says ``strict`` (an enabled environment whose processes never run
-    unpatched); a spec that cannot be read says not."""
-    return _value.strict if _value is not None else _early("strict") is True
+    """Whether the launch spec says ``strict`` (an enabled environment's processes never run unpatched); a spec that
+    cannot be read, or one from the environment's variables, says not."""
+    return _value.strict if _value is not None else _early("strict") is True and not _source.startswith("$")
 
 
 def _launch_spec():
-    """The launch spec as the tool parses it (``LaunchSpec.parse``, imported from where the spec says the tool is: where
-    this hook is, where it says nothing readable), once per process; None where there is none to use, said in one line:
-    a spec of ``run`` that is not one stops the process (exit 2), as every bad input does; an enabled environment's file
-    that is not one leaves the program unpatched (as when it names what cannot be had)."""
-    global _finished, _spec, _value, _broken, _lazy  # noqa: PLW0603 (the hook's state, one per process)
+    """The launch spec as the tool parses it (``LaunchSpec.parse``, the tool imported from where this hook is), once per
+    process; None where there is none to use, said in one line: a spec of ``run`` that is not one stops the process
+    (exit 2), as every bad input does; an enabled environment's file that is not one leaves the program unpatched (as
+    when it names what cannot be had). In an enabled environment with $TORCHGEN_PATCH_RUN set too, the tool decides
+    which of the two governs (``process.governing``): where the file does, it is the mode and source from then on."""
+    global _finished, _spec, _value, _broken, _lazy, _data, _mode, _source  # noqa: PLW0603 (the hook's state)
     if _value is not None:
         return _value
     part = _part(SPEC, f"NOT active in pid {os.getpid()}")
     if part is None:  # said; the data file is not read, so strict is unknown: never exit 3 for it (fail open)
         _finished = True
         return None
-    if _lazy is not None and _mode == "enable":
-        _spec, _broken = part.read_data(_lazy)
+    if _lazy is not None:
+        text, why = part.read_data(_lazy)
+        if _source.startswith("$"):
+            _data = (text, why, _lazy)
+        else:
+            _spec, _broken = text, why
         _lazy = None
     why = part.unusable(_spec, _broken, _source, from_file=_mode == "enable" and not _source.startswith("$"), hint=HINT)
     if why is not None:  # a damaged data file: what it would have said, strict included, is unknown
         _finished = True
         _say(f"torchgen-patch: NOT active in pid {os.getpid()}: {why}")
         return None
-    roots = _early("roots")
-    root = roots.get("torchgen_patch") if isinstance(roots, dict) else None
-    with _Own({"torchgen_patch": root if isinstance(root, str) else PACKAGE}):  # the package and the stdlib only
+    with _Own({"torchgen_patch": PACKAGE}):  # the package and the stdlib only
         from torchgen_patch.runtime.launch.process import read
 
-        _value, refused = read(_spec, _mode, _source)  # type: ignore[arg-type]  # start() set _mode
+        _value, refused = read(_spec, str(_mode), _source, _data, isolated=bool(sys.flags.ignore_environment))
     if refused is not None:
-        _finished = True
+        _finished = refused.done
+        if not _finished:  # the environment's own file governs, said once
+            _mode, _source = "enable", _data[2]  # type: ignore[index]  # refused only where _data is set
         if refused.line:
             _say(refused.line)
         if refused.exit_code is not None:
@@ -401,8 +403,8 @@ class _Own:
 
 
 def _stdlib_dirs():
-    """Where this interpreter's standard library lives: the entries of sys.path at start that are its
-    library directory (or below it: lib-dynload, but no site-packages) or its zip beside it."""
+    """Where this interpreter's standard library lives: the entries of sys.path at start that are its library directory
+    (or below it: lib-dynload, but no site-packages) or its zip beside it."""
     if not _std_dirs:
         lib = os.path.abspath(getattr(sys, "_stdlib_dir", None) or os.path.dirname(os.__file__))
         for p in _start_path or sys.path:
@@ -417,8 +419,7 @@ def _stdlib_dirs():
 
 
 def _std_spec(name):
-    """The spec of the standard library's top-level module ``name`` (built in, frozen, or a file of its
-    directories), or None."""
+    """The spec of the standard library's module ``name`` (built in, frozen, a file of its directories), or None."""
     for finder in _STD_FINDERS:
         spec = finder.find_spec(name)
         if spec is not None:
@@ -473,8 +474,7 @@ def _part(name, undone):
 
 
 def program_import(name):
-    """Import ``name`` (a module of --import) as the program would: the tool's routing is off in this
-    thread meanwhile."""
+    """Import ``name`` (a module of --import) as the program would: the tool's routing is off in this thread."""
     import importlib
 
     own = _Own.active
