@@ -128,6 +128,12 @@ def saved_goldens() -> dict[str, bytes]:
         Finding((), "float64", "cpu", 2, "emb\x1b[2J.weight", node="SumBackward0",
                 forward=Frame("run\n.py", 3, "<module>"), backward=Frame("run\n.py", 4, "<module>"),
                 writers=(W.DATA, W.ALIAS, W.KERNEL)),
+        # a library's kernel writing into its input, and an alias written, each named first
+        Finding((4, 50257), "bfloat16", "cuda:0", 0, node="SoftmaxBackward0", forward=Frame("train.py", 30, "loss"),
+                backward=Frame("train.py", 33, "main"), writers=(W.KERNEL, W.ALIAS, W.DATA)),
+        Finding((16,), "float32", "cpu", 0, "ema.shadow", "EMA", node="MulBackward0",
+                forward=Frame("ema.py", 5, "forward"), backward=Frame("ema.py", 9, "step"),
+                writers=(W.ALIAS, W.KERNEL, W.DATA)),
     ]
     summaries = [sr.summary(0, 0, 120, {}, ""),
                  sr.summary(1, 1, 7, {}, " in pid 4242"),

@@ -27,13 +27,18 @@ def test_the_saved_checks_goldens_are_current():
 
 def test_the_goldens_show_each_place_a_finding_shows():
     lines = _golden("formats/saved.line").decode().splitlines()
-    assert len(lines) == 4 and all(line.startswith("torchgen-patch: saved tensor changed without a version bump")
+    assert len(lines) == 6 and all(line.startswith("torchgen-patch: saved tensor changed without a version bump")
                                    for line in lines)
     assert "[rank 1]" in lines[0] and "[rank" not in "".join(lines[1:])
     # what a terminal would obey is shown escaped, in every renderer for people
     assert "\x1b" not in _golden("formats/saved.line").decode() + _golden("formats/saved.message").decode()
     findings = json.loads(_golden("formats/saved.json"))
-    assert [f["writers"][0] for f in findings] == ["optimizer", "storage", "hooks", "data"]
+    assert [f["writers"][0] for f in findings] == ["optimizer", "storage", "hooks", "data", "kernel", "alias"]
+    # every finding says what to change, the same words in each renderer
+    message = _golden("formats/saved.message").decode()
+    for f, text in zip(findings, lines):
+        assert f["fix"] and text.endswith("; fix: " + f["fix"]) and f"  fix:      {f['fix']}\n" in message
+    assert "increment_version" in findings[4]["fix"] and "after the backward call at train.py:57" in findings[0]["fix"]
     summary = _golden("formats/saved.summary").decode().splitlines()
     assert [s.split(": ", 2)[2].split(" (")[0] for s in summary] == ["0 changed saved tensors",
                                                                      "1 changed saved tensor",

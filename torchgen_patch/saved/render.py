@@ -24,6 +24,23 @@ _WRITER = {
 }
 
 
+# what to change, by the most likely writer: {tensor} is how a person names it, {backward} the backward call's frame
+_FIX = {
+    Writer.OPTIMIZER: "step {optimizer} after the backward call at {backward}, not between the forward that saved "
+                      "{tensor} and that backward (gradient accumulation: step once every micro-batch's backward ran)",
+    Writer.STORAGE: "do not give {tensor} other storage between forward and backward: copy into it in place under "
+                    "`torch.no_grad()` (`t.copy_(new)`), or do it after the backward call at {backward}",
+    Writer.DATA: "write {tensor} itself in place under `torch.no_grad()` (`with torch.no_grad(): t.mul_(2)`), not "
+                 "through `.data`, so autograd sees its version move; or write it after the backward call at {backward}",
+    Writer.ALIAS: "after writing {tensor} through an alias, call `torch.autograd.graph.increment_version(t)`; or write "
+                  "it after the backward call at {backward}",
+    Writer.KERNEL: "after a library's kernel writes {tensor}, call `torch.autograd.graph.increment_version(t)` (in a "
+                   "custom Function's forward: `ctx.mark_dirty(t)`); or have the kernel write a copy",
+    Writer.HOOKS: "have the program's saved-tensor hooks give back what was saved for {tensor}: recompute only from "
+                  "inputs not written since, or keep a copy",
+}
+
+
 def tensor(f: Finding) -> str:
     """The tensor, as a person names it: its module path when it is a parameter or buffer."""
     shape = f"{f.dtype}[{', '.join(map(str, f.shape))}] on {f.device}"
@@ -40,12 +57,20 @@ def writers(f: Finding) -> str:
     return "; ".join(_WRITER[w].format(optimizer=f.optimizer) for w in f.writers)
 
 
+def fix(f: Finding) -> str:
+    """What to change, for the most likely writer (empty where none is named)."""
+    if not f.writers:
+        return ""
+    return _FIX[f.writers[0]].format(optimizer=f.optimizer or "the optimizer", backward=_frame(f.backward),
+                                     tensor=tensor(f))
+
+
 def line(f: Finding) -> str:
     """``warn``: one line on stderr per distinct finding."""
     saved = f"saved by {f.node or 'an unknown node'} in the forward call at {_frame(f.forward)}"
     rank = f" [rank {f.rank}]" if f.rank is not None else ""
     return (f"{PREFIX}{rank}: {tensor(f)}, {saved}, used by the backward call at {_frame(f.backward)}; "
-            f"likely written by: {writers(f)}")
+            f"likely written by: {writers(f)}" + (f"; fix: {fix(f)}" if f.writers else ""))
 
 
 def message(f: Finding) -> str:
@@ -58,6 +83,8 @@ def message(f: Finding) -> str:
         lines.append(f"            (inside {_frame(f.site)})")
     lines.append(f"  used by:  the backward call at {_frame(f.backward)}")
     lines.append("  likely written by: " + writers(f))
+    if f.writers:
+        lines.append("  fix:      " + fix(f))
     if f.rank is not None:
         lines.append(f"  rank:     {f.rank}")
     return "\n".join(lines)
@@ -70,7 +97,7 @@ def as_dict(f: Finding) -> dict:
     return {"tensor": {"name": f.name, "owner": f.owner, "view": f.view, "shape": list(f.shape), "dtype": f.dtype,
                        "device": f.device, "version": f.version},
             "node": f.node, "forward": frame(f.forward), "site": frame(f.site), "backward": frame(f.backward),
-            "writers": [str(w) for w in f.writers], "optimizer": f.optimizer, "rank": f.rank}
+            "writers": [str(w) for w in f.writers], "optimizer": f.optimizer, "rank": f.rank, "fix": fix(f) or None}
 
 
 def to_json(findings: list[Finding]) -> str:
