@@ -375,3 +375,148 @@ def test_a_directory_at_the_data_files_name_stops_disable_before_it_removes_anyt
         with open(data, "wb") as fh:
             fh.write(old)
     assert _tool(env, "disable").returncode == 0
+
+
+def _peer() -> tuple[int, str]:
+    """Another account (tgpeer where this machine has one, else nobody): its uid and the name messages give it."""
+    import pwd
+
+    from torchgen_patch.fs.protected import owner_name
+
+    try:
+        uid = pwd.getpwnam("tgpeer").pw_uid
+    except KeyError:
+        uid = 65534
+    return uid, owner_name(uid)
+
+
+def _refusals(env):
+    """The ways the load-time checks refuse the build the spec names: (what the refusal says, make it so,
+    undo it)."""
+    lib = _library(env)
+    d = os.path.dirname(lib)
+    dmode, lmode = os.stat(d).st_mode & 0o7777, os.stat(lib).st_mode & 0o7777
+    uid, name = _peer()
+    whole = open(lib, "rb").read()
+
+    def put_back():
+        with open(lib, "wb") as fh:
+            fh.write(whole)
+
+    return [
+        (f"{d} is writable by its group (mode {dmode | 0o020:04o})", lambda: os.chmod(d, dmode | 0o020),
+         lambda: os.chmod(d, dmode)),
+        (f"{lib} is writable by others (mode {lmode | 0o002:04o})", lambda: os.chmod(lib, lmode | 0o002),
+         lambda: os.chmod(lib, lmode)),
+        (f"{lib} is owned by {name}, not by you or root", lambda: os.chown(lib, uid, -1),
+         lambda: os.chown(lib, 0, -1)),
+        (f"{lib} is not the library that was built", lambda: open(lib, "ab").write(b"\0"), put_back),
+        (f"cannot check {lib} before loading native code from it: No such file or directory",
+         lambda: os.rename(lib, lib + ".away"), lambda: os.rename(lib + ".away", lib)),
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the library of another account needs root to chown")
+def test_status_says_a_build_the_load_checks_refuse_is_refused_with_why_and_the_fix(cached):
+    """The build the data file names, refused by the checks each process makes before loading it (a
+    directory its group can write, a library others can write or another account owns, its SHA-256 not
+    the recorded one, the library gone from its build): status says "refused: <why>" with the fix a
+    process's line gives, exit 1. Before, status called the first one "gone", the others "there", exit 0."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    for says, break_it, undo in _refusals(env):
+        break_it()
+        try:
+            r = _tool(env, "status")
+            p = _prog(env)
+        finally:
+            undo()
+        first, refused = (r.stdout.splitlines() + ["", ""])[:2]
+        assert r.returncode == 1 and "; the build it names is refused (below);" in first, (says, r.stdout)
+        assert refused.startswith(f"refused: {says}") and "every process of this environment that imports torch " \
+                                                          "refuses it too" in refused, (says, r.stdout)
+        line = UNPATCHED.match(p.stderr.rstrip("\n"))
+        hint = refused.split(" (hint: ", 1)[1][:-1] if " (hint: " in refused else ""
+        assert line and line.group(2) == (f"{hint}; " if hint else ""), (says, p.stderr, refused)
+    r = _tool(env, "status")
+    assert r.returncode == 0 and "the build it names is there" in r.stdout and r.stdout.count("\n") == 1, r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the library of another account needs root to chown")
+def test_a_process_whose_build_is_refused_says_the_cause_and_the_fix_once(cached):
+    """Each refusal of the named build: the program runs unpatched, its one line giving the cause once and
+    each fix once. Before, a directory its group can write was said twice, with its fix twice (the cache's
+    lookup reached the same build and was refused by the same check)."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    for says, break_it, undo in _refusals(env):
+        break_it()
+        try:
+            p = _prog(env)
+        finally:
+            undo()
+        assert (p.returncode, p.stdout) == (0, "end\n"), (says, p.stderr)
+        line = UNPATCHED.match(p.stderr.rstrip("\n"))
+        assert p.stderr.count("\n") == 1 and line and line.group(1).count(says) == 1, (says, p.stderr)
+        assert "none can be had instead" not in line.group(1), (says, p.stderr)
+        fixes = [h for h in line.group(2).split("; ") if h]
+        assert len(fixes) == len(set(fixes)) <= 1, (says, p.stderr)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another account need root to chown")
+def test_status_names_files_of_another_account_and_a_site_packages_others_can_write(cached):
+    """The .pth line or its data file, as enable writes them but owned by another account (or writable by
+    the group): named with its owner, exit 1. A site-packages directory its group or others may write
+    (with the sticky bit or without): named with the fix, exit 1, after the line that says what is
+    enabled. Before, all but the data file's owner were "enabled", exit 0."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    uid, name = _peer()
+    site_mode = os.stat(env.site).st_mode & 0o7777
+    mode = os.stat(env.pth).st_mode & 0o7777
+    for path in (env.pth, env.data):
+        os.chown(path, uid, -1)
+        try:
+            r = _tool(env, "status")
+        finally:
+            os.chown(path, 0, -1)
+        assert r.returncode == 1 and r.stdout.count("\n") == 1, r.stdout
+        assert f"{path}: {name} owns it, not root (uid 0), who owns {env.site}: that account may have replaced it" \
+            in r.stdout, r.stdout
+    os.chmod(env.pth, mode | 0o020)
+    try:
+        r = _tool(env, "status")
+    finally:
+        os.chmod(env.pth, mode)
+    assert r.returncode == 1 and r.stdout.startswith(f"{env.pth}: it is writable by its group (mode "), r.stdout
+    for extra, who, replace in [(0o020, "its group", True), (0o002, "others", True), (0o1002, "others", False)]:
+        os.chmod(env.site, site_mode | extra)
+        try:
+            r = _tool(env, "status")
+        finally:
+            os.chmod(env.site, site_mode)
+        lines = r.stdout.splitlines()
+        assert r.returncode == 1 and len(lines) == 2 and lines[0].startswith(f"enabled: {env.pth} ("), r.stdout
+        assert lines[1].startswith(f"{env.site} is writable by {who} (mode {site_mode | extra:04o}): any account "
+                                   "that may write it could ") and lines[1].endswith(f"(hint: chmod go-w {env.site})")
+        assert ("replace the files `torchgen-patch enable` writes" in lines[1]) == replace, lines[1]
+    assert _tool(env, "status").returncode == 0
+
+
+def test_enable_refuses_a_site_packages_its_group_can_write_and_writes_nothing(cached):
+    """SECURITY.md says enable writes only into a site-packages directory others cannot write: a group's
+    write bit is refused as the others' one is, in one error line, exit 3, before any work (nothing
+    written, the files there as they were). Before, enable wrote there, exit 0."""
+    env = cached
+    assert _tool(env, "enable", "-q").returncode == 0
+    before = env.listing(), open(env.pth, "rb").read(), open(env.data, "rb").read()
+    site_mode = os.stat(env.site).st_mode & 0o7777
+    os.chmod(env.site, site_mode | 0o020)
+    try:
+        r = _tool(env, "enable", "--op", "aten::_cummin_helper")
+    finally:
+        os.chmod(env.site, site_mode)
+    assert (r.returncode, r.stdout) == (3, "") and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"torchgen-patch: error: {env.site} is writable by its group (mode "
+                               f"{site_mode | 0o020:04o}): ") and r.stderr.endswith(f"(hint: chmod go-w {env.site})\n")
+    assert (env.listing(), open(env.pth, "rb").read(), open(env.data, "rb").read()) == before

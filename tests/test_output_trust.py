@@ -263,7 +263,11 @@ def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_re
     site = tmp_path / "site-packages"
     site.mkdir()
     os.chmod(site, 0o777)
-    with pytest.raises(EnvironmentProblem, match=r"site-packages is writable by others \(mode 0777\): any account "):
+    with pytest.raises(EnvironmentProblem, match=r"site-packages is writable by its group and others \(mode 0777\): "
+                                                 "any account "):
+        enable.check_writable(str(site))
+    os.chmod(site, 0o775)  # a group's write bit: refused as the others' is
+    with pytest.raises(EnvironmentProblem, match=r"site-packages is writable by its group \(mode 0775\): any account "):
         enable.check_writable(str(site))
     enable.check_writable(str(site), removing=True)  # disable may remove what is there
     os.chmod(site, 0o755)

@@ -47,10 +47,21 @@ def disable(args) -> int:
 
 
 def status(args) -> int:
-    """Exit 0 when enabled as this torchgen-patch writes it, 1 otherwise; -q: the exit code alone."""
+    """Exit 0 when enabled as this torchgen-patch writes it, with nothing to fix; 1 otherwise (a line for
+    each thing to fix: the build it names refused, a site-packages directory others may write); -q: the
+    exit code alone."""
     from ..runtime.launch import enable as en
+    from ..runtime.launch.status import named_build
 
     st = en.state()
+    build = named_build(st.spec.library) if st.spec is not None and st.spec.library else None
+    fix = []  # what to fix, beside a file that is not as written
+    e = build.error if build is not None and build.verdict == "refused" else None
+    if e is not None:
+        fix.append(f"refused: {e.message}: every process of this environment that imports torch refuses it too "
+                   f"({_fails(st.spec)})" + (f" (hint: {e.hint})" if e.hint else ""))
+    if st.unsafe_site is not None:
+        fix.append(f"{st.unsafe_site[0]} (hint: {st.unsafe_site[1]})")
     if not st.present:
         line = (f"not enabled: {st.path} does not exist (`torchgen-patch enable` patches every Python process of "
                 "this environment that imports torch" + (f"; {st.data} is left over: `torchgen-patch disable` removes "
@@ -58,31 +69,44 @@ def status(args) -> int:
     elif st.problem:
         line = f"{st.path}: {st.problem} (`torchgen-patch enable` writes it again, `torchgen-patch disable` removes it)"
     else:
-        line = f"enabled: {_enabled_line(st)}"
+        line = f"enabled: {_enabled_line(st, build)}"
     if not args.quiet:
-        print(line)
+        print("\n".join([line, *fix]))
         if args.verbose and st.spec is not None:
             print(f"status: its launch spec: {st.spec.to_json()}", file=sys.stderr)
-    return 0 if st.present and not st.problem else 1
+    return 0 if st.present and not st.problem and not fix else 1
 
 
-def _enabled_line(st) -> str:
-    """What an enabled environment's file does, for people."""
-    from ..runtime import build_there
-
+def _enabled_line(st, build=None) -> str:
+    """What an enabled environment's file does, for people (``build``: the verdict on the build it names)."""
     spec = st.spec
     if st.problem or spec is None:
         return f"{st.path}: {st.problem or 'not enabled'}"
     ops = "every op of the plan" if spec.ops is None else ", ".join(spec.ops)
-    build = "" if not spec.library else "; the build it names is there" if build_there(spec.library) else \
-        "; the build it names is gone (the first process that imports torch finds or builds one)"
     pip = {True: "pip uninstall torchgen-patch removes it", False: "pip's RECORD of torchgen-patch does not list it",
            None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}
-    fails = "strict: a process that cannot have the kernels stops (exit 3)" if spec.strict else \
-        "fail open: a process that cannot have the kernels runs unpatched, said in one line"
-    return (f"{st.path} (torchgen-patch {st.version}; {spec.backend.value}, {ops}{build}; "
-            f"{'quiet' if spec.quiet else 'one line per process'}; {fails}; "
+    return (f"{st.path} (torchgen-patch {st.version}; {spec.backend.value}, {ops}{_build(build)}; "
+            f"{'quiet' if spec.quiet else 'one line per process'}; {_fails(spec)}; "
             f"saved-tensor check: {spec.check_saved.value if spec.check_saved else 'off'}; {pip[st.recorded]})")
+
+
+def _build(build) -> str:
+    """The enabled line's words on the build its spec names (None: it names none)."""
+    if build is None:
+        return ""
+    if build.verdict == "there":
+        return "; the build it names is there"
+    if build.verdict == "refused":
+        return "; the build it names is refused (below)"
+    if build.verdict == "unchecked":
+        return f"; the build it names is not checked: {build.error.message}"
+    gone = "is gone" if build.verdict == "gone" else f"cannot be used ({build.error.message})"
+    return f"; the build it names {gone} (the first process that imports torch finds or builds one)"
+
+
+def _fails(spec) -> str:
+    return "strict: a process that cannot have the kernels stops (exit 3)" if spec.strict else \
+        "fail open: a process that cannot have the kernels runs unpatched, said in one line"
 
 
 ENVIRONMENT_COMMANDS = {"enable": enable, "disable": disable, "status": status}

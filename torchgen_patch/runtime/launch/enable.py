@@ -37,6 +37,7 @@ from ...errors import EnvironmentProblem, InputError
 from ...version import __version__
 from ...vocabulary import Backend, plural
 from .spec import LaunchSpec
+from .status import unsafe_file, unsafe_site
 
 FILE = "torchgen_patch_enable.pth"
 DATA = "torchgen_patch_enable.json"
@@ -62,6 +63,7 @@ class State:
     recorded: bool | None = None  # pip's RECORD of this tool lists it (None: no RECORD of the tool there)
     data: str = ""  # the data file, there or not
     data_present: bool = False
+    unsafe_site: tuple[str, str] | None = None  # why another account could change the site-packages (message, hint)
 
 
 def site_dir() -> str:
@@ -82,7 +84,7 @@ def site_dir() -> str:
 def check_writable(site: str, removing: bool = False) -> None:
     """Refuse, before any work, a site-packages directory this account may not write into: another
     account's (the file would be this account's in an environment it does not own), a read-only one,
-    and for a file to be written (not ``removing`` one: ``disable``), one others can write."""
+    and for a file to be written (not ``removing`` one: ``disable``), one its group or others can write."""
     from ...fs.protected import owner_name
 
     try:
@@ -93,10 +95,8 @@ def check_writable(site: str, removing: bool = False) -> None:
         raise EnvironmentProblem(f"{site} belongs to {owner_name(st.st_uid)}: this account does not enable an "
                                  "environment it does not own", "run torchgen-patch enable as that account, or in "
                                                                 "an environment of your own")
-    if st.st_mode & 0o002 and not removing:
-        raise EnvironmentProblem(f"{site} is writable by others (mode {st.st_mode & 0o7777:04o}): any account could "
-                                 "replace the file enable writes there, which every Python of this environment runs",
-                                 f"chmod o-w {site}")
+    if not removing and (unsafe := unsafe_site(site, st)) is not None:
+        raise EnvironmentProblem(*unsafe)
     if not os.access(site, os.W_OK):
         raise EnvironmentProblem(f"cannot write into {site}: " + (
             "it is on a read-only file system" if _read_only(site) else "permission denied"),
@@ -187,7 +187,9 @@ def state(site: str | None = None) -> State:
     if got is None:
         return State(site, path, False, **common)
     raw, st = got
-    raw_data, version, hook, why = _data(data, site, data_problem, os.stat(site).st_uid)
+    site_st = os.stat(site)
+    common["unsafe_site"] = unsafe_site(site, site_st)
+    raw_data, version, hook, why = _data(data, site, data_problem, site_st.st_uid)
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
@@ -197,7 +199,7 @@ def state(site: str | None = None) -> State:
         return State(site, path, True, problem=f"{problem} ({_by(st.st_uid)})", **common)
     if text != render(site, hook or HOOK):
         return State(site, path, True, problem=_foreign(text, st.st_uid), **common)
-    problem, spec = why, None
+    problem, spec = unsafe_file(st, site_st.st_uid, site) or why, None
     if problem is None and version != __version__:
         problem = f"written by torchgen-patch {version}; this is {__version__}"
     elif problem is None and not os.path.isfile(hook):  # type: ignore[arg-type]  # no problem: a hook
@@ -251,8 +253,8 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None
     if got is None:
         return None, None, None, f"its data file {data_path} is missing"
     raw, st = got
-    if st.st_uid != owner or st.st_mode & 0o022:
-        return None, None, None, f"{data_path} is not as torchgen-patch writes it ({_by(st.st_uid)})"
+    if (unsafe := unsafe_file(st, owner, site)) is not None:
+        return None, None, None, f"{data_path}: {unsafe}"
     from ...fs.decode import loads
 
     try:

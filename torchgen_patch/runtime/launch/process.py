@@ -188,9 +188,13 @@ def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:
 
 def _both(named: ToolError, instead: ToolError) -> ToolError:
     """The named build could not be used and none could be had instead: both causes in one error, the
-    named build's first (its fix is the one that helps), of the kind of the second."""
+    named build's first (its fix is the one that helps), of the kind of the second. Where the second is
+    the first again (the cache's lookup reached the same build, refused by the same check), it is said
+    once, as is a fix both give."""
+    if (named.location, named.message) == (instead.location, instead.message):
+        return instead
     message = f"{named.message}; and none can be had instead: {instead.message}"
-    hint = "; ".join(h for h in (named.hint, instead.hint) if h) or None
+    hint = "; ".join(dict.fromkeys(h for h in (named.hint, instead.hint) if h)) or None
     if isinstance(instead, EnvironmentProblem):
         return EnvironmentProblem(message, hint)
     return InputError(instead.path, instead.line, message, hint)
