@@ -36,7 +36,7 @@ def test_the_goldens_show_each_place_a_finding_shows():
     assert [f["writers"][0] for f in findings] == ["optimizer", "storage", "hooks", "data", "kernel", "alias"]
     # every finding says what to change, the same words in each renderer
     message = _golden("formats/saved.message").decode()
-    for f, text in zip(findings, lines):
+    for f, text in zip(findings, lines, strict=True):
         assert f["fix"] and text.endswith("; fix: " + f["fix"]) and f"  fix:      {f['fix']}\n" in message
     assert "increment_version" in findings[4]["fix"] and "after the backward call at train.py:57" in findings[0]["fix"]
     summary = _golden("formats/saved.summary").decode().splitlines()

@@ -31,7 +31,8 @@ _FIX = {
     Writer.STORAGE: "do not give {tensor} other storage between forward and backward: copy into it in place under "
                     "`torch.no_grad()` (`t.copy_(new)`), or do it after the backward call at {backward}",
     Writer.DATA: "write {tensor} itself in place under `torch.no_grad()` (`with torch.no_grad(): t.mul_(2)`), not "
-                 "through `.data`, so autograd sees its version move; or write it after the backward call at {backward}",
+                 "through `.data`, so autograd sees its version move; or write it after the backward call at "
+                 "{backward}",
     Writer.ALIAS: "after writing {tensor} through an alias, call `torch.autograd.graph.increment_version(t)`; or write "
                   "it after the backward call at {backward}",
     Writer.KERNEL: "after a library's kernel writes {tensor}, call `torch.autograd.graph.increment_version(t)` (in a "
