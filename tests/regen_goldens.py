@@ -142,8 +142,9 @@ def saved_goldens() -> dict[str, bytes]:
 def fleet_records():
     """The files of a small fleet, written out by hand (file name -> its bytes): two ranks on two hosts
     finding an optimizer's write at three steps each, a third process (no rank) finding another site,
-    one finding outside a backward pass with no frame, one whose name and frame hold characters a
-    terminal would obey, and a line cut short."""
+    a site of five layers' weights (named by a class with markup in its name), one finding outside a
+    backward pass with no frame, one whose name and frame hold characters a terminal would obey, and
+    a line cut short."""
     from torchgen_patch.saved.finding import Finding, Frame
     from torchgen_patch.saved.fleet import Record
     from torchgen_patch.vocabulary import Writer as W
@@ -159,13 +160,14 @@ def fleet_records():
         "findings-node-a-101.jsonl": [Record("node-a", 101, s, Finding(**weight, rank=0)) for s in (3, 4, 5)],
         "findings-node-b-202.jsonl": [Record("node-b", 202, s, Finding(**weight, rank=1)) for s in (3, 4, 5)]
         + [Record("node-b", 202, 5, Finding(**{**weight, "name": "layers.0.bias", "shape": (64,)}, rank=1))],
-        "findings-node-a-303.jsonl": [Record("node-a", 303, 7, stats),
-                                      Record("node-a", 303, None, Finding((2, 3), "float16", "cpu", 1,
-                                                                          writers=(W.HOOKS, W.ALIAS))),
-                                      Record("node-a", 303, 8, Finding((), "float64", "cpu", 2, "emb\x1b[2J.weight",
-                                                                       node="SumBackward0",
-                                                                       forward=Frame("run\n.py", 3, "<module>"),
-                                                                       writers=(W.DATA,)))],
+        "findings-node-a-303.jsonl": [Record("node-a", 303, 7, stats)] + [
+            Record("node-a", 303, 2, Finding((8, 8), "float32", "cpu", 0, f"blocks.{i}.w", "Net<b>", node="MmBackward0",
+                                             forward=Frame("model.py", 30, "forward"),
+                                             backward=Frame("model.py", 20, "step"), writers=(W.KERNEL,)))
+            for i in range(5)] + [
+            Record("node-a", 303, None, Finding((2, 3), "float16", "cpu", 1, writers=(W.HOOKS, W.ALIAS))),
+            Record("node-a", 303, 8, Finding((), "float64", "cpu", 2, "emb\x1b[2J.weight", node="SumBackward0",
+                                             forward=Frame("run\n.py", 3, "<module>"), writers=(W.DATA,)))],
     }
     out = {name: b"".join(r.to_line() for r in rs) for name, rs in files.items()}
     out["findings-node-b-202.jsonl"] += b'{"v": 1, "host": "node-b", "pid": 2'  # cut short by a full disk

@@ -584,14 +584,14 @@ def _fleet_folder(tmp_path):
 
 def p_findings_folder(run_cli, tmp_path, **_):
     rc, out, err = run_cli("findings", _fleet_folder(tmp_path))
-    assert (rc, err) == (1, "") and out.startswith("torchgen-patch findings: 4 sites, 10 findings")
+    assert (rc, err) == (1, "") and out.startswith("torchgen-patch findings: 5 sites, 15 findings")
     (tmp_path / "none").mkdir()
     assert run_cli("findings", tmp_path / "none")[0] == 0
 
 
 def p_findings_format(run_cli, tmp_path, **_):
     d = _fleet_folder(tmp_path)
-    assert json.loads(run_cli("findings", d, "--format", "json")[1])["findings"] == 10
+    assert json.loads(run_cli("findings", d, "--format", "json")[1])["findings"] == 15
     assert run_cli("findings", d, "--format", "markdown")[1].startswith("# Saved tensors written behind")
 
 

@@ -51,6 +51,16 @@ def _frame(fr: Frame | None) -> str:
     return printable(fr.render()) if fr else "an unknown frame"
 
 
+MOST_TENSORS = 3  # tensors a site lists for people (a loop over a model's layers saves one a layer there)
+
+
+def tensors(s: Site) -> tuple[list[str], str]:
+    """The site's tensors for people: the first few, and how many more ("" for none; JSON lists them all)."""
+    more = len(s.tensors) - MOST_TENSORS
+    shown = [saved.tensor(f) for f in s.tensors[:MOST_TENSORS]]
+    return shown, f"and {plural(more, 'other tensor')}" if more > 0 else ""
+
+
 def likely_writer(s: Site) -> str:
     """The most likely writer of the site's tensors, as the check's own line says it."""
     f = s.likely
@@ -73,19 +83,21 @@ def text(r: Report) -> str:
         lines += ["", f"{n}. saved by {saver} in the forward call at {_frame(s.forward)}",
                   f"   found by {_who(s.processes, s.hosts, s.ranks)}, {_steps(s)}: "
                   f"{plural(s.findings, 'finding')}"]
-        lines += [f"   tensor:  {saved.tensor(f)}" for f in s.tensors]
+        shown, more = tensors(s)
+        lines += [f"   tensor:  {t}" for t in shown] + ([f"            {more}"] if more else [])
         lines += [f"   used by: the backward call at {_frame(b)}" for b in s.backward]
         lines.append(f"   likely written by: {likely_writer(s)}")
     return "\n".join(lines) + "\n"
 
 
 def _cell(value: str) -> str:
-    """Text in a markdown table's cell: on one line, its pipes escaped."""
-    return printable(value).replace("|", "\\|")
+    """Text in a markdown table's cell: on one line, its pipes escaped, no HTML (the names are input)."""
+    return printable(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
 def _code(value: str) -> str:
-    return "`" + _cell(value).replace("`", "'") + "`"
+    """Text as code in a cell (literal there: only its pipes escaped, a backtick made a quote)."""
+    return "`" + printable(value).replace("`", "'").replace("|", "\\|") + "`"
 
 
 def markdown(r: Report) -> str:
@@ -95,9 +107,10 @@ def markdown(r: Report) -> str:
         out += ["| # | saved by | forward call | processes | ranks | steps | first step | findings | tensor "
                 "| likely written by |", "|---:|---|---|---:|---|---:|---:|---:|---|---|"]
     for n, s in enumerate(r.sites, 1):
+        shown, more = tensors(s)
         cells = [str(n), _code(s.node or "unknown"), _code(s.forward.render()) if s.forward else "unknown",
                  str(s.processes), ranges(s.ranks) or "-", str(s.steps), "-" if s.first_step is None else
-                 str(s.first_step), str(s.findings), "<br>".join(_cell(saved.tensor(f)) for f in s.tensors),
+                 str(s.first_step), str(s.findings), "<br>".join(_cell(t) for t in [*shown, more] if t),
                  _cell(likely_writer(s))]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"

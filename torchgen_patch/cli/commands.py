@@ -386,9 +386,9 @@ def run(args) -> int:
     opts = options(args)
     if not _named_checked(args, opts):  # the installed torch's own inputs: the plan is made (or found by its
         resolve(opts)  # inputs' key) where torch is imported
-    check_saved, findings = _findings_to(args)
+    check_saved, folder = _findings_to(args)
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
-                                       args.quiet, check_saved=check_saved, findings=findings))
+                                       args.quiet, check_saved=check_saved, findings=folder))
     check_program(program, env)  # and what it does to that environment (env -i, env PYTHONPATH=...)
     try:
         return run_program(program, env)

@@ -17,9 +17,9 @@ def enable(args) -> int:
     _needs_torch("enable")  # the library is built now, against this environment's torch
     opts = options(args)
     _named_checked(args, opts)
-    check_saved, findings = _findings_to(args)
+    check_saved, folder = _findings_to(args)
     spec, what = en.prepared(opts, args.backend, args.op, quiet=args.quiet, verbose=args.verbose,
-                             log=_build_log(args), strict=args.strict, check_saved=check_saved, findings=findings)
+                             log=_build_log(args), strict=args.strict, check_saved=check_saved, findings=folder)
     st = en.enable(spec, site)
     undo = "`torchgen-patch disable` or `pip uninstall torchgen-patch` undoes it" if st.recorded else \
         ("`torchgen-patch disable` undoes it (this torchgen-patch is installed elsewhere: `pip uninstall` leaves the "

@@ -29,7 +29,7 @@ ENV = "TORCHGEN_PATCH_FINDINGS"
 VERSION = 1  # the lines' format; a reader refuses any other
 SUFFIX = ".jsonl"
 MAX_LINES = 10_000  # what one process writes at most: a write in a loop of a long job fills no disk
-_TEXT = 4096  # the longest string a line may hold (a path, a module name)
+_TEXT = 1 << 16  # the longest string a line may hold (a path, a module name)
 
 
 @dataclass(frozen=True)
