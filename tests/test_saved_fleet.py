@@ -318,6 +318,27 @@ def test_the_check_writes_each_finding_with_its_step(tmp_path, monkeypatch, how)
     assert fleet.step() is None  # outside a backward pass
 
 
+def test_raise_writes_its_finding_before_it_raises(tmp_path):
+    from torchgen_patch.saved import SavedTensorChanged, check_saved
+
+    with pytest.raises(SavedTensorChanged):
+        _train(check_saved("raise", "python", findings=str(tmp_path)))
+    (name,) = os.listdir(tmp_path)
+    (line,) = (tmp_path / name).read_bytes().splitlines()
+    assert Record.parse(line).finding.node == "AddmmBackward0"
+
+
+def test_whatever_the_writer_meets_the_program_goes_on(tmp_path, monkeypatch, capsys):
+    def broken():
+        raise RuntimeError("no engine")
+
+    monkeypatch.setattr(fleet, "step", broken)
+    w = Folder(str(tmp_path))
+    w.write(_finding())
+    w.write(_finding())
+    assert capsys.readouterr().err.count("RuntimeError: no engine; the check goes on\n") == 1
+
+
 def test_without_a_folder_nothing_is_written(tmp_path, monkeypatch):
     from torchgen_patch.saved import check_saved
 

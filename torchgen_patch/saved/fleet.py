@@ -180,6 +180,8 @@ class Folder:
                 self._stop(e.message)
             except OSError as e:
                 self._stop(e.strerror or str(e))
+            except Exception as e:  # noqa: BLE001 — whatever the writer meets, the program's training goes on
+                self._stop(f"{type(e).__name__}: {e}")
 
     def _open(self) -> None:
         from ..fs.appends import new_file
