@@ -101,6 +101,7 @@ def format_goldens() -> dict[str, bytes]:
     out["formats/verify.json"] = vr.to_json(runs, meta).encode()
     out["formats/verify.markdown"] = vr.markdown(runs, meta).encode()
     out.update(saved_goldens())
+    out.update(fleet_goldens())
     return out
 
 
@@ -142,6 +143,54 @@ def saved_goldens() -> dict[str, bytes]:
             "formats/saved.message": "".join(sr.message(f) + "\n\n" for f in findings).encode(),
             "formats/saved.json": sr.to_json(findings).encode(),
             "formats/saved.summary": "".join(t + "\n" for t in summaries).encode()}
+
+
+def fleet_records():
+    """The files of a small fleet, written out by hand (file name -> its bytes): two ranks on two hosts
+    finding an optimizer's write at three steps each, a third process (no rank) finding another site,
+    a site of five layers' weights (named by a class with markup in its name), one finding outside a
+    backward pass with no frame, one whose name and frame hold characters a terminal would obey, and
+    a line cut short."""
+    from torchgen_patch.saved.finding import Finding, Frame
+    from torchgen_patch.saved.fleet import Record
+    from torchgen_patch.vocabulary import Writer as W
+
+    weight = dict(shape=(64, 64), dtype="float32", device="cuda:0", version=3, name="layers.0.weight",
+                  owner="GPT2Model", node="MmBackward0", forward=Frame("train.py", 41, "forward"),
+                  site=Frame("lib/attn.py", 12, "attention"), backward=Frame("train.py", 57, "main"),
+                  writers=(W.OPTIMIZER, W.DATA, W.ALIAS, W.KERNEL), optimizer="bitsandbytes.optim.Adam8bit")
+    stats = Finding((8,), "bfloat16", "cpu", 0, "ln.running_mean", "Block", view=True, node="MulBackward0",
+                    forward=Frame("model.py", 9, "step"), backward=Frame("model.py", 20, "step"),
+                    writers=(W.STORAGE, W.DATA, W.ALIAS, W.KERNEL))
+    files = {
+        "findings-node-a-101.jsonl": [Record("node-a", 101, s, Finding(**weight, rank=0)) for s in (3, 4, 5)],
+        "findings-node-b-202.jsonl": [Record("node-b", 202, s, Finding(**weight, rank=1)) for s in (3, 4, 5)]
+        + [Record("node-b", 202, 5, Finding(**{**weight, "name": "layers.0.bias", "shape": (64,)}, rank=1))],
+        "findings-node-a-303.jsonl": [Record("node-a", 303, 7, stats)] + [
+            Record("node-a", 303, 2, Finding((8, 8), "float32", "cpu", 0, f"blocks.{i}.w", "Net<b>", node="MmBackward0",
+                                             forward=Frame("model.py", 30, "forward"),
+                                             backward=Frame("model.py", 20, "step"), writers=(W.KERNEL,)))
+            for i in range(5)] + [
+            Record("node-a", 303, None, Finding((2, 3), "float16", "cpu", 1, writers=(W.HOOKS, W.ALIAS))),
+            Record("node-a", 303, 8, Finding((), "float64", "cpu", 2, "emb\x1b[2J.weight", node="SumBackward0",
+                                             forward=Frame("run\n.py", 3, "<module>"), writers=(W.DATA,)))],
+    }
+    out = {name: b"".join(r.to_line() for r in rs) for name, rs in files.items()}
+    out["findings-node-b-202.jsonl"] += b'{"v": 1, "host": "node-b", "pid": 2'  # cut short by a full disk
+    return out
+
+
+def fleet_goldens() -> dict[str, bytes]:
+    """``torchgen-patch findings``'s report of ``fleet_records`` in each of its formats."""
+    from torchgen_patch.checks.fleet import report
+    from torchgen_patch.checks.fleet_render import RENDERERS
+
+    with tempfile.TemporaryDirectory() as d:
+        for name, data in fleet_records().items():
+            with open(os.path.join(d, name), "wb") as fh:
+                fh.write(data)
+        rep = report(d)
+    return {f"formats/findings.{fmt}": render(rep).encode() for fmt, render in RENDERERS.items()}
 
 
 def main() -> int:

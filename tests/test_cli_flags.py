@@ -571,6 +571,64 @@ def p_diff_verbose(run_cli, tree, **_):
     assert run_cli("diff", "--pytorch-root", tree)[2] == ""
 
 
+def _fleet_folder(tmp_path):
+    """A folder of findings two processes wrote (tests/regen_goldens.py's, less its line cut short)."""
+    from tests.regen_goldens import fleet_records
+
+    d = tmp_path / "fleet"
+    d.mkdir(exist_ok=True)
+    for name, data in fleet_records().items():
+        (d / name).write_bytes(data[:data.rindex(b"\n") + 1])
+    return d
+
+
+def p_findings_folder(run_cli, tmp_path, **_):
+    rc, out, err = run_cli("findings", _fleet_folder(tmp_path))
+    assert (rc, err) == (1, "") and out.startswith("torchgen-patch findings: 5 sites, 15 findings")
+    (tmp_path / "none").mkdir()
+    assert run_cli("findings", tmp_path / "none")[0] == 0
+
+
+def p_findings_format(run_cli, tmp_path, **_):
+    d = _fleet_folder(tmp_path)
+    assert json.loads(run_cli("findings", d, "--format", "json")[1])["findings"] == 15
+    assert run_cli("findings", d, "--format", "markdown")[1].startswith("# Saved tensors written behind")
+
+
+def p_findings_output_quiet(run_cli, tmp_path, **_):
+    d = _fleet_folder(tmp_path)
+    rc, out, err = run_cli("findings", d, "-o", tmp_path / "r.txt")
+    assert (rc, out) == (1, "") and str(tmp_path / "r.txt") in err
+    assert (tmp_path / "r.txt").read_text() == run_cli("findings", d)[1]
+    assert run_cli("findings", d, "-q", "-o", tmp_path / "q.txt")[1:] == ("", "")
+
+
+def p_findings_verbose(run_cli, tmp_path, **_):
+    d = _fleet_folder(tmp_path)
+    err = run_cli("findings", d, "-v")[2]
+    assert f"findings: {d}/findings-node-b-202.jsonl: 4 findings\n" in err and run_cli("findings", d)[2] == ""
+
+
+def p_run_findings(tmp_path, **_):
+    code = ("import torch; m = torch.nn.Linear(2, 2); loss = m(torch.ones(1, 2, requires_grad=True)).sum(); "
+            "m.weight.data.mul_(2); loss.backward()")
+    r = _run("--backend", "python", "--op", "aten::_cummax_helper", "--findings", tmp_path / "f", "--",
+             sys.executable, "-c", code)
+    assert "saved tensor changed without a version bump" in r.stderr, r.stderr  # --check-saved (warn) too
+    (name,) = os.listdir(tmp_path / "f")
+    assert json.loads((tmp_path / "f" / name).read_text())["node"] == "AddmmBackward0"
+
+
+def p_enable_findings(run_cli, monkeypatch, tmp_path, **_):
+    site = _site(monkeypatch, tmp_path)
+    _stub_build(monkeypatch)
+    assert run_cli("enable", "--backend", "python")[0] == 0 and "findings" not in _enabled_spec(site)
+    assert run_cli("enable", "--backend", "python", "--findings", tmp_path / "f")[0] == 0
+    spec = _enabled_spec(site)
+    assert (spec["findings"], spec["check_saved"]) == (str(tmp_path / "f"), "warn")
+    assert f"saved-tensor check: warn, findings to {tmp_path / 'f'};" in run_cli("status")[1]
+
+
 PROBES = {
     ("scan", "--output"): p_output("scan"), ("lint", "--output"): p_output("lint"),
     ("scan", "--quiet"): p_quiet("scan"), ("lint", "--quiet"): p_quiet("lint"), ("gen", "--quiet"): p_quiet("gen"),
@@ -600,7 +658,11 @@ PROBES = {
     ("verify", "--check"): p_verify_check,
     ("run", "--backend"): p_run_backend, ("run", "--op"): p_run_op, ("run", "--runtime-op"): p_run_runtime_op,
     ("run", "--import"): p_run_runtime_op, ("run", "--verbose"): p_run_verbose, ("run", "program"): p_run_program,
-    ("run", "--check-saved"): p_run_check_saved,
+    ("run", "--check-saved"): p_run_check_saved, ("run", "--findings"): p_run_findings,
+    ("enable", "--findings"): p_enable_findings,
+    ("findings", "folder"): p_findings_folder, ("findings", "--format"): p_findings_format,
+    ("findings", "--output"): p_findings_output_quiet, ("findings", "--quiet"): p_findings_output_quiet,
+    ("findings", "--verbose"): p_findings_verbose,
     ("enable", "--backend"): p_enable("backend", ["--backend", "cpp"], "cpp", "python"),
     ("enable", "--op"): p_enable("ops", ["--op", "_cummax_helper"], ["aten::_cummax_helper"], None),
     ("enable", "--quiet"): p_enable("quiet", ["-q"], True, False), ("enable", "--verbose"): p_enable_verbose,

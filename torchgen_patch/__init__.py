@@ -39,13 +39,15 @@ def evidence():
     return _evidence()
 
 
-def check_saved(mode=CheckMode.WARN, path=None):
+def check_saved(mode=CheckMode.WARN, path=None, findings=None):
     """A check of every tensor autograd saves for backward: a write that changed its contents without
     moving its version is a finding (``mode="warn"``: one line each on stderr; ``"raise"``: an
     exception). A context manager (``with torchgen_patch.check_saved("raise"):``), or for the rest
     of the process: ``torchgen_patch.check_saved("warn").start()``. Any other mode: ValueError.
     ``path``: ``"native"`` (C++ hooks, built once and cached like the kernels), ``"python"``, or None
-    (default, also $TORCHGEN_PATCH_CHECK_PATH): native where they can be built, else Python."""
+    (default, also $TORCHGEN_PATCH_CHECK_PATH): native where they can be built, else Python.
+    ``findings``: a folder (default $TORCHGEN_PATCH_FINDINGS) where each finding is also one JSON line
+    of this process's own file, for ``torchgen-patch findings DIR`` to group across processes."""
     from .saved import check_saved as _check
     from .saved import mode_of, native
 
@@ -55,4 +57,4 @@ def check_saved(mode=CheckMode.WARN, path=None):
         from .runtime.checklib import prepare
 
         prepare(path)
-    return _check(mode, path)
+    return _check(mode, path, findings)

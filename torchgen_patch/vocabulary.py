@@ -126,6 +126,7 @@ class Format(Word):
 LINT_FORMATS = (Format.TEXT, Format.JSON, Format.LINTRUNNER, Format.SARIF, Format.GITHUB)
 VERIFY_FORMATS = (Format.TEXT, Format.JSON, Format.MARKDOWN)
 SCAN_FORMATS = (Format.TEXT, Format.JSON)
+FINDINGS_FORMATS = (Format.TEXT, Format.JSON, Format.MARKDOWN)
 
 
 class CheckMode(Word):

@@ -386,8 +386,9 @@ def run(args) -> int:
     opts = options(args)
     if not _named_checked(args, opts):  # the installed torch's own inputs: the plan is made (or found by its
         resolve(opts)  # inputs' key) where torch is imported
+    check_saved, folder = _findings_to(args)
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
-                                       args.quiet, check_saved=args.check_saved))
+                                       args.quiet, check_saved=check_saved, findings=folder))
     check_program(program, env)  # and what it does to that environment (env -i, env PYTHONPATH=...)
     try:
         return run_program(program, env)
@@ -395,6 +396,32 @@ def run(args) -> int:
         raise InputError(None, None, f"no such program: {program[0]}") from None
     except OSError as e:
         raise InputError(None, None, f"cannot run {program[0]}: {e.strerror}") from None
+
+
+def _findings_to(args) -> tuple[str | None, str | None]:
+    """(the check's mode, the folder of --findings made absolute and checked now, before any process
+    starts): --findings alone turns the check on in warn mode."""
+    if not args.findings:
+        return args.check_saved, None
+    from ..saved.fleet import open_folder
+
+    folder = os.path.abspath(args.findings)
+    open_folder(folder).close()
+    return args.check_saved or "warn", folder
+
+
+def findings(args) -> int:
+    """Exit 1 where the folder holds a site, 0 where none; each skipped file or line one error on stderr."""
+    from ..checks.fleet import report
+    from ..checks.fleet_render import RENDERERS
+
+    _outputs_ok(args, "report")
+    rep = report(args.folder, (lambda line: print(f"findings: {printable(line)}", file=sys.stderr))
+                 if args.verbose else None)
+    for p in rep.problems:
+        print(p.render(), file=sys.stderr)
+    _emit(args, RENDERERS[args.format](rep), "report")
+    return 1 if rep.sites else 0
 
 
 def _named_checked(args, opts) -> bool:
@@ -461,6 +488,7 @@ def _pr_body(root: str) -> str:
                           [pr_body.measure(plan, d) for d in devices], len(checkout.scan.with_gap(Gap.OUT)))
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
-            "run": run, "diff": diff, "wheel": wheel}  # and cli/environment.py's: enable, disable, status
+            "run": run, "diff": diff, "wheel": wheel,
+            "findings": findings}  # and cli/environment.py's: enable, disable, status
 
 __all__ = ["COMMANDS", "Options"]

@@ -8,7 +8,8 @@ import textwrap
 
 from ..scan.model import VERDICTS
 from ..sources import Options
-from ..vocabulary import LINT_FORMATS, SCAN_FORMATS, VERIFY_FORMATS, Backend, CheckMode, Format, Verdict, Word
+from ..vocabulary import (FINDINGS_FORMATS, LINT_FORMATS, SCAN_FORMATS, VERIFY_FORMATS, Backend, CheckMode, Format,
+                          Verdict, Word)
 
 DESCRIPTION = """Find and generate the ADInplaceOrView (version-counter) kernels PyTorch's codegen leaves out.
 
@@ -181,6 +182,11 @@ def _check_saved(p: argparse.ArgumentParser) -> None:
                         "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
                         "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "
                         "at exit; raise: an exception at the first (docs/unseen-writes.md)")
+    p.add_argument("--findings", metavar="DIR",
+                   help="each process also appends every finding of the check as one JSON line to a file of its "
+                        "own in DIR (made if missing; yours or root's, writable by no one else unless sticky), for "
+                        "`torchgen-patch findings DIR`; turns --check-saved on (warn) where it is not given. "
+                        "Also $TORCHGEN_PATCH_FINDINGS, for any check")
 
 
 def _scan_command(sub) -> None:
@@ -357,6 +363,21 @@ def _status_command(sub) -> None:
     _output(st)
 
 
+def _findings_command(sub) -> None:
+    """The `findings` subcommand."""
+    f = sub.add_parser("findings", help="group the saved-tensor check's findings that the processes of a job wrote "
+                                        "to DIR (run --findings DIR) by site, with how many processes, ranks and "
+                                        "steps found each",
+                       description="Reads every *.jsonl file in DIR (one per process, written by the check with "
+                                   "--findings DIR or $TORCHGEN_PATCH_FINDINGS) and groups the findings by site: "
+                                   "the op that saved the tensor and the forward call that ran it. A file or line "
+                                   "that is not a finding (cut short, damaged, a symlink) is one error line on "
+                                   "stderr and is skipped. Exit codes: 0 no site, 1 at least one site, 2 DIR "
+                                   "cannot be read.")
+    f.add_argument("folder", metavar="DIR", help="the folder the processes wrote their findings to")
+    _output(f, "FILE write the report here instead of stdout", FINDINGS_FORMATS)
+
+
 def _diff_command(sub) -> None:
     """The `diff` subcommand."""
     d = sub.add_parser("diff", help="write a unified diff that fixes (or guards) PyTorch's own codegen")
@@ -394,5 +415,6 @@ def parser() -> _Parser:
     _enable_command(sub)
     _disable_command(sub)
     _status_command(sub)
+    _findings_command(sub)
     _diff_command(sub)
     return p

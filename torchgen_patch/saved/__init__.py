@@ -13,8 +13,9 @@ per distinct finding and a count at the end; ``raise`` raises ``SavedTensorChang
 
 The stage's modules: ``hooks.py`` (the hooks and their composition with the program's own),
 ``fingerprint.py``, ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names,
-optimizer steps, rank), ``finding.py`` (the value), ``render.py`` (its renderers) and
-``engine.py`` (the one module that talks to autograd's engine)."""
+optimizer steps, rank), ``finding.py`` (the value), ``render.py`` (its renderers), ``fleet.py`` (each
+finding also a line in a folder the processes of a job share) and ``engine.py`` (the one module that
+talks to autograd's engine)."""
 
 from __future__ import annotations
 
@@ -32,21 +33,30 @@ def mode_of(mode) -> CheckMode:
         raise ValueError(f"check_saved mode must be 'warn' or 'raise', not {mode!r}") from None
 
 
-def check_saved(mode="warn", path=None):
+def check_saved(mode="warn", path=None, findings=None):
     """A check of saved tensors, as a context manager (``with check_saved("raise"):``) or for the rest
     of the process (``check_saved("warn").start()``); ``.findings`` lists what it found. ``path``:
-    ``native``, ``python`` or None (the native hooks where they are loaded, ``native.py``)."""
+    ``native``, ``python`` or None (the native hooks where they are loaded, ``native.py``).
+    ``findings``: a folder where each finding is also a line of this process's file (``fleet.py``;
+    default ``$TORCHGEN_PATCH_FINDINGS``, where set), for ``torchgen-patch findings``."""
+    from . import fleet
     from .hooks import Check
 
-    return Check(mode_of(mode), path)
+    check = Check(mode_of(mode), path)
+    fleet.attach(check, findings)
+    return check
 
 
-def enable(mode="warn", path=None):
+def enable(mode="warn", path=None, findings=None):
     """Turn the check on for the rest of the process, on this thread (the one that imports torch);
-    ``warn`` prints the count when the process exits."""
+    ``warn`` prints the count when the process exits. ``findings``: as ``check_saved``'s (given to a
+    check already on, its findings go there from now on)."""
+    from . import fleet
     from .hooks import enable as on
 
-    return on(mode_of(mode), path)
+    check = on(mode_of(mode), path)
+    fleet.attach(check, findings)
+    return check
 
 
 def disable() -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import say
 from ..vocabulary import CheckMode
-from . import attribute, engine, moved, native
+from . import attribute, engine, fleet, moved, native
 from .compose import (_ACTIVE, _QUIET, _Layer, _Passed, _alive, _patch, _pop, _push, _quiet, _remove, _top,
                       _unpatch, _weak)
 from .finding import Finding, SavedTensorChanged
@@ -242,6 +242,7 @@ class Check:
                     writers=attribute.writers(holds, moved_storage, name is not None or s.leaf, returned),
                     optimizer=optimizer, rank=attribute.rank())
         self._findings.append(f)
+        fleet.write(self, f)  # a line in the fleet's folder (--findings), where one is set
         first = f.key() not in self._distinct
         self._distinct.add(f.key())
         if self.mode == CheckMode.RAISE:

@@ -86,13 +86,14 @@ def _entry(spec) -> str | None:
 
 def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str], *,
                 verbose: bool = False, quiet: bool = False, library: str | None = None,
-                check_saved: str | None = None, strict: bool = False) -> LaunchSpec:
+                check_saved: str | None = None, strict: bool = False, findings: str | None = None) -> LaunchSpec:
     """What every process of the program installs (``$TORCHGEN_PATCH_RUN``, or an enabled
     environment's file). ``opts`` (sources.Options) travel with absolute paths, so each process
     installs from the same inputs and overlay as the parent's plan, whatever its working directory.
-    ``check_saved``: each process also turns the saved-tensor check on in that mode; ``strict``: an
-    enabled environment's process that cannot have the kernels stops (else it runs unpatched, said in
-    one line; under ``run`` it always stops)."""
+    ``check_saved``: each process also turns the saved-tensor check on in that mode; ``findings``: the
+    folder (absolute) where each process writes its findings too; ``strict``: an enabled environment's
+    process that cannot have the kernels stops (else it runs unpatched, said in one line; under ``run``
+    it always stops)."""
     import dataclasses
 
     from ...vocabulary import CheckMode
@@ -106,22 +107,24 @@ def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str
                       imports=tuple(imports), library=library, boxed=None, options=opts, quiet=quiet,
                       verbose=verbose, roots=roots(),
                       check_saved=None if check_saved is None else CheckMode(check_saved),
-                      strict=strict)
+                      strict=strict, findings=findings)
 
 
 def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
-            verbose: bool = False, quiet: bool = False, check_saved: str | None = None) -> dict[str, str]:
+            verbose: bool = False, quiet: bool = False, check_saved: str | None = None,
+            findings: str | None = None) -> dict[str, str]:
     """The environment the program runs with. ``quiet``: no build messages, and each process says
     only when the patch is NOT active; ``check_saved``: each process also turns the saved-tensor check
-    on in that mode. Imports no torch here; with runtime ops, one separate process checks them (or
-    the cache has its verdict). A variable every process reads that holds no value it takes is refused here."""
+    on in that mode, writing its findings to the folder ``findings`` too (absolute). Imports no torch
+    here; with runtime ops, one separate process checks them (or the cache has its verdict). A variable
+    every process reads that holds no value it takes is refused here."""
     from ...saved.native import variable_problem
 
     problem = variable_problem()
     if problem is not None:
         raise InputError(None, None, problem, "set it to native or python, or unset it")
     spec = launch_spec(opts, backend, ops, runtime_ops, imports, verbose=verbose, quiet=quiet,
-                       check_saved=check_saved)
+                       check_saved=check_saved, findings=findings)
     if runtime_ops:
         import dataclasses
 

@@ -268,6 +268,10 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
         library, origin = resolve(spec, build_log(spec.quiet))
         rep = inst.install(None if spec.ops is None else list(spec.ops), backend=spec.backend, library=library,
                            options=spec.options, check_saved=spec.check_saved)
+        if spec.findings is not None and spec.check_saved is not None:  # --findings: the check writes there too
+            from ...saved import enable
+
+            enable(spec.check_saved, findings=spec.findings)
         line = kernels_line(len(rep.registered) + len(rep.already), spec.backend, len(rep.refused), origin,
                             len(rep.optimizers))
         refused = bool(rep.refused)

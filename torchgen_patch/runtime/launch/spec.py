@@ -29,7 +29,8 @@ class LaunchSpec:
     name -> sys.path entry); ``check_saved``: the saved-tensor check's mode in each process (None:
     off); ``strict``: an enabled environment's process that cannot have the kernels stops;
     ``enabled_by``: which torchgen-patch wrote an enabled environment's data file (``torchgen_patch``:
-    its version, ``hook``: its hook's path), None under `run`."""
+    its version, ``hook``: its hook's path), None under `run`; ``findings``: the folder (absolute) each
+    process's check writes its findings to (``saved/fleet.py``), or None."""
 
     backend: Backend
     ops: tuple[str, ...] | None
@@ -44,6 +45,7 @@ class LaunchSpec:
     check_saved: CheckMode | None
     strict: bool
     enabled_by: dict[str, str] | None = None
+    findings: str | None = None
 
     @classmethod
     def parse(cls, text: str | bytes | None, source: str) -> LaunchSpec:
@@ -83,6 +85,8 @@ class LaunchSpec:
             raise ValueError(f"unknown backend {raw['backend']!r}")
         if raw["check_saved"] is not None and raw["check_saved"] not in tuple(CheckMode):
             raise ValueError(f"unknown saved-tensor check mode {raw['check_saved']!r}")
+        if raw.get("findings") is not None and not raw["findings"].startswith("/"):
+            raise ValueError(f"{NOT_A_SPEC} ('findings' is not an absolute path)")
         try:
             options = Options(**raw["options"])
         except TypeError as e:
@@ -95,7 +99,7 @@ class LaunchSpec:
                    imports=strings("imports"), library=raw["library"], boxed=raw["boxed"], options=options,
                    quiet=raw["quiet"], verbose=raw["verbose"], roots=dict(raw["roots"]),
                    check_saved=None if raw["check_saved"] is None else CheckMode(raw["check_saved"]),
-                   strict=raw["strict"], enabled_by=raw.get("enabled_by"))
+                   strict=raw["strict"], enabled_by=raw.get("enabled_by"), findings=raw.get("findings"))
 
     def to_dict(self) -> dict:
         """The spec as its JSON object holds it (plain strings, lists and tables)."""
@@ -107,6 +111,8 @@ class LaunchSpec:
                "strict": self.strict}
         if self.enabled_by is not None:
             out["enabled_by"] = dict(self.enabled_by)
+        if self.findings is not None:  # only where set: a spec without it reads as before
+            out["findings"] = self.findings
         return out
 
     def to_json(self) -> str:
@@ -117,7 +123,8 @@ class LaunchSpec:
 _TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstance
 _TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
           "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
-          "verbose": bool, "roots": dict, "check_saved": (str, type(None)), "strict": bool}
+          "verbose": bool, "roots": dict, "check_saved": (str, type(None)), "strict": bool,
+          "findings": (str, type(None))}  # optional: a spec without it has none
 
 
 def is_run_source(source: str) -> bool:
