@@ -11,6 +11,7 @@ import stat
 from .. import files as _files
 from ..errors import EnvironmentProblem, InputError
 from ..fs.atomic import RENAME_EXCHANGE, renameat2
+from ..fs.walk import refuse_foreign_dir
 from ..fs.locks import LOCK, WAIT_S, _locked  # noqa: F401 (LOCK, WAIT_S re-exported: the old place)
 from .render import MANIFEST
 
@@ -71,6 +72,8 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
     if old is None and _lexists(parent, base):
         raise InputError(shown, None, "output path exists and is not a directory")
     try:
+        if old is not None:
+            refuse_foreign_dir(os.fstat(old), shown, shown, "output directory")
         have = read_named(old, sorted(files)) if old is not None else {}
         changed = [n for n in sorted(files) if have.get(n) != files[n]]
         stale = set(previous_outputs(old)) - set(files) if old is not None else set()
@@ -92,7 +95,7 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
                 if name in changed:
                     _files.atomic_write((sfd, name), files[name])
                     if old is not None:
-                        _keep_file(sfd, name, old, old_st)  # type: ignore[arg-type]  # old's stat: old is there
+                        _keep_file(sfd, name, old)
                 else:
                     _carry(old, sfd, name)  # type: ignore[arg-type]  # unchanged: old is there
             for name in foreign:
@@ -139,26 +142,19 @@ def _in_place(staging: int, out: int, changed: list[str], stale: set[str]) -> No
         os.replace(MANIFEST, MANIFEST, src_dir_fd=staging, dst_dir_fd=out)
 
 
-def _keep_file(staging: int, name: str, old: int, old_st: os.stat_result) -> None:
-    """The new file ``name`` takes the owner and mode of the one it replaces in ``old``; one that
-    replaces none keeps the umask's mode and, written by root, takes the directory's owner (root's
-    gen into a user's directory leaves nothing in it that the user cannot rewrite)."""
+def _keep_file(staging: int, name: str, old: int) -> None:
+    """The new file ``name`` takes the mode (and group) of the one it replaces in ``old`` where that
+    one is this account's own; anything else (no file, another account's) lends it nothing: it keeps
+    the umask's mode and this account's owner (root's output never keeps another account's)."""
     try:
         was = os.stat(name, dir_fd=old, follow_symlinks=False)
     except FileNotFoundError:
-        was = None
-    if was is not None and not stat.S_ISREG(was.st_mode):
         return
-    if was is not None and not _files.may_replace(old_st, was):
-        was = None  # planted by another account in a shared directory: it gives its owner and mode to nothing
-    if was is None and (os.geteuid() != 0 or (old_st.st_uid, old_st.st_gid) == (0, 0)):
+    if not stat.S_ISREG(was.st_mode) or was.st_uid != os.geteuid():
         return
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging)
     try:
-        if was is None:
-            os.fchown(fd, old_st.st_uid, old_st.st_gid)
-        else:
-            _files.keep_owner_and_mode(fd, was)
+        _files.keep_owner_and_mode(fd, was)
     finally:
         os.close(fd)
 
@@ -298,7 +294,7 @@ def read_outputs(directory: str, names=None) -> dict[str, bytes]:
     """The named files of ``directory`` (those present; None: every name gen writes), all read
     through one open directory and read again if a gen swapped in a new directory meanwhile: never
     a mix of two runs' files."""
-    with _files.find(directory, "generated directory") as f:
+    with _files.find(directory, "generated directory", write=False) as f:
         return _read_through(f.dir_fd, f.name, f.path, names)
 
 
@@ -327,7 +323,7 @@ def snapshot(directory: str, log=None) -> dict[str, bytes]:
     """Every file gen writes that ``directory`` holds, as one run wrote them: read under gen's lock
     (where this account can take it: its own, beside the directory), so a gen that renames files
     in one by one (no directory exchange) is never seen half-way."""
-    with _files.find(directory, "generated directory") as f:
+    with _files.find(directory, "generated directory", write=False) as f:
         with _locked(f.dir_fd, f.name, f.path, log, required=False):
             return _read_through(f.dir_fd, f.name, f.path, None)
 
