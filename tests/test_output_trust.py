@@ -10,6 +10,7 @@ second account (tests/test_cache_input.py's useradd helper) where a process must
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -128,8 +129,15 @@ def test_a_chain_to_a_device_or_fifo_through_another_accounts_link_is_refused(ct
         reader.start()
     rc, _, err = run_cli("lint", ctx["native"], "-o", mine, "--format", "json")
     if end == "fifo":
-        if not got:  # nothing was written: let the reader go
-            os.close(os.open(target, os.O_WRONLY | os.O_NONBLOCK))
+        deadline = time.monotonic() + 30
+        while not got:  # nothing was written: let the reader go, once it has opened the FIFO
+            try:
+                os.close(os.open(target, os.O_WRONLY | os.O_NONBLOCK))
+                break
+            except OSError as e:  # ENXIO: no reader yet (the refusal can come before the thread opens it)
+                if e.errno != errno.ENXIO or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
         reader.join(30)
         assert got == [b""], got[0][:80]
     _one_error(rc, err)

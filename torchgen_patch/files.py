@@ -160,7 +160,7 @@ def check_not_input(path: str, inputs=(), what: str = "output") -> None:
 
 def check_output_dir(path: str, inputs=(), what: str = "output directory") -> None:
     """Refuse, before any work is done, an output directory that cannot be made or written, or that
-    another account controls (as the directory that holds it: ``find``)."""
+    another account controls (``find``'s rules: it, or a directory on the way to it)."""
     with find(path, what) as f:
         if f.blocked:
             raise InputError(path, None, f"cannot create output directory: {display(f.blocked)} is not a directory")
@@ -211,10 +211,11 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
     ``-``: standard output. A character device or FIFO (``/dev/null``, ``/dev/stdout``, a pipe):
     written through, never replaced. A symlink: its target is written (atomically when it is a
     regular file) where ``find`` follows it, else refused; the link stays. A regular file:
-    replaced atomically (with ``if_changed``, only when the content differs), keeping its mode (and,
-    as root, its owner); a new file gets the mode the umask gives. Everything after the lookup is
-    relative to the directory it found. An output that is one of ``inputs`` is refused before
-    anything is written. Returns whether anything was written."""
+    replaced atomically (with ``if_changed``, only when the content differs), keeping its mode where
+    it is this account's own; a new file, or one replacing another account's, gets the mode the
+    umask gives and this account's owner. Everything after the lookup is relative to the directory
+    it found, which no other account may control (``find``). An output that is one of ``inputs`` is
+    refused before anything is written. Returns whether anything was written."""
     import sys
 
     check_output_file(path, what, create_dir, inputs)

@@ -34,11 +34,13 @@ def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
     that ``files`` no longer names are dropped. Where the file system cannot exchange (NFS, some
     FUSE), the changed files are renamed into the directory one by one, the manifest last: the
     directory is never absent, only gen's own files change. The new directory keeps the old one's
-    owner and mode; a changed file keeps the owner and mode of the file it replaces.
+    owner and mode; a changed file keeps the mode of the file it replaces where that one is this
+    account's own (``_keep_file``).
 
     Everything is done through descriptors of the directories found once (``files.find``: a
     symlinked ``out_dir`` is followed only where the kernel's protected-symlinks rule would, and
-    stays a link). A lock no other account can make or hold serializes concurrent runs (``_locked``);
+    stays a link; neither ``out_dir`` nor the directory that holds it may be one another account
+    controls). A lock no other account can make or hold serializes concurrent runs (``_locked``);
     ``log(line)`` (default: stderr) hears when one waits for another. Returns the names whose
     content changed."""
     with _files.find(out_dir, "output directory") as f:

@@ -56,9 +56,10 @@ def umask() -> int:
 
 
 def keep_owner_and_mode(fd: int, old: os.stat_result | None) -> None:
-    """Give the new file (or directory) ``fd`` the owner and mode of the one ``old`` it replaces (as
-    root, the owner too: root writing a user's file leaves it the user's; a file keeps no set-id
-    bit); with no ``old``, the mode the umask gives a new file (0666 & ~umask), as the kernel would."""
+    """Give the new file (or directory) ``fd`` the owner and mode of ``old`` (as root, the owner too; a
+    file keeps no set-id bit): a copy of a file as it was, or a directory that replaces its own old
+    self (an output that replaces a file: ``mode_of_replacement``); with no ``old``, the mode the
+    umask gives a new file (0666 & ~umask), as the kernel would."""
     if old is None:
         os.fchmod(fd, 0o666 & ~umask())
         return

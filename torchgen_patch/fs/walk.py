@@ -1,16 +1,17 @@
 """A path found one component at a time, then used through the descriptors.
 
-Every output the user names is found by ``find``: from ``/`` (or the working directory), each
-component looked at without following it (``lstat``), each directory entered with O_NOFOLLOW, so
-what is written into is the directory that was looked at. A symlink on the way is followed only
-where the kernel's ``fs.protected_symlinks`` rule would follow it (``may_follow``), whatever the
-sysctl says on this machine; its target is then found the same way. The write itself is relative
-to the directory found (``dir_fd=``): no name is resolved twice.
+Every output the user names is found by ``find``: from ``/`` (a relative path through the working
+directory's own path), each component looked at without following it (``lstat``), each directory
+entered with O_NOFOLLOW, so what is written into is the directory that was looked at. A symlink on
+the way is followed only where the kernel's ``fs.protected_symlinks`` rule would follow it
+(``may_follow``), whatever the sysctl says on this machine; its target is then found the same way.
+The write itself is relative to the directory found (``dir_fd=``): no name is resolved twice.
 
-An output goes only into a directory no other account controls (``foreign_dir``, judged on the open
-descriptor of the directory written into, and of each directory a symlink is met in): one the writer
-owns, or one of root's that only root can write, or that has the sticky bit (``/tmp``, where the
-kernel's rules above hold).
+An output goes only into and through directories no other account controls (``foreign_dir``, judged
+on the descriptor of each directory as it is entered): one the writer owns, or one of root's that
+only root can write, or that has the sticky bit (``/tmp``, where the kernel's rules above hold).
+Whoever controls a directory could plant a link or a file at the output's name, or later rename
+what is below it.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ class Found:
     st: os.stat_result | None
     blocked: str | None = None
     through: bool = False
-    asked: str = ""  # the path as the user gave it, and what it is: for the messages of make_dirs
+    asked: str = ""  # the path as the user gave it, and what it is: for the messages of a refusal
     what: str = "output"
+    write: bool = False  # an output's: each directory entered is judged (``check_dir``)
 
     @property
     def name(self) -> str:
@@ -80,18 +82,19 @@ class Found:
             except FileExistsError:
                 pass
             self._enter(comp)
-            self.check_dir()
         self.rest, self.st = self.rest[-1:], None
 
     def check_dir(self) -> None:
-        """Refuse (an InputError) to write into the open directory ``dir_fd`` when another account
-        controls it (``foreign_dir``, judged on the descriptor)."""
+        """Refuse (an InputError) to write in or below the open directory ``dir_fd`` when another
+        account controls it (``foreign_dir``, judged on the descriptor)."""
         refuse_foreign_dir(os.fstat(self.dir_fd), self.where, self.asked, self.what)
 
     def _enter(self, comp: str) -> None:
         fd = os.open(comp, _DIR | os.O_NOFOLLOW, dir_fd=self.dir_fd)
         os.close(self.dir_fd)
         self.dir_fd, self.where = fd, os.path.normpath(os.path.join(self.where, comp))
+        if self.write:
+            self.check_dir()
 
     def close(self) -> None:
         if self.dir_fd >= 0:
@@ -110,37 +113,20 @@ HINT = ("write into a directory of your own: whoever owns a directory, or can wr
 
 
 def refuse_foreign_dir(st: os.stat_result, where: str, path: str, what: str) -> None:
-    """An InputError naming ``path`` when this account's output may not go into the directory
+    """An InputError naming ``path`` when this account's output may not go in or below the directory
     ``where`` (its status ``st``, of an open descriptor where the caller writes through one)."""
     why = foreign_dir(st)
     if why:
-        raise InputError(path, None, f"{what}: not writing into {display(where)}: {why}", HINT)
+        raise InputError(path, None, f"{what}: not writing in or below {display(where)}: {why}", HINT)
 
 
 def find(path: str, what: str = "output", write: bool = True) -> Found:
     """Follow ``path`` to the entry a write would land on (see the section's comment); a symlink the
     rule does not follow, a loop of them, or a directory that cannot be entered is an InputError
-    naming ``path``. ``write`` (every output): the directory found, and each one a symlink is met in,
-    must be one no other account controls (``foreign_dir``); False: a path only read. The caller
-    closes what it gets."""
-    f = _find(path, what, write)
-    if write:
-        try:
-            f.check_dir()
-        except BaseException:
-            f.close()
-            raise
-    return f
-
-
-def _find(path: str, what: str, write: bool) -> Found:
-    absolute = os.path.isabs(path)
-    try:
-        fd = os.open(os.sep if absolute else os.curdir, _DIR)
-    except OSError as e:
-        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
-    f = Found(fd, os.sep if absolute else os.getcwd(), [], "", None, asked=path, what=what)
-    todo = path.split(os.sep)[::-1]  # a stack: the next component last
+    naming ``path``. ``write`` (every output): each directory entered on the way, the one found
+    included, must be one no other account controls (``foreign_dir``); False: a path only read. The
+    caller closes what it gets."""
+    f, todo = _start(path, what, write)
     links = 0
     try:
         while True:
@@ -164,7 +150,8 @@ def _find(path: str, what: str, write: bool) -> Found:
                 f.rest, f.path = rest, os.path.join(f.where, *rest)
                 return f
             if stat.S_ISLNK(st.st_mode):
-                _check_link(f, here, st, write)
+                if not may_follow(os.fstat(f.dir_fd), st):
+                    raise _not_followed(path, what, here, f.where, st)
                 if last and _in_proc(f.dir_fd) and _through(f, comp, here):  # /proc/self/fd/1: its target names no path
                     return f
                 links += 1
@@ -190,19 +177,30 @@ def _find(path: str, what: str, write: bool) -> Found:
         raise
 
 
-def _check_link(f: Found, here: str, st: os.stat_result, write: bool) -> None:
-    """Refuse to follow the symlink ``here`` (its status ``st``) of ``f``'s directory: one the
-    kernel's protected_symlinks rule would not follow, or, for an output, any link in a directory
-    another account controls (``foreign_dir``): they could point it anywhere."""
-    dir_st = os.fstat(f.dir_fd)
-    why = foreign_dir(dir_st) if write else None
-    if why:
-        raise InputError(f.asked, None, f"{f.what}: not following the symlink {display(here)} in "
-                         f"{display(f.where)}: {why}", HINT)
-    if not may_follow(dir_st, st):
-        raise InputError(f.asked, None, f"{f.what}: not following the symlink {display(here)}: "
-                         f"{owner_name(st.st_uid)} owns it, in {display(f.where)}, a sticky directory "
-                         "others can write", "write to a path of your own, or remove the link")
+def _start(path: str, what: str, write: bool) -> tuple[Found, list[str]]:
+    """Where a walk of ``path`` starts: ``/`` (an output's relative path through the working
+    directory's own path; one only read, from the working directory), judged for an output; and the
+    components to walk, a stack (the next one last)."""
+    try:
+        walked = os.path.join(os.getcwd(), path) if write else path
+        absolute = os.path.isabs(walked)
+        fd = os.open(os.sep if absolute else os.curdir, _DIR)
+    except OSError as e:
+        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+    f = Found(fd, os.sep if absolute else os.getcwd(), [], "", None, asked=path, what=what, write=write)
+    if write:
+        try:
+            f.check_dir()
+        except BaseException:
+            f.close()
+            raise
+    return f, walked.split(os.sep)[::-1]
+
+
+def _not_followed(path: str, what: str, here: str, where: str, st: os.stat_result) -> InputError:
+    return InputError(path, None, f"{what}: not following the symlink {display(here)}: "
+                      f"{owner_name(st.st_uid)} owns it, in {display(where)}, a sticky directory "
+                      "others can write", "write to a path of your own, or remove the link")
 
 
 def _through(f: Found, comp: str, here: str) -> bool:
