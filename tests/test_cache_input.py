@@ -334,21 +334,21 @@ def test_a_no_change_build_renders_nothing_and_a_damaged_index_costs_only_time(l
 SECOND = "tgp-second"
 
 
-def _second_account() -> int:
+def _second_account(name: str = SECOND) -> int:
     """A real second local account (made with useradd, once), for what another user's process does."""
     import pwd
 
     try:
-        return pwd.getpwnam(SECOND).pw_uid
+        return pwd.getpwnam(name).pw_uid
     except KeyError:
         pass
     if shutil.which("useradd") is None:
         pytest.skip("useradd is not installed")
-    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SECOND],
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"useradd failed: {r.stderr.strip()}")
-    return pwd.getpwnam(SECOND).pw_uid
+    return pwd.getpwnam(name).pw_uid
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making and acting as a second account needs root")

@@ -19,6 +19,7 @@ from .errors import EnvironmentProblem, InputError, ToolError, one_line
 from .fs.decode import MAX_JSON_DEPTH, loads  # noqa: F401 (re-exported: the old place)
 from .fs.protected import display, keep_owner_and_mode, may_follow, may_replace, owner_name, umask  # noqa: F401 (re-exported: the old place)
 from .fs.walk import MAX_LINKS, Found, find  # noqa: F401 (re-exported: the old place)
+from .fs.walk import refuse_foreign_dir
 
 if TYPE_CHECKING:
     from .fs.atomic import RENAME_EXCHANGE, RENAME_NOREPLACE, atomic_write, renameat2, replace_at  # noqa: F401 (re-exported: the old place)
@@ -158,12 +159,15 @@ def check_not_input(path: str, inputs=(), what: str = "output") -> None:
 
 
 def check_output_dir(path: str, inputs=(), what: str = "output directory") -> None:
-    """Refuse, before any work is done, an output directory that cannot be made or written."""
+    """Refuse, before any work is done, an output directory that cannot be made or written, or that
+    another account controls (``find``'s rules: it, or a directory on the way to it)."""
     with find(path, what) as f:
         if f.blocked:
             raise InputError(path, None, f"cannot create output directory: {display(f.blocked)} is not a directory")
         if f.st is not None and not stat.S_ISDIR(f.st.st_mode):
             raise InputError(path, None, "output path exists and is not a directory")
+        if f.st is not None:
+            refuse_foreign_dir(f.st, f.path, path, what)
         if f.st is not None and not os.access(f.path, os.W_OK | os.X_OK):
             raise InputError(path, None, "output directory is not writable")
         if f.st is None and not os.access(f.where, os.W_OK | os.X_OK):
@@ -207,10 +211,11 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
     ``-``: standard output. A character device or FIFO (``/dev/null``, ``/dev/stdout``, a pipe):
     written through, never replaced. A symlink: its target is written (atomically when it is a
     regular file) where ``find`` follows it, else refused; the link stays. A regular file:
-    replaced atomically (with ``if_changed``, only when the content differs), keeping its mode (and,
-    as root, its owner); a new file gets the mode the umask gives. Everything after the lookup is
-    relative to the directory it found. An output that is one of ``inputs`` is refused before
-    anything is written. Returns whether anything was written."""
+    replaced atomically (with ``if_changed``, only when the content differs), keeping its mode where
+    it is this account's own; a new file, or one replacing another account's, gets the mode the
+    umask gives and this account's owner. Everything after the lookup is relative to the directory
+    it found, which no other account may control (``find``). An output that is one of ``inputs`` is
+    refused before anything is written. Returns whether anything was written."""
     import sys
 
     check_output_file(path, what, create_dir, inputs)

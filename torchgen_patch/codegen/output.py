@@ -11,6 +11,7 @@ import stat
 from .. import files as _files
 from ..errors import EnvironmentProblem, InputError
 from ..fs.atomic import RENAME_EXCHANGE, renameat2
+from ..fs.walk import refuse_foreign_dir
 from ..fs.locks import LOCK, WAIT_S, _locked  # noqa: F401 (LOCK, WAIT_S re-exported: the old place)
 from .render import MANIFEST
 
@@ -33,11 +34,13 @@ def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
     that ``files`` no longer names are dropped. Where the file system cannot exchange (NFS, some
     FUSE), the changed files are renamed into the directory one by one, the manifest last: the
     directory is never absent, only gen's own files change. The new directory keeps the old one's
-    owner and mode; a changed file keeps the owner and mode of the file it replaces.
+    owner and mode; a changed file keeps the mode of the file it replaces where that one is this
+    account's own (``_keep_file``).
 
     Everything is done through descriptors of the directories found once (``files.find``: a
     symlinked ``out_dir`` is followed only where the kernel's protected-symlinks rule would, and
-    stays a link). A lock no other account can make or hold serializes concurrent runs (``_locked``);
+    stays a link; neither ``out_dir`` nor the directory that holds it may be one another account
+    controls). A lock no other account can make or hold serializes concurrent runs (``_locked``);
     ``log(line)`` (default: stderr) hears when one waits for another. Returns the names whose
     content changed."""
     with _files.find(out_dir, "output directory") as f:
@@ -71,6 +74,8 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
     if old is None and _lexists(parent, base):
         raise InputError(shown, None, "output path exists and is not a directory")
     try:
+        if old is not None:
+            refuse_foreign_dir(os.fstat(old), shown, shown, "output directory")
         have = read_named(old, sorted(files)) if old is not None else {}
         changed = [n for n in sorted(files) if have.get(n) != files[n]]
         stale = set(previous_outputs(old)) - set(files) if old is not None else set()
@@ -92,7 +97,7 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
                 if name in changed:
                     _files.atomic_write((sfd, name), files[name])
                     if old is not None:
-                        _keep_file(sfd, name, old, old_st)  # type: ignore[arg-type]  # old's stat: old is there
+                        _keep_file(sfd, name, old)
                 else:
                     _carry(old, sfd, name)  # type: ignore[arg-type]  # unchanged: old is there
             for name in foreign:
@@ -139,26 +144,19 @@ def _in_place(staging: int, out: int, changed: list[str], stale: set[str]) -> No
         os.replace(MANIFEST, MANIFEST, src_dir_fd=staging, dst_dir_fd=out)
 
 
-def _keep_file(staging: int, name: str, old: int, old_st: os.stat_result) -> None:
-    """The new file ``name`` takes the owner and mode of the one it replaces in ``old``; one that
-    replaces none keeps the umask's mode and, written by root, takes the directory's owner (root's
-    gen into a user's directory leaves nothing in it that the user cannot rewrite)."""
+def _keep_file(staging: int, name: str, old: int) -> None:
+    """The new file ``name`` takes the mode (and group) of the one it replaces in ``old`` where that
+    one is this account's own; anything else (no file, another account's) lends it nothing: it keeps
+    the umask's mode and this account's owner (root's output never keeps another account's)."""
     try:
         was = os.stat(name, dir_fd=old, follow_symlinks=False)
     except FileNotFoundError:
-        was = None
-    if was is not None and not stat.S_ISREG(was.st_mode):
         return
-    if was is not None and not _files.may_replace(old_st, was):
-        was = None  # planted by another account in a shared directory: it gives its owner and mode to nothing
-    if was is None and (os.geteuid() != 0 or (old_st.st_uid, old_st.st_gid) == (0, 0)):
+    if not stat.S_ISREG(was.st_mode) or was.st_uid != os.geteuid():
         return
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging)
     try:
-        if was is None:
-            os.fchown(fd, old_st.st_uid, old_st.st_gid)
-        else:
-            _files.keep_owner_and_mode(fd, was)
+        _files.keep_owner_and_mode(fd, was)
     finally:
         os.close(fd)
 
@@ -298,7 +296,7 @@ def read_outputs(directory: str, names=None) -> dict[str, bytes]:
     """The named files of ``directory`` (those present; None: every name gen writes), all read
     through one open directory and read again if a gen swapped in a new directory meanwhile: never
     a mix of two runs' files."""
-    with _files.find(directory, "generated directory") as f:
+    with _files.find(directory, "generated directory", write=False) as f:
         return _read_through(f.dir_fd, f.name, f.path, names)
 
 
@@ -327,7 +325,7 @@ def snapshot(directory: str, log=None) -> dict[str, bytes]:
     """Every file gen writes that ``directory`` holds, as one run wrote them: read under gen's lock
     (where this account can take it: its own, beside the directory), so a gen that renames files
     in one by one (no directory exchange) is never seen half-way."""
-    with _files.find(directory, "generated directory") as f:
+    with _files.find(directory, "generated directory", write=False) as f:
         with _locked(f.dir_fd, f.name, f.path, log, required=False):
             return _read_through(f.dir_fd, f.name, f.path, None)
 

@@ -8,7 +8,7 @@ import errno
 import os
 
 from ..errors import InputError
-from .protected import keep_owner_and_mode
+from .protected import mode_of_replacement
 from .walk import _DIR
 
 
@@ -36,8 +36,9 @@ def replace_at(dir_fd: int, name: str, data: bytes, durable: bool = True, mode: 
 
     ``mode`` given (a file of this tool's own): the new file gets it and replaces whatever is there.
     Else ``checked`` is what the caller looked at before deciding to write: the regular file there
-    (its stat), or None for no file. The new file gets that file's owner and mode (as root, its owner
-    too; ``keep_owner_and_mode``), or those of a new file, and replaces exactly that: a file that
+    (its stat), or None for no file. The new file gets that file's mode (and group) where it is this
+    account's own, else those of a new file (``mode_of_replacement``: root's output never keeps
+    another account's owner or mode), and replaces exactly that: a file that
     appeared since (where none was), or another file at the name, is never replaced and gives its
     owner or mode to nothing (an InputError naming ``shown``, nothing written). Nothing here looks
     at the name to decide an owner or a mode."""
@@ -60,7 +61,7 @@ def replace_at(dir_fd: int, name: str, data: bytes, durable: bool = True, mode: 
             if mode is not None:
                 os.fchmod(fd, mode)
             else:
-                keep_owner_and_mode(fd, checked)
+                mode_of_replacement(fd, checked)
             if durable:
                 os.fsync(fd)
         if mode is not None:

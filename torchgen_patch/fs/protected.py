@@ -56,9 +56,10 @@ def umask() -> int:
 
 
 def keep_owner_and_mode(fd: int, old: os.stat_result | None) -> None:
-    """Give the new file (or directory) ``fd`` the owner and mode of the one ``old`` it replaces (as
-    root, the owner too: root writing a user's file leaves it the user's; a file keeps no set-id
-    bit); with no ``old``, the mode the umask gives a new file (0666 & ~umask), as the kernel would."""
+    """Give the new file (or directory) ``fd`` the owner and mode of ``old`` (as root, the owner too; a
+    file keeps no set-id bit): a copy of a file as it was, or a directory that replaces its own old
+    self (an output that replaces a file: ``mode_of_replacement``); with no ``old``, the mode the
+    umask gives a new file (0666 & ~umask), as the kernel would."""
     if old is None:
         os.fchmod(fd, 0o666 & ~umask())
         return
@@ -69,6 +70,32 @@ def keep_owner_and_mode(fd: int, old: os.stat_result | None) -> None:
             pass  # a group this account is not in: the file keeps this account's group
     mode = stat.S_IMODE(old.st_mode)
     os.fchmod(fd, mode if stat.S_ISDIR(old.st_mode) else mode & ~(stat.S_ISUID | stat.S_ISGID))
+
+
+def mode_of_replacement(fd: int, old: os.stat_result | None) -> None:
+    """Give the new file ``fd`` that replaces ``old`` the mode (and group) of ``old`` only when ``old``
+    is this account's own file; with no ``old``, or another account's, the mode the umask gives a new
+    file, with this account's owner: root's output never keeps another account's owner or mode (that
+    account could rewrite the file before root uses it)."""
+    keep_owner_and_mode(fd, old if old is not None and old.st_uid == os.geteuid() else None)
+
+
+def foreign_dir(st: os.stat_result) -> str | None:
+    """Why this account's output may not go into the directory ``st``, or None: another account (not
+    root) owns it, or root does and its group or others can write it without the sticky bit, and this
+    account is not its owner (root included). Its owner, or whoever can write it, could replace what is
+    written there, or plant a link or a file at its name before. A sticky directory of root's
+    (``/tmp``) is left to ``may_follow`` and ``may_replace``."""
+    if st.st_uid == os.geteuid():
+        return None
+    mode = f"mode {stat.S_IMODE(st.st_mode):04o}"
+    if st.st_uid != 0:
+        return f"{owner_name(st.st_uid)} owns that directory ({mode}), not you"
+    if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_mode & stat.S_ISVTX:
+        return None
+    who = "its group and others" if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH else \
+        "its group" if st.st_mode & stat.S_IWGRP else "others"
+    return f"{owner_name(st.st_uid)} owns that directory and {who} can write it ({mode}) without the sticky bit"
 
 
 # ---- who may have written a path ------------------------------------------------------------

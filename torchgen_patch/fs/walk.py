@@ -1,11 +1,17 @@
 """A path found one component at a time, then used through the descriptors.
 
-Every output the user names is found by ``find``: from ``/`` (or the working directory), each
-component looked at without following it (``lstat``), each directory entered with O_NOFOLLOW, so
-what is written into is the directory that was looked at. A symlink on the way is followed only
-where the kernel's ``fs.protected_symlinks`` rule would follow it (``may_follow``), whatever the
-sysctl says on this machine; its target is then found the same way. The write itself is relative
-to the directory found (``dir_fd=``): no name is resolved twice.
+Every output the user names is found by ``find``: from ``/`` (a relative path through the working
+directory's own path), each component looked at without following it (``lstat``), each directory
+entered with O_NOFOLLOW, so what is written into is the directory that was looked at. A symlink on
+the way is followed only where the kernel's ``fs.protected_symlinks`` rule would follow it
+(``may_follow``), whatever the sysctl says on this machine; its target is then found the same way.
+The write itself is relative to the directory found (``dir_fd=``): no name is resolved twice.
+
+An output goes only into and through directories no other account controls (``foreign_dir``, judged
+on the descriptor of each directory as it is entered): one the writer owns, or one of root's that
+only root can write, or that has the sticky bit (``/tmp``, where the kernel's rules above hold).
+Whoever controls a directory could plant a link or a file at the output's name, or later rename
+what is below it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import os
 import stat
 
 from ..errors import InputError
-from .protected import display, may_follow, may_replace, owner_name
+from .protected import display, foreign_dir, may_follow, may_replace, owner_name
 
 _DIR = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)  # O_PATH: no read right needed
 MAX_LINKS = 40  # symlinks in one lookup, the kernel's own limit
@@ -40,6 +46,9 @@ class Found:
     st: os.stat_result | None
     blocked: str | None = None
     through: bool = False
+    asked: str = ""  # the path as the user gave it, and what it is: for the messages of a refusal
+    what: str = "output"
+    write: bool = False  # an output's: each directory entered is judged (``check_dir``)
 
     @property
     def name(self) -> str:
@@ -63,7 +72,8 @@ class Found:
         return len(self.rest) > 1 or self.blocked is not None
 
     def make_dirs(self) -> None:
-        """Create the missing directories (0777 less the umask, as ``mkdir -p``), entering each."""
+        """Create the missing directories (0777 less the umask, as ``mkdir -p``), entering each; one
+        another account made first is refused (``check_dir``), not written into."""
         if len(self.rest) < 2:
             return
         for comp in self.rest[:-1]:
@@ -74,10 +84,17 @@ class Found:
             self._enter(comp)
         self.rest, self.st = self.rest[-1:], None
 
+    def check_dir(self) -> None:
+        """Refuse (an InputError) to write in or below the open directory ``dir_fd`` when another
+        account controls it (``foreign_dir``, judged on the descriptor)."""
+        refuse_foreign_dir(os.fstat(self.dir_fd), self.where, self.asked, self.what)
+
     def _enter(self, comp: str) -> None:
         fd = os.open(comp, _DIR | os.O_NOFOLLOW, dir_fd=self.dir_fd)
         os.close(self.dir_fd)
         self.dir_fd, self.where = fd, os.path.normpath(os.path.join(self.where, comp))
+        if self.write:
+            self.check_dir()
 
     def close(self) -> None:
         if self.dir_fd >= 0:
@@ -91,17 +108,25 @@ class Found:
         self.close()
 
 
-def find(path: str, what: str = "output") -> Found:
+HINT = ("write into a directory of your own: whoever owns a directory, or can write it without the sticky "
+        "bit, can replace what is written there or plant a link at its name")
+
+
+def refuse_foreign_dir(st: os.stat_result, where: str, path: str, what: str) -> None:
+    """An InputError naming ``path`` when this account's output may not go in or below the directory
+    ``where`` (its status ``st``, of an open descriptor where the caller writes through one)."""
+    why = foreign_dir(st)
+    if why:
+        raise InputError(path, None, f"{what}: not writing in or below {display(where)}: {why}", HINT)
+
+
+def find(path: str, what: str = "output", write: bool = True) -> Found:
     """Follow ``path`` to the entry a write would land on (see the section's comment); a symlink the
     rule does not follow, a loop of them, or a directory that cannot be entered is an InputError
-    naming ``path``. The caller closes what it gets."""
-    absolute = os.path.isabs(path)
-    try:
-        fd = os.open(os.sep if absolute else os.curdir, _DIR)
-    except OSError as e:
-        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
-    f = Found(fd, os.sep if absolute else os.getcwd(), [], "", None)
-    todo = path.split(os.sep)[::-1]  # a stack: the next component last
+    naming ``path``. ``write`` (every output): each directory entered on the way, the one found
+    included, must be one no other account controls (``foreign_dir``); False: a path only read. The
+    caller closes what it gets."""
+    f, todo = _start(path, what, write)
     links = 0
     try:
         while True:
@@ -150,6 +175,26 @@ def find(path: str, what: str = "output") -> Found:
     except BaseException:
         f.close()
         raise
+
+
+def _start(path: str, what: str, write: bool) -> tuple[Found, list[str]]:
+    """Where a walk of ``path`` starts: ``/`` (an output's relative path through the working
+    directory's own path; one only read, from the working directory), judged for an output; and the
+    components to walk, a stack (the next one last)."""
+    try:
+        walked = os.path.join(os.getcwd(), path) if write else path
+        absolute = os.path.isabs(walked)
+        fd = os.open(os.sep if absolute else os.curdir, _DIR)
+    except OSError as e:
+        raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
+    f = Found(fd, os.sep if absolute else os.getcwd(), [], "", None, asked=path, what=what, write=write)
+    if write:
+        try:
+            f.check_dir()
+        except BaseException:
+            f.close()
+            raise
+    return f, walked.split(os.sep)[::-1]
 
 
 def _not_followed(path: str, what: str, here: str, where: str, st: os.stat_result) -> InputError:

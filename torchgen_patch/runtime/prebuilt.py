@@ -211,9 +211,9 @@ def wheel_hint(said: str) -> str:
 
 def _publish(made: str, target: str, out_dir: str) -> None:
     """Write the wheel to ``target`` whole or not at all (a partial copy on a full disk is removed),
-    through the directory ``files.find`` reached (the output rules: a symlink of another account in a
-    sticky directory is not followed), with the modes the umask gives a new file (another account, a
-    CI user, may pip install it)."""
+    through the directory ``files.find`` reached (the output rules: a directory another account
+    controls is refused, and a symlink of another account in a sticky directory is not followed),
+    with the modes the umask gives a new file (another account, a CI user, may pip install it)."""
     import errno
 
     from .. import files
