@@ -227,20 +227,7 @@ class Check:
 
     def found(self, s, t, original, node, backward, returned: bool = False, upto: int | None = None) -> None:
         """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
-        name, owner, view = attribute.module_name(t, original)
-        optimizer, holds = attribute.STEPS.since(s.steps, t, original, upto)
-        try:
-            moved_storage = s.ptr is not None and t.data_ptr() != s.ptr
-        except Exception:  # noqa: BLE001 — no pointer of its own
-            moved_storage = False
-        program, site = s.where
-        f = Finding(shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""), device=str(t.device),
-                    version=int(t._version), name=name, owner=owner, view=view,
-                    node=node.name() if node is not None else None,
-                    forward=attribute.frame(program), site=attribute.frame(site) if site != program else None,
-                    backward=attribute.frame(backward),
-                    writers=attribute.writers(holds, moved_storage, name is not None or s.leaf, returned),
-                    optimizer=optimizer, rank=attribute.rank())
+        f = attribute.finding(s, t, original, node, backward, returned, upto)
         self._findings.append(f)
         first = f.key() not in self._distinct
         self._distinct.add(f.key())
@@ -475,9 +462,9 @@ def enable(mode: CheckMode, path: str | None = None) -> Check:
     if _PROCESS is not None and _PROCESS.active:
         return _PROCESS
     _PROCESS = Check(mode, path).start()
-    say(f"torchgen-patch: saved-tensor check on ({mode}) in pid {os.getpid()}: {native.describe(_PROCESS)}")
-    if mode == CheckMode.WARN:
-        atexit.register(_at_exit, _PROCESS)
+    say(f"torchgen-patch: saved-tensor check on ({mode}) in pid {os.getpid()} ({attribute.who()}): "
+        f"{native.describe(_PROCESS)}")
+    atexit.register(_at_exit, _PROCESS)  # in raise mode too: the findings a program caught are counted
     return _PROCESS
 
 
