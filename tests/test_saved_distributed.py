@@ -36,7 +36,8 @@ def test_ddp_and_fsdp2_on_two_ranks_no_false_finding_the_same_losses_and_the_ste
 
 
 # one rank of FSDP2 (reshard_after_forward=True) with AdamW, foreach then fused, stepped between forward and
-# backward under the check on the path argv[1]; its findings go to the file argv[2] (before the teardown)
+# backward under the check on the path argv[1] ("python-late": the Python path judging at the end of backward, as
+# on a GPU); its findings go to the file argv[2] (before the teardown)
 STEP_BETWEEN = r"""
 import importlib, json, sys
 import torch
@@ -45,8 +46,11 @@ sys.path.insert(0, ROOT)
 import torchgen_patch
 from torchgen_patch.runtime.checklib import prepare
 from torchgen_patch.saved.render import as_dict
+from torchgen_patch.saved import fingerprint
 from testbed.fsdp import fsdp2
 path, out = sys.argv[1], sys.argv[2]
+if path == "python-late":
+    path, fingerprint._FORCE_DEVICE_PATH = "python", True
 if path == "native":
     assert prepare("native") is None
 torch.set_num_threads(1)
@@ -100,12 +104,13 @@ def _two_ranks(script: str, args: list[str], tmp_path) -> list[dict]:
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available in this build")
-@pytest.mark.parametrize("path", ["native", "python"])
+@pytest.mark.parametrize("path", ["native", "python", "python-late"])
 def test_fsdp2_resharded_an_adamw_step_between_forward_and_backward_is_named_with_its_line_on_every_rank(
         path, tmp_path):
     """The gradient accumulation bug under FSDP2: the parameter autograd saved is the all-gathered copy, freed
     after forward and gathered again from the shards the step wrote. On every rank the finding names AdamW
-    (foreach and fused) and the line of its step() call, as the one writer."""
+    (foreach and fused) and the line of its step() call, as the one writer; judged at the end of backward too
+    (as on a GPU), where the gathered copy has been freed again and only the facts kept at use remain."""
     if path == "native":
         from torchgen_patch.runtime import checklib
 
@@ -116,7 +121,7 @@ def test_fsdp2_resharded_an_adamw_step_between_forward_and_backward_is_named_wit
     for r in ranks:
         for mode in ("foreach", "fused"):
             res = r["results"][mode]
-            assert res["path"] == path and res["findings"], (r["rank"], mode, res)
+            assert res["path"] == path.split("-")[0] and res["findings"], (r["rank"], mode, res)
             for f in res["findings"]:
                 assert f["optimizer"] == "torch.optim.adamw.AdamW" and f["writers"] == ["optimizer"], f
                 assert f["step"] == {"file": "<string>", "line": line, "function": "<module>"}, f

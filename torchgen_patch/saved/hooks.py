@@ -222,8 +222,8 @@ class Check:
     def _skip_saver(self) -> None:
         self._python.not_judged(SAVER)
 
-    def _facts(self, shape, dtype, device, version, ptr, numel, element, requires_grad):
-        return _Facts.of(shape, dtype, device, version, ptr, numel, element, requires_grad)
+    def _facts(self, shape, dtype, device, version, ptr, numel, element, requires_grad, storage=0):
+        return _Facts.of(shape, dtype, device, version, ptr, numel, element, requires_grad, storage)
 
     def found(self, s, t, original, node, backward, returned: bool = False, upto: int | None = None) -> None:
         """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
@@ -409,7 +409,10 @@ class _PythonHooks:
 
 
 class _Facts:
-    """What a finding needs of a tensor read at the end of backward (the tensor itself may be gone)."""
+    """What a finding needs of a tensor read at the end of backward (the tensor itself may be gone);
+    ``storage_id``: its storage's identity (``writer.holds``), or None."""
+
+    storage_id = None
 
     def __init__(self, t=None):
         if t is None:
@@ -418,14 +421,16 @@ class _Facts:
         self.requires_grad = t.requires_grad
         try:
             self._ptr, self._numel, self._size = t.data_ptr(), t.numel(), t.element_size()
+            self.storage_id = t.untyped_storage()._cdata
         except Exception:  # noqa: BLE001 — a wrapper subclass has no pointer of its own
             self._ptr, self._numel, self._size = None, 0, 0
 
     @classmethod
-    def of(cls, shape, dtype, device, version, ptr, numel, element, requires_grad) -> "_Facts":
+    def of(cls, shape, dtype, device, version, ptr, numel, element, requires_grad, storage=0) -> "_Facts":
         f = cls()
         f.shape, f.dtype, f.device, f._version = tuple(shape), dtype, device, version
         f.requires_grad, f._ptr, f._numel, f._size = requires_grad, ptr or None, numel, element
+        f.storage_id = storage or None
         return f
 
     def data_ptr(self) -> int:

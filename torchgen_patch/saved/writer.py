@@ -64,7 +64,11 @@ def _fsdp_copies(params: list) -> list:
 
 
 def _storage(t) -> int | None:
-    """The identity of ``t``'s storage (the same while it is freed and allocated again), or None."""
+    """The identity of ``t``'s storage (the same while it is freed and allocated again; of facts kept at
+    the end of backward, as kept at use), or None."""
+    kept = getattr(t, "storage_id", None)  # facts kept without the tensor (hooks._Facts)
+    if kept is not None:
+        return kept
     try:
         return t.untyped_storage()._cdata
     except Exception:  # noqa: BLE001 — facts kept without the tensor, a wrapper subclass without storage
