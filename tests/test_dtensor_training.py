@@ -12,6 +12,7 @@ import torch
 
 import torchgen_patch
 from tests.conftest import ROOT
+from torchgen_patch.vocabulary import Writer
 
 pytestmark = [pytest.mark.build, pytest.mark.skipif(not torch.distributed.is_available(),
                                                     reason="torch.distributed is not available")]
@@ -196,3 +197,5 @@ def test_dtensor_optimizers_under_the_saved_tensor_check(library, mesh, opt_cls,
         with torchgen_patch.check_saved("raise"):
             _step_between_forward_and_backward(opt_cls, mode, mesh, catch=False)
     assert e.value.finding.node is not None
+    # the optimizer holds the DTensor, whose local tensor autograd saved: named, with its step() line
+    assert e.value.finding.writers == (Writer.OPTIMIZER,) and e.value.finding.step is not None, e.value

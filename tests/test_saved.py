@@ -6,9 +6,11 @@ hooks keep working and keep being checked."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import torch
 
 import torchgen_patch
 from tests.conftest import ROOT
-from torchgen_patch.saved import SavedTensorChanged, check_saved
+from torchgen_patch.saved import Frame, SavedTensorChanged, check_saved
 from torchgen_patch.saved import fingerprint as fp
 from torchgen_patch.saved import compose, hooks
 from torchgen_patch.vocabulary import Writer
@@ -342,7 +344,60 @@ def test_fused_adamw_unpatched_is_a_finding_naming_the_optimizer():
     f = e.finding
     assert f.optimizer == "torch.optim.adamw.AdamW" and f.writers[0] == Writer.OPTIMIZER
     assert f.name in ("2.weight", "0.weight", "2.bias", "0.bias") and f.owner == "Sequential"
-    assert "the optimizer torch.optim.adamw.AdamW, whose step ran between save and use" in str(e)
+    assert f.writers == (Writer.OPTIMIZER,)  # the writer the check knows, named alone
+    step = Frame(os.path.relpath(__file__), _line_of(_step_between, "opt.step()", -1), "_step_between")
+    assert f.step == step
+    assert f"the optimizer torch.optim.adamw.AdamW, whose step at {step.render()} ran between save and use" in str(e)
+    assert f"fix:      move the step of torch.optim.adamw.AdamW at {step.render()} after the backward call" in str(e)
+
+
+def _line_of(fn, text: str, which: int = 0) -> int:
+    """The line of ``fn``'s source where ``text`` is (its ``which``-th such line)."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + [i for i, line in enumerate(lines) if text in line][which]
+
+
+class _DataOptimizer(torch.optim.Optimizer):
+    """Plain SGD that writes its parameters through ``p.data``, as DeepSpeed's CPU optimizers do (from
+    C++, given ``p.data``): no version moves."""
+
+    def __init__(self, params, lr: float = 0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+
+def _data_optimizer_between(check=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = _DataOptimizer(model.parameters())
+    x = torch.randn(3, 4)
+    model(x).sum().backward()
+    with check_saved(check) if check else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        loss = model(x).pow(2).sum()
+        opt.step()
+        loss.backward()
+    return model[0].weight.grad.clone()
+
+
+def test_an_optimizer_writing_through_data_between_forward_and_backward_is_named_with_its_step():
+    """A ``torch.optim.Optimizer`` subclass writing through ``p.data`` (DeepSpeed's CPU optimizers): silent
+    without the check; with it, the finding names the optimizer's class and the line of its step() call,
+    and nothing else as the writer."""
+    assert isinstance(_outcome(_data_optimizer_between), torch.Tensor)  # silent: backward ran with the new weights
+    e = _outcome(lambda: _data_optimizer_between("raise"))
+    assert isinstance(e, SavedTensorChanged), e
+    f = e.finding
+    step = Frame(os.path.relpath(__file__), _line_of(_data_optimizer_between, "opt.step()"), "_data_optimizer_between")
+    assert f.optimizer == f"{__name__}._DataOptimizer" and f.writers == (Writer.OPTIMIZER,) and f.step == step
+    assert f.name in ("2.weight", "0.weight") and f"whose step at {step.render()} ran between save and use" in str(e)
 
 
 @pytest.mark.build
@@ -1364,8 +1419,6 @@ def test_a_ctx_attribute_of_a_custom_function_is_not_checked():
 
 def test_two_copies_of_one_model_are_told_apart():
     """A teacher and its student copy share every parameter path: a finding names which one by its id."""
-    import copy
-
     torch.manual_seed(0)
     student = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     teacher = copy.deepcopy(student)
@@ -1388,11 +1441,78 @@ def test_two_copies_of_one_model_are_told_apart():
     assert c.findings[0].owner == "Sequential"  # one model of its class: its class alone
 
 
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.out(self.inp(x).tanh())
+
+
+class _Distill(torch.nn.Module):
+    """A teacher and its student copy, called by those attribute names."""
+
+    def __init__(self):
+        super().__init__()
+        self.teacher = _Net()
+        self.student = copy.deepcopy(self.teacher)
+
+    def forward(self, x):
+        return (self.teacher(x) - self.student(x)).pow(2).sum()
+
+
+def _copies_written(distill: bool):
+    """Forward through a teacher and its student copy (on a parent, or called by the program itself), both
+    copies' ``out.weight`` written through ``.data``, backward: the check, the copies, the line of each call."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    parent = _Distill() if distill else None
+    teacher, student = (parent.teacher, parent.student) if parent else (_Net(), None)
+    student = student or copy.deepcopy(teacher)
+    with check_saved("warn") as c:
+        if parent:
+            loss = parent(x)
+            lines = [sys._getframe().f_lineno - 1] * 2
+        else:
+            t = teacher(x)
+            s = student(x)
+            lines = [sys._getframe().f_lineno - 2, sys._getframe().f_lineno - 1]
+            loss = (t - s).pow(2).sum()
+        teacher.out.weight.data.mul_(2)
+        student.out.weight.data.mul_(3)
+        loss.backward()
+    return c, (teacher, student), lines
+
+
+def test_a_teacher_and_its_student_copy_differ_by_path_and_by_the_programs_call(capsys):
+    """Each copy's finding names its path from the outermost module (``teacher.out.weight`` on a parent
+    that calls them by those names), and the program's frame outside every module's own ``forward``:
+    where the program called its model. Without a parent, the class with its address and each call."""
+    here = os.path.relpath(__file__)
+    c, _, lines = _copies_written(distill=True)
+    assert sorted(f.name for f in c.findings) == ["student.out.weight", "teacher.out.weight"]
+    for f in c.findings:
+        assert f.owner == "_Distill" and f.forward.function == "forward"
+        assert f.call == Frame(here, lines[0], "_copies_written")
+    c, copies, lines = _copies_written(distill=False)
+    by_owner = {f.owner: f for f in c.findings}
+    assert sorted(by_owner) == sorted(f"_Net at 0x{id(m):x}" for m in copies)
+    for model, line in zip(copies, lines, strict=True):
+        f = by_owner[f"_Net at 0x{id(model):x}"]
+        assert f.name == "out.weight" and f.forward.function == "forward"
+        assert f.call == Frame(here, line, "_copies_written")
+    said = [x for x in capsys.readouterr().err.splitlines() if x.startswith("torchgen-patch: saved tensor changed")]
+    assert len(said) == 4 and len({f.key() for f in c.findings}) == 2  # each copy its own line
+    assert f", called from {here}:{lines[1]} (_copies_written)" in said[-1] + said[-2]
+
+
 # --- what the user sees -----------------------------------------------------------------------------------
 
 
-def _process(code: str):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
+def _process(code: str, **variables):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p),
+               **variables)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -1406,6 +1526,29 @@ def test_the_check_says_once_at_start_that_it_is_on_and_a_process_without_backwa
     r = _process(start + "s.enable('warn'); x = torch.ones(3, requires_grad=True); (x * x).sum().backward()")
     assert r.returncode == 0 and r.stderr.splitlines()[-1].startswith("torchgen-patch: saved-tensor check in pid "), \
         r.stderr
+
+
+def test_the_start_line_names_the_program_and_rank_and_raise_mode_counts_at_exit():
+    """The line at start names the process as the kernels' line does (its program, its rank); in raise mode
+    the count at exit is said too (a finding the program caught is counted)."""
+    start = "import torch, torchgen_patch.saved as s; from torchgen_patch.runtime.checklib import prepare; prepare(); "
+    body = textwrap.dedent("""
+        x = torch.ones(3, requires_grad=True)
+        y = x.exp()
+        z = (y * y).sum()
+        y.data.mul_(2)
+        try:
+            z.backward()
+        except s.SavedTensorChanged:
+            pass
+    """)
+    r = _process(start + "s.enable('raise')\n" + body, RANK="1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert re.search(r"^torchgen-patch: saved-tensor check on \(raise\) in pid \d+ \(python -c, rank 1\): ",
+                     r.stderr, re.M), r.stderr
+    assert lines[-1].startswith("torchgen-patch: saved-tensor check in pid ") and \
+        "(rank 1): 1 changed saved tensor (1 distinct) in " in lines[-1], r.stderr
 
 
 # --- the stack, memory, and what each path reads alike ---------------------------------------------------

@@ -39,6 +39,14 @@ def test_the_goldens_show_each_place_a_finding_shows():
     for f, text in zip(findings, lines, strict=True):
         assert f["fix"] and text.endswith("; fix: " + f["fix"]) and f"  fix:      {f['fix']}\n" in message
     assert "increment_version" in findings[4]["fix"] and "after the backward call at train.py:57" in findings[0]["fix"]
+    # an optimizer's step: the line of its step() call, in what it wrote and in what to change; the program's
+    # call of its model, where the forward frame is the model's own forward
+    assert findings[0]["optimizer_step"] == {"file": "train.py", "line": 55, "function": "main"}
+    assert "the optimizer bitsandbytes.optim.Adam8bit, whose step at train.py:55 (main) ran between" in lines[0]
+    assert findings[0]["fix"].startswith("move the step of bitsandbytes.optim.Adam8bit at train.py:55 (main) after "
+                                         "the backward call at train.py:57 (main)")
+    assert "in the forward call at train.py:41 (forward), called from train.py:52 (main), used by" in lines[0]
+    assert "            (called from train.py:52 (main))\n" in message
     summary = _golden("formats/saved.summary").decode().splitlines()
     assert [s.split(": ", 2)[2].split(" (")[0] for s in summary] == ["0 changed saved tensors",
                                                                      "1 changed saved tensor",

@@ -37,8 +37,9 @@ def test_in_a_process_a_bad_check_path_variable_costs_neither_the_kernels_nor_th
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                        env=dict(ENV, TORCHGEN_PATCH_CHECK_PATH="bogus"))
     assert r.returncode == 0 and r.stdout == "kernels 1\nbackward done\n", r.stderr
-    on = re.search(r"^torchgen-patch: saved-tensor check on \(warn\) in pid \d+: .*; \$TORCHGEN_PATCH_CHECK_PATH is "
-                   r"'bogus', neither 'native' nor 'python': ignored, either path may run$", r.stderr, re.M)
+    on = re.search(r"^torchgen-patch: saved-tensor check on \(warn\) in pid \d+ \(python -c\): .*; "
+                   r"\$TORCHGEN_PATCH_CHECK_PATH is 'bogus', neither 'native' nor 'python': ignored, either path may "
+                   r"run$", r.stderr, re.M)
     assert on, r.stderr
     assert re.search(r"saved tensor|saved for backward", r.stderr[on.end():]), r.stderr
     assert "NOT active" not in r.stderr and "Traceback" not in r.stderr

@@ -13,9 +13,9 @@ per distinct finding and a count at the end; ``raise`` raises ``SavedTensorChang
 
 The stage's modules: ``hooks.py`` (the hooks and their composition with the program's own),
 ``fingerprint.py``, ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names,
-optimizer steps, rank), ``finding.py`` (the value), ``render.py`` (its renderers), ``fleet.py`` (each
-finding also a line in a folder the processes of a job share) and ``engine.py`` (the one module that
-talks to autograd's engine)."""
+optimizer steps, rank), ``writer.py`` (whether a stepped optimizer holds a tensor), ``finding.py``
+(the value), ``render.py`` (its renderers), ``fleet.py`` (each finding also a line in a folder the
+processes of a job share) and ``engine.py`` (the one module that talks to autograd's engine)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def check_saved(mode="warn", path=None, findings=None):
 
 def enable(mode="warn", path=None, findings=None):
     """Turn the check on for the rest of the process, on this thread (the one that imports torch);
-    ``warn`` prints the count when the process exits. ``findings``: as ``check_saved``'s (given to a
-    check already on, its findings go there from now on)."""
+    the count is printed when the process exits (in either mode). ``findings``: as ``check_saved``'s (given
+    to a check already on, its findings go there from now on)."""
     from . import fleet
     from .hooks import enable as on
 

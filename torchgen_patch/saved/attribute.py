@@ -12,11 +12,12 @@ import sys
 import sysconfig
 import threading
 import weakref
-from types import FrameType
+from types import CodeType, FrameType
 
 from ..errors import display_path
 from ..vocabulary import Writer
-from .finding import Frame
+from .finding import Finding, Frame
+from .writer import holds, inside
 
 # --- frames ---------------------------------------------------------------------------------
 
@@ -38,25 +39,32 @@ def _library_dirs() -> tuple[str, ...]:
 
 _LIBS: tuple[str, ...] | None = None
 _TORCH_OR_OURS: tuple[str, ...] | None = None
-_PROGRAM: dict = {}  # code object -> 2 (the program's own), 1 (a library outside torch), 0 (torch, this package)
+_CALLS: frozenset = frozenset()  # torch's code that calls a module's forward (Module._call_impl, its inner())
+# code object -> 2 (the program's own), 1 (a library outside torch), 0 (torch, this package), plus CALLS for
+# the code that calls a module's forward
+_PROGRAM: dict = {}
+CALLS = 4
 
 
 def _kind(code) -> int:
-    global _LIBS, _TORCH_OR_OURS  # noqa: PLW0603 (the process's torch and library paths, found at first use)
+    global _LIBS, _TORCH_OR_OURS, _CALLS  # noqa: PLW0603 (the process's torch and library paths, found at first use)
     if _LIBS is None:
         import torch
 
         _TORCH_OR_OURS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
             torch.__file__, os.path.dirname(os.path.abspath(__file__))))
         _LIBS = _library_dirs()
+        impl = torch.nn.Module._call_impl.__code__
+        _CALLS = frozenset([impl, *(c for c in impl.co_consts if isinstance(c, CodeType))])
     name = code.co_filename
     if name.startswith("<frozen") or name.startswith(_TORCH_OR_OURS):
-        return 0
+        return CALLS if code in _CALLS else 0
     return 1 if os.path.abspath(name).startswith(_LIBS) else 2
 
 
 def kind_of_code(code) -> int:
-    """2: the program's own code, 1: a library outside torch, 0: torch or this package (cached)."""
+    """2: the program's own code, 1: a library outside torch, 0: torch or this package, CALLS (4):
+    torch's code that calls a module's forward (cached)."""
     kind = _PROGRAM.get(code)
     if kind is None:
         kind = _PROGRAM[code] = _kind(code)
@@ -65,25 +73,30 @@ def kind_of_code(code) -> int:
 
 def caller(depth: int = 2):
     """Where the current call came from, cheaply, to be made a Frame only if a finding needs it: the
-    innermost frame of the program's own code and the innermost frame outside torch and this
-    package, each as (code, line), or None."""
+    innermost frame of the program's own code, the innermost frame outside torch and this package,
+    and the innermost frame of the program's own code that no module's call runs (outside every
+    module's own ``forward``: where the program called its model), each as (code, line), or None."""
     try:
         f: FrameType | None = sys._getframe(depth)
     except ValueError:  # called from less deep than that
-        return None, None
-    site = None
+        return None, None, None
+    site = program = None
     while f is not None:
         code = f.f_code
         kind = _PROGRAM.get(code)
         if kind is None:
             kind = _PROGRAM[code] = _kind(code)
-        if kind:
+        if kind & 3:
             if site is None:
                 site = (code, f.f_lineno)
-            if kind == 2:
-                return (code, f.f_lineno), site
+            if kind & 3 == 2:
+                if program is None:
+                    program = (code, f.f_lineno)
+                back = f.f_back
+                if back is None or not kind_of_code(back.f_code) & CALLS:
+                    return program, site, (code, f.f_lineno)
         f = f.f_back
-    return None, site
+    return program, site, None
 
 
 def frame(where) -> Frame | None:
@@ -106,7 +119,7 @@ def backward_call():
         if probe is not None:
             g: FrameType | None = probe
             while g is not None:
-                if _PROGRAM.get(g.f_code, None) == 2 or _kind(g.f_code) == 2:
+                if kind_of_code(g.f_code) & 3 == 2:
                     return g.f_code, g.f_lineno
                 g = g.f_back
     return None
@@ -137,7 +150,7 @@ def module_name(t, original=None) -> tuple[str | None, str | None, bool]:
             if p is target:
                 return name, _owner(root, name, roots, paths), False
         for name, p in named:
-            if best is None and _inside(t, p):
+            if best is None and inside(t, p):
                 best = name, root, True
     if best is None:
         return None, None, False
@@ -158,23 +171,12 @@ def _owner(root, name: str, roots, paths: dict) -> str:
     return cls
 
 
-def _inside(t, p) -> bool:
-    """``t``'s memory lies inside ``p``'s (a view of it, a transposed weight)."""
-    try:
-        if p.device != t.device or p.numel() == 0 or t.numel() == 0:
-            return False
-        lo, plo = t.data_ptr(), p.data_ptr()
-        return plo <= lo < plo + p.numel() * p.element_size()
-    except Exception:  # noqa: BLE001 — no storage to compare (a wrapper subclass)
-        return False
-
-
 # --- optimizer steps ----------------------------------------------------------------------------
 
 
 class Steps:
     """Counts optimizer steps through torch's global step post-hook while a check is on, keeping the
-    last few: (count, the optimizer (weakly), its class path)."""
+    last few: (count, the optimizer (weakly), its class path, the program's frame of its ``step()`` call)."""
 
     def __init__(self):
         self.count = 0
@@ -186,7 +188,9 @@ class Steps:
     def _hook(self, optimizer, args, kwargs) -> None:
         self.count += 1
         cls = type(optimizer)
-        self.recent.append((self.count, weakref.ref(optimizer), f"{cls.__module__}.{cls.__qualname__}"))
+        where = caller(2)
+        self.recent.append((self.count, weakref.ref(optimizer), f"{cls.__module__}.{cls.__qualname__}",
+                            where[0] or where[1]))
 
     def start(self) -> None:
         with self._lock:
@@ -203,15 +207,16 @@ class Steps:
                 self._handle.remove()
                 self._handle = None
 
-    def since(self, count: int, t, original=None, upto: int | None = None) -> tuple[str | None, bool]:
+    def since(self, count: int, t, original=None, upto: int | None = None) -> tuple[str | None, bool, Frame | None]:
         """(the class of an optimizer that stepped after ``count`` (and by ``upto``), preferring one that
-        holds ``t``; whether it holds it)."""
-        stepped = [(ref(), cls) for n, ref, cls in self.recent if n > count and (upto is None or n <= upto)]
-        for opt, cls in stepped:
-            if opt is not None and any(p is original or p is t or _inside(t, p) for g in opt.param_groups
-                                       for p in g["params"]):
-                return cls, True
-        return (stepped[-1][1], False) if stepped else (None, False)
+        holds ``t`` (``writer.holds``); whether it holds it; where its last such step was called)."""
+        stepped = [(ref(), cls, where) for n, ref, cls, where in self.recent
+                   if n > count and (upto is None or n <= upto)]
+        for opt, cls, _ in stepped:
+            if opt is not None and holds(opt, t, original):
+                last = [where for o, _, where in stepped if o is opt][-1]
+                return cls, True, frame(last)
+        return (stepped[-1][1], False, None) if stepped else (None, False, None)
 
 
 STEPS = Steps()
@@ -274,11 +279,42 @@ def rank() -> int | None:
 def writers(optimizer_holds: bool, storage_moved: bool, parameter: bool, returned: bool = False) -> tuple[Writer, ...]:
     """Who may have written a saved tensor, most likely first (``parameter``: it is a parameter or
     buffer, or a view of one, where `.data` writes are the usual way; ``returned``: the contents
-    compared are what the program's own saved-tensor hooks gave back)."""
+    compared are what the program's own saved-tensor hooks gave back). An optimizer that stepped between
+    save and use and holds the tensor is named alone: the check knows that writer (its storage moving,
+    FSDP2's copy gathered again, is then no other writer)."""
     out = [Writer.HOOKS] if returned else []
     if optimizer_holds:
-        out.append(Writer.OPTIMIZER)
+        return (*out, Writer.OPTIMIZER)
     if storage_moved:
         out.append(Writer.STORAGE)
     out += [Writer.DATA, Writer.ALIAS, Writer.KERNEL] if parameter else [Writer.ALIAS, Writer.KERNEL, Writer.DATA]
     return tuple(out)
+
+
+def who() -> str:
+    """Which process a line is about, as the kernels' line says it: its program, its rank."""
+    argv0 = (getattr(sys, "argv", None) or [""])[0]
+    r = rank()
+    return ", ".join(["python -c" if argv0 == "-c" else os.path.basename(argv0) or "python",
+                      *([f"rank {r}"] if r is not None else [])])
+
+
+def finding(s, t, original, node, backward, returned: bool = False, upto: int | None = None) -> Finding:
+    """The finding for the save ``s`` (its version, where it was saved, the step count then): ``t``, the
+    tensor now or the facts kept of it; ``original``, the tensor saved, if alive; ``node``, the node that
+    used it; ``backward``, the backward call's frame; ``returned``: the program's own hooks gave ``t``
+    back; ``upto``: the step count by the end of its backward pass, where it is judged later."""
+    name, owner, view = module_name(t, original)
+    optimizer, holds_it, step = STEPS.since(s.steps, t, original, upto)
+    try:
+        moved_storage = s.ptr is not None and t.data_ptr() != s.ptr
+    except Exception:  # noqa: BLE001 — no pointer of its own
+        moved_storage = False
+    program, site, call = s.where
+    return Finding(shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""), device=str(t.device),
+                   version=int(t._version), name=name, owner=owner, view=view,
+                   node=node.name() if node is not None else None, forward=frame(program),
+                   site=frame(site) if site != program else None, call=frame(call) if call != program else None,
+                   backward=frame(backward), writers=writers(holds_it, moved_storage, name is not None or s.leaf,
+                                                             returned),
+                   optimizer=optimizer, step=step, rank=rank())

@@ -34,15 +34,17 @@ class Finding:
     node: str | None = None  # the autograd node that saved it ("MmBackward0")
     forward: Frame | None = None  # the program's own frame of the forward call that saved it
     site: Frame | None = None  # the innermost frame outside torch there, when it is not ``forward``
+    call: Frame | None = None  # the program's frame that called its model there, when it is not ``forward``
     backward: Frame | None = None  # the program's own frame of the backward call that used it
     writers: tuple[Writer, ...] = ()  # who may have written it, most likely first
     optimizer: str | None = None  # the optimizer class whose step ran between save and use
+    step: Frame | None = None  # the program's frame of that step() call, where the optimizer holds the tensor
     rank: int | None = None  # the rank, in a multi-rank job
 
     def key(self) -> tuple:
         """What makes two findings the same one (a loop that repeats a write gives one line)."""
-        return (self.name, self.view, self.shape, self.dtype, self.device, self.node, self.forward, self.backward,
-                self.rank)
+        return (self.name, self.owner, self.view, self.shape, self.dtype, self.device, self.node, self.forward,
+                self.call, self.backward, self.rank)
 
 
 class SavedTensorChanged(RuntimeError):

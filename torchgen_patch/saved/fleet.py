@@ -69,8 +69,9 @@ class Record:
                     device=_str(t, "device"), version=_int(t.get("version"), "tensor.version"),
                     name=_str_or_none(t, "name"), owner=_str_or_none(t, "owner"), view=_bool(t, "view"),
                     node=_str_or_none(obj, "node"), forward=_frame(obj, "forward"), site=_frame(obj, "site"),
-                    backward=_frame(obj, "backward"), writers=tuple(Writer(w) for w in writers),
-                    optimizer=_str_or_none(obj, "optimizer"), rank=_int_or_none(obj.get("rank"), "rank"))
+                    call=_frame(obj, "call"), backward=_frame(obj, "backward"),
+                    writers=tuple(Writer(w) for w in writers), optimizer=_str_or_none(obj, "optimizer"),
+                    step=_frame(obj, "optimizer_step"), rank=_int_or_none(obj.get("rank"), "rank"))
         return cls(_str(obj, "host"), _int(obj.get("pid"), "pid"), _int_or_none(obj.get("step"), "step"), f)
 
 

@@ -222,25 +222,12 @@ class Check:
     def _skip_saver(self) -> None:
         self._python.not_judged(SAVER)
 
-    def _facts(self, shape, dtype, device, version, ptr, numel, element, requires_grad):
-        return _Facts.of(shape, dtype, device, version, ptr, numel, element, requires_grad)
+    def _facts(self, shape, dtype, device, version, ptr, numel, element, requires_grad, storage=0):
+        return _Facts.of(shape, dtype, device, version, ptr, numel, element, requires_grad, storage)
 
     def found(self, s, t, original, node, backward, returned: bool = False, upto: int | None = None) -> None:
         """Make the finding for ``s`` (``t``: the tensor now, or the facts kept of it); raise it or say it."""
-        name, owner, view = attribute.module_name(t, original)
-        optimizer, holds = attribute.STEPS.since(s.steps, t, original, upto)
-        try:
-            moved_storage = s.ptr is not None and t.data_ptr() != s.ptr
-        except Exception:  # noqa: BLE001 — no pointer of its own
-            moved_storage = False
-        program, site = s.where
-        f = Finding(shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""), device=str(t.device),
-                    version=int(t._version), name=name, owner=owner, view=view,
-                    node=node.name() if node is not None else None,
-                    forward=attribute.frame(program), site=attribute.frame(site) if site != program else None,
-                    backward=attribute.frame(backward),
-                    writers=attribute.writers(holds, moved_storage, name is not None or s.leaf, returned),
-                    optimizer=optimizer, rank=attribute.rank())
+        f = attribute.finding(s, t, original, node, backward, returned, upto)
         self._findings.append(f)
         fleet.write(self, f)  # a line in the fleet's folder (--findings), where one is set
         first = f.key() not in self._distinct
@@ -423,7 +410,10 @@ class _PythonHooks:
 
 
 class _Facts:
-    """What a finding needs of a tensor read at the end of backward (the tensor itself may be gone)."""
+    """What a finding needs of a tensor read at the end of backward (the tensor itself may be gone);
+    ``storage_id``: its storage's identity (``writer.holds``), or None."""
+
+    storage_id = None
 
     def __init__(self, t=None):
         if t is None:
@@ -432,14 +422,16 @@ class _Facts:
         self.requires_grad = t.requires_grad
         try:
             self._ptr, self._numel, self._size = t.data_ptr(), t.numel(), t.element_size()
+            self.storage_id = t.untyped_storage()._cdata
         except Exception:  # noqa: BLE001 — a wrapper subclass has no pointer of its own
             self._ptr, self._numel, self._size = None, 0, 0
 
     @classmethod
-    def of(cls, shape, dtype, device, version, ptr, numel, element, requires_grad) -> "_Facts":
+    def of(cls, shape, dtype, device, version, ptr, numel, element, requires_grad, storage=0) -> "_Facts":
         f = cls()
         f.shape, f.dtype, f.device, f._version = tuple(shape), dtype, device, version
         f.requires_grad, f._ptr, f._numel, f._size = requires_grad, ptr or None, numel, element
+        f.storage_id = storage or None
         return f
 
     def data_ptr(self) -> int:
@@ -476,9 +468,9 @@ def enable(mode: CheckMode, path: str | None = None) -> Check:
     if _PROCESS is not None and _PROCESS.active:
         return _PROCESS
     _PROCESS = Check(mode, path).start()
-    say(f"torchgen-patch: saved-tensor check on ({mode}) in pid {os.getpid()}: {native.describe(_PROCESS)}")
-    if mode == CheckMode.WARN:
-        atexit.register(_at_exit, _PROCESS)
+    say(f"torchgen-patch: saved-tensor check on ({mode}) in pid {os.getpid()} ({attribute.who()}): "
+        f"{native.describe(_PROCESS)}")
+    atexit.register(_at_exit, _PROCESS)  # in raise mode too: the findings a program caught are counted
     return _PROCESS
 
 

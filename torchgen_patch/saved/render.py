@@ -12,7 +12,7 @@ from .finding import Finding, Frame
 PREFIX = "torchgen-patch: saved tensor changed without a version bump"
 
 _WRITER = {
-    Writer.OPTIMIZER: "the optimizer {optimizer}, whose step ran between save and use (a step that writes outside "
+    Writer.OPTIMIZER: "the optimizer {optimizer}, whose step{at} ran between save and use (a step that writes outside "
                       "the dispatcher moves no version)",
     Writer.STORAGE: "`.data = ...` or `set_data()`, which gave it other storage",
     Writer.DATA: "an in-place op on `.data` (`p.data.mul_(2)`: `.data` has a version counter of its own)",
@@ -24,10 +24,11 @@ _WRITER = {
 }
 
 
-# what to change, by the most likely writer: {tensor} is how a person names it, {backward} the backward call's frame
+# what to change, by the most likely writer: {tensor} is how a person names it, {backward} the backward call's frame,
+# {step} the optimizer's step to move (with the line of its step() call, where known)
 _FIX = {
-    Writer.OPTIMIZER: "step {optimizer} after the backward call at {backward}, not between the forward that saved "
-                      "{tensor} and that backward (gradient accumulation: step once every micro-batch's backward ran)",
+    Writer.OPTIMIZER: "{step} after the backward call at {backward}, not between the forward that saved {tensor} "
+                      "and that backward (gradient accumulation: step once every micro-batch's backward ran)",
     Writer.STORAGE: "do not give {tensor} other storage between forward and backward: copy into it in place under "
                     "`torch.no_grad()` (`t.copy_(new)`), or do it after the backward call at {backward}",
     Writer.DATA: "write {tensor} itself in place under `torch.no_grad()` (`with torch.no_grad(): t.mul_(2)`), not "
@@ -54,8 +55,19 @@ def _frame(frame: Frame | None) -> str:
     return printable(frame.render()) if frame else "an unknown frame"
 
 
+def _at(f: Finding) -> str:
+    """Where the optimizer's step was called, where the finding knows it."""
+    return f" at {_frame(f.step)}" if f.step else ""
+
+
+def _step(f: Finding) -> str:
+    """What the fix of an optimizer's step says to do, with the line of its step() call where known."""
+    optimizer = f.optimizer or "the optimizer"
+    return f"move the step of {optimizer}{_at(f)}" if f.step else f"step {optimizer}"
+
+
 def writers(f: Finding) -> str:
-    return "; ".join(_WRITER[w].format(optimizer=f.optimizer) for w in f.writers)
+    return "; ".join(_WRITER[w].format(optimizer=f.optimizer, at=_at(f)) for w in f.writers)
 
 
 def fix(f: Finding) -> str:
@@ -63,12 +75,13 @@ def fix(f: Finding) -> str:
     if not f.writers:
         return ""
     return _FIX[f.writers[0]].format(optimizer=f.optimizer or "the optimizer", backward=_frame(f.backward),
-                                     tensor=tensor(f))
+                                     tensor=tensor(f), step=_step(f))
 
 
 def line(f: Finding) -> str:
     """``warn``: one line on stderr per distinct finding."""
-    saved = f"saved by {f.node or 'an unknown node'} in the forward call at {_frame(f.forward)}"
+    saved = f"saved by {f.node or 'an unknown node'} in the forward call at {_frame(f.forward)}" + (
+        f", called from {_frame(f.call)}" if f.call else "")
     rank = f" [rank {f.rank}]" if f.rank is not None else ""
     return (f"{PREFIX}{rank}: {tensor(f)}, {saved}, used by the backward call at {_frame(f.backward)}; "
             f"likely written by: {writers(f)}" + (f"; fix: {fix(f)}" if f.writers else ""))
@@ -82,6 +95,8 @@ def message(f: Finding) -> str:
              f"  saved by: {f.node or 'an unknown node'}, in the forward call at {_frame(f.forward)}"]
     if f.site:
         lines.append(f"            (inside {_frame(f.site)})")
+    if f.call:
+        lines.append(f"            (called from {_frame(f.call)})")
     lines.append(f"  used by:  the backward call at {_frame(f.backward)}")
     lines.append("  likely written by: " + writers(f))
     if f.writers:
@@ -97,8 +112,9 @@ def as_dict(f: Finding) -> dict:
 
     return {"tensor": {"name": f.name, "owner": f.owner, "view": f.view, "shape": list(f.shape), "dtype": f.dtype,
                        "device": f.device, "version": f.version},
-            "node": f.node, "forward": frame(f.forward), "site": frame(f.site), "backward": frame(f.backward),
-            "writers": [str(w) for w in f.writers], "optimizer": f.optimizer, "rank": f.rank, "fix": fix(f) or None}
+            "node": f.node, "forward": frame(f.forward), "site": frame(f.site), "call": frame(f.call),
+            "backward": frame(f.backward), "writers": [str(w) for w in f.writers], "optimizer": f.optimizer,
+            "optimizer_step": frame(f.step), "rank": f.rank, "fix": fix(f) or None}
 
 
 def to_json(findings: list[Finding]) -> str:
