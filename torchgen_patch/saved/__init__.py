@@ -10,18 +10,21 @@ per distinct finding and a count at the end; ``raise`` raises ``SavedTensorChang
     with check_saved("raise"):        # a block
         ...
     enable("warn")                    # the rest of the process (install(check_saved=), run --check-saved)
+    enable("warn", every=32)          # sampled: each step checked with probability 1/32 (sample.py)
 
 The stage's modules: ``hooks.py`` (the hooks and their composition with the program's own),
 ``fingerprint.py``, ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names,
-optimizer steps, rank), ``finding.py`` (the value), ``render.py`` (its renderers) and
-``engine.py`` (the one module that talks to autograd's engine)."""
+optimizer steps, rank), ``finding.py`` (the value), ``render.py`` (its renderers), ``sample.py``
+(the check sampled by step) and ``engine.py`` (the one module that talks to autograd's engine)."""
 
 from __future__ import annotations
 
 from ..vocabulary import CheckMode
 from .finding import Finding, Frame, SavedTensorChanged
+from .sample import DEFAULT_EVERY, every_of
 
-__all__ = ["CheckMode", "Finding", "Frame", "SavedTensorChanged", "check_saved", "disable", "enable", "mode_of"]
+__all__ = ["DEFAULT_EVERY", "CheckMode", "Finding", "Frame", "SavedTensorChanged", "check_saved", "disable", "enable",
+           "every_of", "mode_of"]
 
 
 def mode_of(mode) -> CheckMode:
@@ -32,21 +35,23 @@ def mode_of(mode) -> CheckMode:
         raise ValueError(f"check_saved mode must be 'warn' or 'raise', not {mode!r}") from None
 
 
-def check_saved(mode="warn", path=None):
+def check_saved(mode="warn", path=None, every=1):
     """A check of saved tensors, as a context manager (``with check_saved("raise"):``) or for the rest
     of the process (``check_saved("warn").start()``); ``.findings`` lists what it found. ``path``:
-    ``native``, ``python`` or None (the native hooks where they are loaded, ``native.py``)."""
+    ``native``, ``python`` or None (the native hooks where they are loaded, ``native.py``). ``every``:
+    each backward pass's forward checked with probability 1/every, no hooks at all on the others
+    (``sample.py``; 1: every step)."""
     from .hooks import Check
 
-    return Check(mode_of(mode), path)
+    return Check(mode_of(mode), path, every_of(every))
 
 
-def enable(mode="warn", path=None):
+def enable(mode="warn", path=None, every=1):
     """Turn the check on for the rest of the process, on this thread (the one that imports torch);
-    ``warn`` prints the count when the process exits."""
+    ``warn`` prints the count when the process exits. ``every``: sampled by step, as ``check_saved``."""
     from .hooks import enable as on
 
-    return on(mode_of(mode), path)
+    return on(mode_of(mode), path, every_of(every))
 
 
 def disable() -> None:
