@@ -30,8 +30,6 @@ import threading
 import weakref
 from typing import Any
 
-from . import compose, engine
-
 ENV = "TORCHGEN_PATCH_CHECK_SEED"
 DEFAULT_EVERY = 32  # what a training run is asked to use: ≤ 1.01 × a step where the full check costs ≤ 1.3 ×
 
@@ -93,9 +91,14 @@ class Sampler:
         self.laid = False
         self._own = None
         self._thread: int | None = None
+        self._compose: Any = None  # the modules that lay the hooks and call back at the end of backward,
+        self._engine: Any = None  # imported when the check starts
 
     def start(self, own) -> None:
         """The check starts, with ``own`` (its implementation's hooks): laid now, or when a step is drawn."""
+        from . import compose, engine  # here, not above: the package's ``every_of`` and DEFAULT_EVERY stay light
+
+        self._compose, self._engine = compose, engine
         self._own, self._thread = own, threading.get_ident()
         if self.draw is None or self.draw():
             self._lay()
@@ -104,13 +107,13 @@ class Sampler:
 
     def stop(self) -> None:
         if self.draw is not None:
-            engine.stop_after_each_backward(self.boundary)
+            self._engine.stop_after_each_backward(self.boundary)
         if self.laid:
-            compose.remove(self.layer)
+            self._compose.remove(self.layer)
             self.laid = False
 
     def _lay(self) -> None:
-        self.layer = compose.lay(self.check, self._own)
+        self.layer = self._compose.lay(self.check, self._own)
         self.laid = True
 
     def boundary(self) -> None:
@@ -120,9 +123,9 @@ class Sampler:
         if threading.get_ident() != self._thread or self.draw is None:
             return
         drawn = self.draw()
-        if drawn and not self.laid and compose.layable():
+        if drawn and not self.laid and self._compose.layable():
             self._lay()
-        elif not drawn and self.laid and compose.lift(self.layer):
+        elif not drawn and self.laid and self._compose.lift(self.layer):
             self.laid = False
 
     def describe(self) -> str:
