@@ -23,7 +23,7 @@ from torchgen_patch.saved import check_saved, compose, engine, sample
 law = script("saved_sample_law")
 
 
-ONE_PATH = ("law", "every_is", "the_draw", "enable_says")  # the draw and what is said: the default path alone
+ONE_PATH = ("law", "every_is", "the_draw", "enable_says", "install_sampled")  # the draw and what is said: the default path alone
 
 
 def pytest_generate_tests(metafunc):
@@ -339,3 +339,23 @@ def test_two_ranks_find_it_sooner_as_the_law_says_gloo(monkeypatch):
     assert mean_band(2, seeds, ALPHA)[1] < mean_band(1, seeds, ALPHA)[0]
     assert statistics.mean(STEPS + 1 if f is None else f for f in either) < min(
         statistics.mean(STEPS + 1 if f is None else f for f in first) for first in ranks)
+
+
+@pytest.mark.build
+def test_install_sampled_at_the_default_finds_a_recurring_write_within_300_steps(library, tmp_path):
+    """``install(check_saved=, check_every=DEFAULT_EVERY)``, the process's own unseeded draw: a ``.data`` write
+    to a weight at every step is found within 300 steps (missed with probability (31/32)^300 = 7.3e-5 by
+    the law), and the count at exit says how many draws drew."""
+    prog = ("import torch, torchgen_patch\nfrom torchgen_patch.saved import DEFAULT_EVERY\n"
+            f"torchgen_patch.install(library={library.path!r}, check_saved='warn', check_every=DEFAULT_EVERY)\n"
+            "m = torch.nn.Linear(4, 3)\nx = torch.randn(2, 4, requires_grad=True)\n"
+            "for _ in range(300):\n"
+            "    loss = m(x).sum()\n    m.weight.data.mul_(-1)\n    loss.backward()\n")
+    env = {k: v for k, v in os.environ.items() if k != sample.ENV}
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(env, PYTHONPATH=ROOT), timeout=600)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert any(line.endswith("; sampled: a backward pass's forward in 32") for line in lines), lines
+    assert sum("saved tensor changed without a version bump" in line for line in lines) == 1, lines
+    assert "of 301 draws drawn)" in lines[-1] and " 0 changed" not in lines[-1], lines[-1]
