@@ -23,7 +23,8 @@ from torchgen_patch.saved import check_saved, compose, engine, sample
 law = script("saved_sample_law")
 
 
-ONE_PATH = ("law", "every_is", "the_draw", "enable_says", "install_sampled")  # the draw and what is said: the default path alone
+# the draw, what is said, what a process of its own does: the default path alone
+ONE_PATH = ("law", "every_is", "the_draw", "enable_says", "install_sampled")
 
 
 def pytest_generate_tests(metafunc):
