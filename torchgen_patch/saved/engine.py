@@ -111,7 +111,8 @@ def _wrap() -> None:
     autograd = require_torch("the saved-tensor check").autograd
     for module in (autograd.graph, autograd):
         original = getattr(module, "_engine_run_backward", None)
-        if original is not None:
+        if original is not None and not getattr(original, "_calls_after_each_backward", False):
+            # (one of ours left under a wrapper of another's that was since taken off already calls back)
             _WRAPPED[module] = original
             module._engine_run_backward = _returning(original)
 
@@ -130,6 +131,7 @@ def _returning(original):
                     callback()
 
     _engine_run_backward.__wrapped__ = original  # type: ignore[attr-defined]  # as functools.wraps leaves it
+    _engine_run_backward._calls_after_each_backward = True  # type: ignore[attr-defined]  # told apart by _wrap
     return _engine_run_backward
 
 
