@@ -253,13 +253,13 @@ def test_enable_says_it_is_sampled_and_the_count_at_exit_how_many_steps_were_che
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert lines[0].endswith("; sampled: a backward pass's forward in 4"), lines
+    assert lines[0].endswith("; sampled: each step checked with probability 1/4"), lines
     monkeypatch.setenv(sample.ENV, "3")
     draw = sample.Draw(4)  # the same seed: the same draws, one at the start and one after each backward pass
     drawn = [draw() for _ in range(11)]
     assert lines[-1].startswith("torchgen-patch: saved-tensor check in pid ")
-    assert lines[-1].endswith(f"in {2 * sum(drawn[:10])} checked (sampled, a step in 4: {sum(drawn)} of 11 draws "
-                              "drawn)"), lines
+    assert lines[-1].endswith(f"in {2 * sum(drawn[:10])} checked (sampled at 1/4: {sum(drawn)} of 11 draws hit)"), \
+        lines
 
 
 # --- the law ------------------------------------------------------------------------------------------------
@@ -357,6 +357,6 @@ def test_install_sampled_at_the_default_finds_a_recurring_write_within_300_steps
                        env=dict(env, PYTHONPATH=ROOT), timeout=600)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert any(line.endswith("; sampled: a backward pass's forward in 32") for line in lines), lines
+    assert any(line.endswith("; sampled: each step checked with probability 1/32") for line in lines), lines
     assert sum("saved tensor changed without a version bump" in line for line in lines) == 1, lines
-    assert "of 301 draws drawn)" in lines[-1] and " 0 changed" not in lines[-1], lines[-1]
+    assert "of 301 draws hit)" in lines[-1] and " 0 changed" not in lines[-1], lines[-1]

@@ -84,7 +84,7 @@ def summary(found: int, distinct: int, checked: int, skipped: dict[str, int], wh
     text = (f"torchgen-patch: saved-tensor check{where}: {plural(found, 'changed saved tensor')}"
             f" ({distinct} distinct) in {checked} checked")
     if sampled is not None:
-        text += f" (sampled, a step in {sampled[2]}: {sampled[0]} of {plural(sampled[1], 'draw')} drawn)"
+        text += f" (sampled at 1/{sampled[2]}: {sampled[0]} of {plural(sampled[1], 'draw')} hit)"
     if skipped:
         text += "; contents not read for " + ", ".join(f"{n} ({why})" for why, n in sorted(skipped.items()))
     return text

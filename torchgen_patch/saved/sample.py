@@ -130,7 +130,7 @@ class Sampler:
 
     def describe(self) -> str:
         """How often it checks, in words (for the line ``enable`` prints; empty for every step)."""
-        return "" if self.draw is None else f"; sampled: a backward pass's forward in {self.every}"
+        return "" if self.draw is None else f"; sampled: each step checked with probability 1/{self.every}"
 
     def counts(self) -> tuple[int, int, int] | None:
         """(draws that drew, draws, N) so far: one draw at the start and one at the end of each backward pass;
