@@ -58,9 +58,15 @@ def _first_detections(every: int, seeds: int, steps: int, tag: str, group) -> li
     model = _model(torch)
     net = torch.nn.parallel.DistributedDataParallel(model, process_group=group) if group is not None else model
     out: list[int | None] = []
+    before = os.environ.get(SEED)
     for s in range(seeds):
-        os.environ[SEED] = f"{tag}:{s}"
-        check = torchgen_patch.check_saved("warn", every=every).start()
+        os.environ[SEED] = f"{tag}:{s}"  # read by the check's draw when it is made
+        check = torchgen_patch.check_saved("warn", every=every)
+        if before is None:
+            del os.environ[SEED]
+        else:
+            os.environ[SEED] = before
+        check.start()
         found = None
         try:
             for step in range(1, steps + 1):
@@ -76,7 +82,6 @@ def _first_detections(every: int, seeds: int, steps: int, tag: str, group) -> li
                     break
         finally:
             check.stop()
-            del os.environ[SEED]
         out.append(found)
     return out
 
