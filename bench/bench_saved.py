@@ -373,7 +373,7 @@ def sampled_figures(runs: dict, per_round: list, on: float, every: int, not_draw
     steps = [s for r in per_round for s in r]
     not_drawn = [statistics.mean(s for s, drawn in r if not drawn) / o
                  for r, o in zip(per_round, runs["off"], strict=True) if not all(drawn for _, drawn in r)]
-    nd = statistics.median(not_drawn)
+    nd = statistics.median(not_drawn) if not_drawn else float("nan")  # (no round without a drawn step)
     q = statistics.quantiles(not_drawn, n=4) if len(not_drawn) >= 4 else [nd, nd, nd]
     host = 1 + not_drawn_us / 1e6 / statistics.median(runs["off"])
     expected = (1 - 1 / every) * host + on / every
