@@ -3,7 +3,11 @@ backward, AdamW) with the check off, with it on, and with the floor's two parts,
 one process, interleaved round by round (the first mode alternating):
 
 - **off**: no hooks;
-- **on**: ``torchgen_patch.check_saved("warn")`` (the mode a training run leaves on);
+- **on**: ``torchgen_patch.check_saved("warn")`` (the mode a training run leaves on), every step checked;
+- **sampled**: the same check sampled at the default N (``every=torchgen_patch.saved.DEFAULT_EVERY``): each
+  step timed alone and kept with whether it was drawn, so the same rounds give the cost of a step that
+  is not drawn (no hooks on the stack: the draw at the end of each backward pass is what it costs) and
+  the mean cost of all steps; beside them what the law expects, (1 - 1/N) x not drawn + 1/N x on;
 - **identity hooks**: a pair of saved-tensor hooks in Python that keep and return each tensor as it
   is (what any saved-tensor hook costs);
 - **two reads**: reading the step's saved bytes twice on the device, one pass each (as many bytes as
@@ -67,6 +71,7 @@ CUDA_MODELS = {
     "mlp": ("64 x Linear(256) MLP, batch 64", 1.30),
 }
 MEMORY_TARGET = 0.01  # at most +1 % peak memory
+SAMPLED_TARGET, NOT_DRAWN_TARGET = 1.01, 1.002  # the check sampled at the default N: its mean, a step not drawn
 STEPS_PER_ROUND = {"mlp": 10, "mlp-deep": 10, "conv": 2, "prenorm": 2, "gpt2": 1}
 GPT2 = {"gpt2": (2, 768, 12, 8192, 2, 128), "gpt2-small": (12, 768, 12, 50257, 8, 512),
         "gpt2-small-bf16": (12, 768, 12, 50257, 8, 512)}
@@ -174,11 +179,15 @@ class Bench:
         import torch
 
         import torchgen_patch
+        from torchgen_patch.saved import DEFAULT_EVERY
 
         self.name, self.device, self.torch = name, device, torch
         self.model, self.loss_of = build(name, device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.check = torchgen_patch.check_saved("warn", path=path)
+        self.every = DEFAULT_EVERY
+        self.sampled = torchgen_patch.check_saved("warn", path=path, every=self.every)
+        self.sampled_steps: list[tuple[float, bool]] = []  # (seconds, drawn) of each step in mode "sampled"
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         self.clock = time.perf_counter if device == "cuda" else time.process_time
         self.n = STEPS_PER_ROUND.get(name, 1)
@@ -206,6 +215,8 @@ class Bench:
         hooks = self.torch.autograd.graph.saved_tensors_hooks
         if mode == "on":
             return _running(self.check)
+        if mode == "sampled":
+            return _running(self.sampled)
         if mode == "per-tensor":
             return _running(self.check, batching=False)
         if mode in ("identity", "synced"):
@@ -218,11 +229,27 @@ class Bench:
         """Seconds per step of ``n`` steps in ``mode`` (the device synchronised at both ends)."""
         with self.context(mode):
             self.sync()
+            if mode == "sampled":
+                return self._steps_alone()
             t = self.clock()
             for _ in range(self.n):
                 self.step(mode)
             self.sync()
             return (self.clock() - t) / self.n
+
+    def _steps_alone(self) -> float:
+        """Seconds per step of ``n`` steps with the sampled check, each timed alone and kept with whether it
+        was drawn (the check's hooks on the stack as it began)."""
+        total = 0.0
+        for _ in range(self.n):
+            drawn = self.sampled.sampler.laid
+            t = self.clock()
+            self.step()
+            self.sync()
+            seconds = self.clock() - t
+            self.sampled_steps.append((seconds, drawn))
+            total += seconds
+        return total / self.n
 
     def saved_bytes(self) -> tuple[int, int]:
         """(saved tensors, their bytes) of one step: what each of the check's two reads reads."""
@@ -287,16 +314,21 @@ class _running:
         native.batching(True)
 
 
-def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
+def timing(name: str, device: str, rounds: int, path: str | None, not_drawn_us: float) -> dict:
+    """``not_drawn_us``: what a step not drawn costs the host (``not_drawn_cost``)."""
     b = Bench(name, device, path)
-    modes = ("off", "on", "identity") + b.probes()
+    modes = ("off", "on", "sampled", "identity") + b.probes()
     for mode in modes + modes:  # warm-up: kernels compiled, caches made, the check's key on the device
         b.block(mode)
     runs: dict[str, list] = {m: [] for m in modes}
+    per_round: list[list[tuple[float, bool]]] = []  # the sampled check's steps, by round
     for r in range(rounds):
         order = modes if r % 2 == 0 else tuple(reversed(modes))
         for mode in order:
+            first = len(b.sampled_steps)
             runs[mode].append(b.block(mode))
+            if mode == "sampled":
+                per_round.append(b.sampled_steps[first:])
     from torchgen_patch.saved import native
 
     launched, checked = {}, 0
@@ -319,7 +351,8 @@ def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
     probes = {m: statistics.median([p / o for p, o in zip(runs[m], runs["off"], strict=True)]) for m in b.probes()}
     what, target = (CUDA_MODELS if device == "cuda" else CPU_MODELS)[name]
     extra = None if peaks["off"] is None else peaks["on"] / peaks["off"] - 1
-    return {"model": name, "what": what, "target": target, "rounds": rounds, "path": b.check.path,
+    return {**sampled_figures(runs, per_round, ratio, b.every, not_drawn_us),
+            "model": name, "what": what, "target": target, "rounds": rounds, "path": b.check.path,
             "off_ms": off * 1e3, "on_ms": statistics.median(runs["on"]) * 1e3, "ratio": ratio, "p25": q[0],
             "p75": q[2], "probes": probes, "identity_ratio": hooks_ratio, "reads_ms": reads * 1e3, "floor": floor,
             "met": ratio <= target, "saved_tensors": count, "checked_per_step": checked, "saved_bytes": nbytes,
@@ -327,6 +360,60 @@ def timing(name: str, device: str, rounds: int, path: str | None) -> dict:
             "peak_mib": peaks, "extra_peak": extra,
             "memory_met": None if extra is None else extra <= MEMORY_TARGET,
             "findings": len(b.check.findings), "threads": b.torch.get_num_threads()}
+
+
+def sampled_figures(runs: dict, per_round: list, on: float, every: int, not_drawn_us: float) -> dict:
+    """The sampled check's figures, from each round's "sampled" steps beside its "off" step: the mean of all
+    those steps over the mean off step (``sampled_ratio``), and the median over rounds of the round's steps
+    not drawn over its off step (``not_drawn_ratio``, p25-p75). A step not drawn differs from one with the
+    check off by a few microseconds, far below the rounds' noise on a shared machine, so it is also given
+    as the step off plus what it costs the host (``not_drawn_host``, from ``not_drawn_us``), which the
+    target is judged on; and how many steps were drawn is luck, so beside the measured mean is what the law
+    expects of it (``sampled_expected``): (1 - 1/N) x ``not_drawn_host`` + 1/N x ``on`` (every step checked)."""
+    steps = [s for r in per_round for s in r]
+    not_drawn = [statistics.mean(s for s, drawn in r if not drawn) / o
+                 for r, o in zip(per_round, runs["off"], strict=True) if not all(drawn for _, drawn in r)]
+    nd = statistics.median(not_drawn) if not_drawn else float("nan")  # (no round without a drawn step)
+    q = statistics.quantiles(not_drawn, n=4) if len(not_drawn) >= 4 else [nd, nd, nd]
+    host = 1 + not_drawn_us / 1e6 / statistics.median(runs["off"])
+    expected = (1 - 1 / every) * host + on / every
+    return {"every": every, "sampled_ratio": statistics.mean(s for s, _ in steps) / statistics.mean(runs["off"]),
+            "sampled_steps": len(steps), "drawn_steps": sum(drawn for _, drawn in steps),
+            "sampled_expected": expected, "not_drawn_ratio": nd, "not_drawn_p25": q[0], "not_drawn_p75": q[2],
+            "not_drawn_us": not_drawn_us, "not_drawn_host": host,
+            "sampled_met": expected <= SAMPLED_TARGET, "not_drawn_met": host <= NOT_DRAWN_TARGET}
+
+
+def not_drawn_cost(path: str | None, n: int = 2000, repeats: int = 15) -> float:
+    """What a step that is not drawn costs the host beyond no check, in microseconds: a tiny step (a product,
+    its backward pass, an SGD step) with the check sampled at N = 2^40, so that no step is drawn (the draw at
+    the end of each backward pass, no hooks), beside the same step without it; the least of ``repeats``
+    blocks of ``n`` steps each, alternating."""
+    import torch
+
+    import torchgen_patch
+
+    p = torch.nn.Parameter(torch.randn(4))
+    opt = torch.optim.SGD([p], lr=0.1)
+    never = torchgen_patch.check_saved("warn", path=path, every=2**40)
+
+    def block(check) -> float:
+        if check is not None:
+            check.start()
+        t = time.process_time()
+        for _ in range(n):
+            (p * 2).sum().backward()
+            opt.step()
+        seconds = time.process_time() - t
+        if check is not None:
+            check.stop()
+        return seconds / n
+
+    times: dict = {None: [], never: []}
+    for _ in range(repeats):
+        for check in times:
+            times[check].append(block(check))
+    return (min(times[never]) - min(times[None])) * 1e6
 
 
 def hook_cost(device: str, path: str | None, ops: int = 1000, repeats: int = 5) -> dict:
@@ -510,12 +597,15 @@ def main(rounds: int = 11, report=False, json_path: str | None = None, device: s
         print("per saved tensor on the host: {identity_us:.2f} us with identity hooks, {check_us:.2f} us with the "
               "check; one op of the chain (forward and backward) {op_us:.1f} us".format(**results["hook_cost"]),
               flush=True)
+        results["not_drawn_us"] = not_drawn_cost(path)
+        print(f"a step not drawn (the check sampled): {results['not_drawn_us']:.2f} us on the host beyond no check",
+              flush=True)
         import torchgen_patch
 
         results["bandwidth"] = kernel_bandwidth(torchgen_patch.check_saved("warn", path=path), device)
         print("one fingerprint: " + ", ".join(f"{k} {v:.1f}" for k, v in results["bandwidth"].items()), flush=True)
         for name in models or table:
-            t = timing(name, device, rounds, path)
+            t = timing(name, device, rounds, path, results["not_drawn_us"])
             if device == "cpu":
                 m = cpu_memory(name, path)
                 t["cpu_memory"] = m  # reported: the +1 % target is the GPU's, where memory decides the batch size
@@ -554,9 +644,24 @@ def _memory(t: dict) -> str:
     return f"{text} ({t['extra_peak']:+.1%}; <= +1 %: {ok})"
 
 
+def _sampled(t: dict) -> str:
+    """The sampled check's cell: its measured mean, what the law expects of it, and their target."""
+    ok = "met" if t["sampled_met"] else "**not met**"
+    return (f"{t['sampled_ratio']:.3f} ({t['drawn_steps']} of {t['sampled_steps']} steps drawn); expected "
+            f"{t['sampled_expected']:.3f}: <= {SAMPLED_TARGET}: {ok}")
+
+
+def _not_drawn(t: dict) -> str:
+    ok = "met" if t["not_drawn_met"] else "**not met**"
+    return (f"{t['not_drawn_host']:.4f} (+{t['not_drawn_us']:.1f} us a step): <= {NOT_DRAWN_TARGET}: {ok}; in the "
+            f"rounds {t['not_drawn_ratio']:.3f} ({t['not_drawn_p25']:.3f}-{t['not_drawn_p75']:.3f})")
+
+
 def summary_line(t: dict) -> str:
     return (f"{t['model']}: off {t['off_ms']:.2f} ms, on {t['on_ms']:.2f} ms, ratio {t['ratio']:.3f} "
-            f"(p25-p75 {t['p25']:.3f}-{t['p75']:.3f}) [{_verdict(t).replace('**', '')}]; floor {t['floor']:.3f} "
+            f"(p25-p75 {t['p25']:.3f}-{t['p75']:.3f}) [{_verdict(t).replace('**', '')}]; sampled at N = "
+            f"{t['every']}: {_sampled(t).replace('**', '')}; a step not drawn {_not_drawn(t).replace('**', '')}; "
+            f"floor {t['floor']:.3f} "
             f"(identity hooks {t['identity_ratio']:.3f} + two reads {t['reads_ms']:.2f} ms); "
             f"{t['saved_tensors']} saved tensors, {t['saved_bytes'] / 2**20:.0f} MiB a step; peak "
             f"{_memory(t).replace('**', '')}; path {t['path']}; findings {t['findings']}")
@@ -648,6 +753,14 @@ def render(results: dict, rounds: int, device: str) -> str:
              f"- each figure: the median of {rounds} per-round ratios of one step's {clock} (forward, backward, "
              "AdamW step) to the step with the check off, every mode in one process, interleaved, the order "
              "alternating; the check in `warn` mode",
+             "- sampled: the same check sampled at the default N (each step checked with probability 1/N), each of "
+             "its steps timed alone: the mean of them all (how many were drawn is luck; expected: (1 - 1/N) x a step "
+             "not drawn + 1/N x on, from the figures of the same rounds), and a step that was not drawn, whose "
+             "stack holds no saved-tensor hooks (what it costs is the draw at the end of each backward pass): "
+             "the median of its ratio over the rounds, and, since a few microseconds lie far below the rounds' "
+             "noise, the step off plus what such a step costs the host, measured apart (a tiny step, a product, its "
+             "backward pass and an SGD step, with the check sampled so that no step is drawn, beside none: "
+             f"{results.get('not_drawn_us', float('nan')):.2f} us), on which the target is judged",
              "- floor: the step under an identity pair of saved-tensor hooks in Python, plus two reads of the "
              "step's saved bytes on the device (one pass each, timed apart); what any check of saved tensors "
              "that reads them twice costs at least",
@@ -658,12 +771,15 @@ def render(results: dict, rounds: int, device: str) -> str:
              "- what one saved tensor costs the host (a chain of 1,000 products of 4 x 4 tensors, forward and backward, "
              "each saving both inputs): {identity_us:.2f} us with identity hooks, {check_us:.2f} us with the check; one "
              "op of that chain costs {op_us:.1f} us itself".format(**results["hook_cost"]), "",
-             "| model | saved a step | off | on | on / off (p25-p75) | target | floor (identity hooks + two reads) | "
-             "peak off / on | findings |", "|---|---|---|---|---|---|---|---|---|"]
+             "| model | saved a step | off | on | on / off (p25-p75) | target | sampled at the default N, mean "
+             "(expected) | a step not drawn: off + its host cost (the rounds: median, p25-p75) | floor (identity "
+             "hooks + two reads) | peak off / on | findings |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in results["models"]:
         lines.append(
             f"| {t['what']} | {t['saved_tensors']}, {t['saved_bytes'] / 2**20:.0f} MiB | {t['off_ms']:.2f} ms | "
             f"{t['on_ms']:.2f} ms | **{t['ratio']:.3f}** ({t['p25']:.3f}-{t['p75']:.3f}) | {_verdict(t)} | "
+            f"N = {t['every']}: {_sampled(t)} | {_not_drawn(t)} | "
             f"{t['floor']:.3f} ({t['identity_ratio']:.3f} + {t['reads_ms']:.2f} ms) | {_memory(t)} | "
             f"{t['findings']} |")
     paths = sorted({t["path"] for t in results["models"]})

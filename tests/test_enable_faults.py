@@ -200,17 +200,19 @@ def test_the_hook_gone_status_and_disable_still_work_and_a_program_says_it_once(
 def test_enable_check_saved_reaches_every_process_and_status_shows_it(cached):
     """enable --check-saved (warn, then raise): a program of the environment that writes a saved tensor
     through .data between forward and backward gets the warning (or the exception), after the line that
-    says the check is on; status shows the mode (off before)."""
+    says the check is on; status shows the mode (sampled by default, off where asked)."""
     env = cached
     assert _tool(env, "enable").returncode == 0
-    assert "saved-tensor check: off" in _tool(env, "status").stdout
+    assert "saved-tensor check: warn, 1 step in 32;" in _tool(env, "status").stdout
+    assert _tool(env, "enable", "--check-saved=off").returncode == 0
+    assert "saved-tensor check: off;" in _tool(env, "status").stdout
     prog = ("import torch\nx = torch.ones(3, requires_grad=True)\ny = torch.ones(3)\nz = (x * y).sum()\n"
             "y.data.mul_(2)\nz.backward()\nprint('backward done')\n")
     for mode in ("warn", "raise"):
         assert _tool(env, "enable", f"--check-saved={mode}").returncode == 0
-        assert f"saved-tensor check: {mode}" in _tool(env, "status").stdout
+        assert f"saved-tensor check: {mode}, every step;" in _tool(env, "status").stdout
         r = _prog(env, code=prog)
-        on = re.search(rf"^torchgen-patch: saved-tensor check on \({mode}\) in pid \d+", r.stderr, re.M)
+        on = re.search(rf"^torchgen-patch: saved-tensor check on \({mode}, every step\) in pid \d+", r.stderr, re.M)
         assert on and r.stderr.count("saved-tensor check on") == 1, r.stderr
         if mode == "warn":
             assert r.returncode == 0 and r.stdout == "backward done\n", r.stderr

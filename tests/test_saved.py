@@ -1251,7 +1251,7 @@ def test_run_refuses_a_bad_mode_before_the_program_starts(tmp_path):
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 2 and not marker.exists()
     assert r.stderr == ("torchgen-patch run: error: argument --check-saved: invalid choice: 'bogus' (choose from "
-                        "warn, raise) (see torchgen-patch run --help)\n")
+                        "off, warn, raise) (see torchgen-patch run --help)\n")
 
 
 def test_run_check_saved_alone_means_warn(monkeypatch):
@@ -1521,7 +1521,7 @@ def test_the_check_says_once_at_start_that_it_is_on_and_a_process_without_backwa
     r = _process(start + "s.enable('warn'); s.enable('warn'); torch.ones(3) * 2")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert len([x for x in lines if x.startswith("torchgen-patch: saved-tensor check on (warn) in pid ")]) == 1
+    assert len([x for x in lines if x.startswith("torchgen-patch: saved-tensor check on (warn, every step) in pid ")]) == 1
     assert not any("changed saved tensor" in x for x in lines), lines  # no backward ran: no count
     r = _process(start + "s.enable('warn'); x = torch.ones(3, requires_grad=True); (x * x).sum().backward()")
     assert r.returncode == 0 and r.stderr.splitlines()[-1].startswith("torchgen-patch: saved-tensor check in pid "), \
@@ -1545,7 +1545,7 @@ def test_the_start_line_names_the_program_and_rank_and_raise_mode_counts_at_exit
     r = _process(start + "s.enable('raise')\n" + body, RANK="1")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert re.search(r"^torchgen-patch: saved-tensor check on \(raise\) in pid \d+ \(python -c, rank 1\): ",
+    assert re.search(r"^torchgen-patch: saved-tensor check on \(raise, every step\) in pid \d+ \(python -c, rank 1\): ",
                      r.stderr, re.M), r.stderr
     assert lines[-1].startswith("torchgen-patch: saved-tensor check in pid ") and \
         "(rank 1): 1 changed saved tensor (1 distinct) in " in lines[-1], r.stderr

@@ -207,8 +207,12 @@ def test_the_benchmark_runs_its_code_on_cpu(monkeypatch, tmp_path):
     assert t["saved_tensors"] > 10 and t["saved_bytes"] > 0 and t["off_ms"] > 0 and t["on_ms"] > 0
     assert t["floor"] >= t["identity_ratio"] > 0 and t["met"] == (t["ratio"] <= 1.5) and t["findings"] == 0
     assert t["checked_per_step"] == t["saved_tensors"]
+    assert t["every"] == 32 and t["sampled_steps"] == 2 * bench.STEPS_PER_ROUND.get("tiny", 1) > 0
+    assert t["sampled_ratio"] > 0 and t["not_drawn_us"] == json.loads(js.read_text())[0]["not_drawn_us"]
+    assert t["not_drawn_host"] == pytest.approx(1 + t["not_drawn_us"] / 1e3 / t["off_ms"])
     text = report.read_text()
     assert "| a tiny pre-norm transformer | " in text and "floor (identity hooks + two reads)" in text
+    assert "N = 32: " in text and "us a step): <= 1.002: " in text
 
 
 @pytest.mark.cuda

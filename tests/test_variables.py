@@ -37,7 +37,7 @@ def test_in_a_process_a_bad_check_path_variable_costs_neither_the_kernels_nor_th
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                        env=dict(ENV, TORCHGEN_PATCH_CHECK_PATH="bogus"))
     assert r.returncode == 0 and r.stdout == "kernels 1\nbackward done\n", r.stderr
-    on = re.search(r"^torchgen-patch: saved-tensor check on \(warn\) in pid \d+ \(python -c\): .*; "
+    on = re.search(r"^torchgen-patch: saved-tensor check on \(warn, every step\) in pid \d+ \(python -c\): .*; "
                    r"\$TORCHGEN_PATCH_CHECK_PATH is 'bogus', neither 'native' nor 'python': ignored, either path may "
                    r"run$", r.stderr, re.M)
     assert on, r.stderr

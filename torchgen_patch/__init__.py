@@ -39,22 +39,26 @@ def evidence():
     return _evidence()
 
 
-def check_saved(mode=CheckMode.WARN, path=None, findings=None):
+def check_saved(mode=CheckMode.WARN, path=None, every=1, findings=None):
     """A check of every tensor autograd saves for backward: a write that changed its contents without
     moving its version is a finding (``mode="warn"``: one line each on stderr; ``"raise"``: an
     exception). A context manager (``with torchgen_patch.check_saved("raise"):``), or for the rest
     of the process: ``torchgen_patch.check_saved("warn").start()``. Any other mode: ValueError.
     ``path``: ``"native"`` (C++ hooks, built once and cached like the kernels), ``"python"``, or None
     (default, also $TORCHGEN_PATCH_CHECK_PATH): native where they can be built, else Python.
+    ``every``: sampled by step: each backward pass's forward is checked with probability 1/every, drawn
+    afresh after each backward pass from a generator no program can predict, and a step not drawn has
+    no hooks at all (1, the default: every step; ``torchgen_patch.saved.DEFAULT_EVERY`` for training runs).
     ``findings``: a folder (default $TORCHGEN_PATCH_FINDINGS) where each finding is also one JSON line
     of this process's own file, for ``torchgen-patch findings DIR`` to group across processes."""
     from .saved import check_saved as _check
-    from .saved import mode_of, native
+    from .saved import every_of, mode_of, native
 
     mode = mode_of(mode)  # refused before anything is built
+    every_of(every)
     native.chosen(path)
     with descriptors_said():
         from .runtime.checklib import prepare
 
         prepare(path)
-    return _check(mode, path, findings)
+    return _check(mode, path, every, findings)

@@ -386,9 +386,11 @@ def run(args) -> int:
     opts = options(args)
     if not _named_checked(args, opts):  # the installed torch's own inputs: the plan is made (or found by its
         resolve(opts)  # inputs' key) where torch is imported
-    check_saved, folder = _findings_to(args)
+    from .saved import saved_check_of
+
+    check_saved, every, folder = saved_check_of(args)
     env = dict(os.environ, **prepare(opts, args.backend, args.op, args.runtime_ops, args.imports, args.verbose,
-                                       args.quiet, check_saved=check_saved, findings=folder))
+                                       args.quiet, check_saved=check_saved, findings=folder, check_every=every))
     check_program(program, env)  # and what it does to that environment (env -i, env PYTHONPATH=...)
     try:
         return run_program(program, env)
@@ -396,18 +398,6 @@ def run(args) -> int:
         raise InputError(None, None, f"no such program: {program[0]}") from None
     except OSError as e:
         raise InputError(None, None, f"cannot run {program[0]}: {e.strerror}") from None
-
-
-def _findings_to(args) -> tuple[str | None, str | None]:
-    """(the check's mode, the folder of --findings made absolute and checked now, before any process
-    starts): --findings alone turns the check on in warn mode."""
-    if not args.findings:
-        return args.check_saved, None
-    from ..saved.fleet import open_folder
-
-    folder = os.path.abspath(args.findings)
-    open_folder(folder).close()
-    return args.check_saved or "warn", folder
 
 
 def findings(args) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from .commands import _build_log, _findings_to, _named_checked, _needs_torch, _say
+from ..saved.sample import words as check_words
+from .commands import _build_log, _named_checked, _needs_torch, _say
+from .saved import saved_check_of
 from .parser import options
 
 
@@ -17,9 +19,10 @@ def enable(args) -> int:
     _needs_torch("enable")  # the library is built now, against this environment's torch
     opts = options(args)
     _named_checked(args, opts)
-    check_saved, folder = _findings_to(args)
+    check_saved, every, folder = saved_check_of(args)
     spec, what = en.prepared(opts, args.backend, args.op, quiet=args.quiet, verbose=args.verbose,
-                             log=_build_log(args), strict=args.strict, check_saved=check_saved, findings=folder)
+                             log=_build_log(args), strict=args.strict, check_saved=check_saved, findings=folder,
+                             check_every=every)
     st = en.enable(spec, site)
     undo = "`torchgen-patch disable` or `pip uninstall torchgen-patch` undoes it" if st.recorded else \
         ("`torchgen-patch disable` undoes it (this torchgen-patch is installed elsewhere: `pip uninstall` leaves the "
@@ -88,7 +91,7 @@ def _enabled_line(st, build=None) -> str:
            None: "torchgen-patch is installed elsewhere: pip uninstall leaves it, and it then does nothing"}
     return (f"{st.path} (torchgen-patch {st.version}; {spec.backend.value}, {ops}{_build(build)}; "
             f"{'quiet' if spec.quiet else 'one line per process'}; {_fails(spec)}; "
-            f"saved-tensor check: {spec.check_saved.value if spec.check_saved else 'off'}"
+            f"saved-tensor check: {check_words(spec.check_saved, spec.check_every)}"
             f"{f', findings to {spec.findings}' if spec.findings else ''}; {pip[st.recorded]})")
 
 

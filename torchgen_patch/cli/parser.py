@@ -144,6 +144,17 @@ def _member(words: type[Word]):
     return member
 
 
+def _steps(value: str) -> int:
+    """--check-every's N: a whole number >= 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number of steps >= 1: {value!r}")
+    return n
+
+
 def _format(value: str):
     return _member(Format)(Format.TEXT if value == "table" else value)  # 'table': verify's older name for 'text'
 
@@ -175,17 +186,23 @@ def _patching(p: argparse.ArgumentParser) -> None:
 
 
 def _check_saved(p: argparse.ArgumentParser) -> None:
-    """--check-saved of `run` and `enable`: the saved-tensor check in each process too."""
-    p.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=tuple(CheckMode), type=_member(CheckMode),
-                   metavar="warn|raise",
-                   help="also check every tensor autograd saves for backward, in each process: a write that changed "
-                        "it without moving its version (.data, numpy aliases, C++ kernels, optimizers outside the "
-                        "dispatcher) is a finding; warn (the default): one line per distinct finding and a count "
-                        "at exit; raise: an exception at the first (docs/unseen-writes.md)")
+    """--check-saved and --check-every of `run` and `enable`: the saved-tensor check in each process."""
+    p.add_argument("--check-saved", nargs="?", const=CheckMode.WARN, choices=("off", *CheckMode),
+                   type=_member(CheckMode), metavar="off|warn|raise",
+                   help="the saved-tensor check in each process: each tensor autograd saves for backward is "
+                        "compared when backward uses it, and a write that changed it without moving its version "
+                        "(.data, numpy aliases, C++ and Triton kernels, optimizers outside the dispatcher) is a "
+                        "finding. On by default, in warn mode, sampled: each step checked with probability 1/32 "
+                        "(--check-every), no hooks at all on the others, no compile in a program's process. warn: one "
+                        "line per distinct finding and a count at exit; raise: an exception at the first; given "
+                        "alone, every step is checked; off: no check (docs/unseen-writes.md)")
+    p.add_argument("--check-every", type=_steps, metavar="N",
+                   help="check each step with probability 1/N (1: every step; default 32, or 1 where --check-saved "
+                        "names a mode)")
     p.add_argument("--findings", metavar="DIR",
                    help="each process also appends every finding of the check as one JSON line to a file of its "
                         "own in DIR (made if missing; yours or root's, writable by no one else unless sticky), for "
-                        "`torchgen-patch findings DIR`; turns --check-saved on (warn) where it is not given. "
+                        "`torchgen-patch findings DIR`. "
                         "Also $TORCHGEN_PATCH_FINDINGS, for any check")
 
 

@@ -10,9 +10,10 @@ library, the default: ``runtime.library`` builds it, ``load.register`` registers
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
-from ..errors import InputError, descriptors_said
+from ..errors import InputError, descriptors_said, say
 from ..sources import Options
 from ..vocabulary import Backend, CheckMode
 from .load import (REGISTRY, Candidate, InstallReport, check,  # noqa: F401 (re-exported: the package's API)
@@ -30,6 +31,7 @@ class InstallOptions:
     boxed_library: str | None = None  # a built boxed library (run's children): checked, never rebuilt
     build: bool = True  # False: no usable prebuilt kernels is an error, nothing compiles
     check_saved: CheckMode | None = None  # WARN or RAISE (or its word): the saved-tensor check too (saved.enable)
+    check_every: int = 1  # the check sampled: each step checked with probability 1/check_every (saved/sample.py)
     saved_library: str | None = None  # a build of the check's native hooks (run's children): checked, never rebuilt
 
 
@@ -39,7 +41,8 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
             no_overlay: bool = False, no_cache: bool = False, requires_grad_check: bool = True,
             library: str | None = None, runtime_ops: tuple[str, ...] | list[str] | None = None,
             verbose: bool = False, evidence: bool = False, boxed_library: str | None = None, build: bool = True,
-            check_saved: CheckMode | str | None = None, saved_library: str | None = None) -> InstallReport:
+            check_saved: CheckMode | str | None = None, check_every: int = 1,
+            saved_library: str | None = None) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset), with ``backend``
     (``"cpp"``: the compiled library; ``"python"``: torch.library kernels, no compiler needed).
 
@@ -61,7 +64,9 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
     or of the check's native hooks to check and load, never rebuilt. ``verbose``: the compiler's
     output. ``check_saved`` (``"warn"`` or ``"raise"``): also turn on the saved-tensor check for the
     rest of the process (``torchgen_patch.check_saved``); any other value is refused (ValueError)
-    before anything is built.
+    before anything is built. ``check_every``: the check sampled, each backward pass's forward checked
+    with probability 1/``check_every`` (1, the default: every step; ``saved.sample.DEFAULT_EVERY`` is what
+    a training run is advised; anything but a whole number >= 1: ValueError before anything is built).
 
     Loading twice is a no-op: ops already installed are reported as such. The overlay's optimizer
     entries (``optimizers:``) are applied too, through PyTorch's global optimizer step hooks
@@ -76,13 +81,29 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
         if how.check_saved is not None:  # the stage imported only for it (a plain install() stays light)
             from .. import saved  # type: ignore[assignment]  # the module, or None when not asked
         mode = None if saved is None else saved.mode_of(how.check_saved)  # refused before anything is built
+        every = 1 if saved is None else saved.every_of(how.check_every)
         rep = _install(ops, backend, opts, plan, how)
         if mode is not None:
-            from .checklib import prepare
-
-            prepare(library=how.saved_library, build=how.build)
-            rep.check_saved = saved.enable(mode).mode
+            rep.check_saved = _start_check(saved, mode, every, how)
     return rep
+
+
+def _start_check(saved, mode, every: int, how: InstallOptions):
+    """The saved-tensor check on for the rest of the process; its mode. A sampled check (``every`` > 1, as
+    run and enable turn it on by default) never compiles the native hooks in the program's process (where
+    none are built, its drawn steps run the Python hooks) and never stops the program: where it cannot start,
+    one line says why, and the kernels stay (None)."""
+    from .checklib import prepare
+
+    if every == 1:
+        prepare(library=how.saved_library, build=how.build)
+        return saved.enable(mode, every=every).mode
+    try:
+        prepare(library=how.saved_library, build=False)
+        return saved.enable(mode, every=every).mode
+    except Exception as e:  # noqa: BLE001 — a check on by default fails open, whatever the cause
+        say(f"torchgen-patch: saved-tensor check NOT on in pid {os.getpid()}: {type(e).__name__}: {e}")
+        return None
 
 
 def _merged(kind, value, name: str, keywords: dict):

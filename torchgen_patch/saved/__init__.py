@@ -10,19 +10,23 @@ per distinct finding and a count at the end; ``raise`` raises ``SavedTensorChang
     with check_saved("raise"):        # a block
         ...
     enable("warn")                    # the rest of the process (install(check_saved=), run --check-saved)
+    enable("warn", every=32)          # sampled: each step checked with probability 1/32 (sample.py)
 
 The stage's modules: ``hooks.py`` (the hooks and their composition with the program's own),
 ``fingerprint.py``, ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names,
 optimizer steps, rank), ``writer.py`` (whether a stepped optimizer holds a tensor), ``finding.py``
 (the value), ``render.py`` (its renderers), ``fleet.py`` (each finding also a line in a folder the
-processes of a job share) and ``engine.py`` (the one module that talks to autograd's engine)."""
+processes of a job share), ``sample.py`` (the check sampled by step) and ``engine.py`` (the one module
+that talks to autograd's engine)."""
 
 from __future__ import annotations
 
 from ..vocabulary import CheckMode
 from .finding import Finding, Frame, SavedTensorChanged
+from .sample import DEFAULT_EVERY, every_of
 
-__all__ = ["CheckMode", "Finding", "Frame", "SavedTensorChanged", "check_saved", "disable", "enable", "mode_of"]
+__all__ = ["DEFAULT_EVERY", "CheckMode", "Finding", "Frame", "SavedTensorChanged", "check_saved", "disable", "enable",
+           "every_of", "mode_of"]
 
 
 def mode_of(mode) -> CheckMode:
@@ -33,28 +37,31 @@ def mode_of(mode) -> CheckMode:
         raise ValueError(f"check_saved mode must be 'warn' or 'raise', not {mode!r}") from None
 
 
-def check_saved(mode="warn", path=None, findings=None):
+def check_saved(mode="warn", path=None, every=1, findings=None):
     """A check of saved tensors, as a context manager (``with check_saved("raise"):``) or for the rest
     of the process (``check_saved("warn").start()``); ``.findings`` lists what it found. ``path``:
-    ``native``, ``python`` or None (the native hooks where they are loaded, ``native.py``).
-    ``findings``: a folder where each finding is also a line of this process's file (``fleet.py``;
-    default ``$TORCHGEN_PATCH_FINDINGS``, where set), for ``torchgen-patch findings``."""
+    ``native``, ``python`` or None (the native hooks where they are loaded, ``native.py``). ``every``:
+    each backward pass's forward checked with probability 1/every, no hooks at all on the others
+    (``sample.py``; 1: every step). ``findings``: a folder where each finding is also a line of this
+    process's file (``fleet.py``; default ``$TORCHGEN_PATCH_FINDINGS``, where set), for
+    ``torchgen-patch findings``."""
     from . import fleet
     from .hooks import Check
 
-    check = Check(mode_of(mode), path)
+    check = Check(mode_of(mode), path, every_of(every))
     fleet.attach(check, findings)
     return check
 
 
-def enable(mode="warn", path=None, findings=None):
+def enable(mode="warn", path=None, every=1, findings=None):
     """Turn the check on for the rest of the process, on this thread (the one that imports torch);
-    the count is printed when the process exits (in either mode). ``findings``: as ``check_saved``'s (given
-    to a check already on, its findings go there from now on)."""
+    the count is printed when the process exits (in either mode). ``every``: sampled by step, as
+    ``check_saved``'s. ``findings``: as ``check_saved``'s (given to a check already on, its findings go
+    there from now on)."""
     from . import fleet
     from .hooks import enable as on
 
-    check = on(mode_of(mode), path)
+    check = on(mode_of(mode), path, every_of(every))
     fleet.attach(check, findings)
     return check
 

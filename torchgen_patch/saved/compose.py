@@ -132,7 +132,35 @@ def _pop() -> None:
         mirror.pop()
 
 
-def _remove(layer: _Layer) -> None:
+def lay(check, own) -> _Layer:
+    """Push ``check``'s hooks (``own``: the implementation's) on this thread's stack, around the hooks on
+    top of it, if any (the program's, which it then wraps); returns the layer."""
+    top = _top()
+    layer = _Layer(check, own, *(top or (None, None)))
+    if top:
+        _pop()
+    _push(layer.pack, layer.unpack)
+    layer.replaced = bool(top)
+    return layer
+
+
+def layable() -> bool:
+    """Whether a check's hooks can be laid on this thread's stack between steps: nothing of a check is on top
+    (nothing at all, or the program's own hooks, which the layer then wraps as ``lay`` does)."""
+    return _layer_of(_top()) is None
+
+
+def lift(layer: _Layer) -> bool:
+    """Take ``layer`` off this thread's stack between steps, where it is on top (the program's hooks it
+    wrapped, if any, go back in its place); False, and nothing done, where hooks the program pushed over
+    it are there (they keep their place, wrapped by it, until they come off)."""
+    if _layer_of(_top()) is not layer:
+        return False
+    remove(layer)
+    return True
+
+
+def remove(layer: _Layer) -> None:
     """Take ``layer`` off this thread's stack wherever it is: the hooks the program pushed over it are put
     back as they were (no pass-through stays behind: any hooks on the stack switch autograd's own version
     check off), and the program's hooks it wrapped, if any, go back in its place."""
@@ -188,7 +216,7 @@ def _composing_exit(self, *args) -> None:
         _pop()
         _OWN.pop(id(layer.own), None)
         own = _Layer(layer.check, layer.own, None, None)
-        layer.check._layer = own
+        layer.check.sampler.layer = own
         _push(own.pack, own.unpack)
         return
     _pop()

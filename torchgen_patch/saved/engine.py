@@ -1,10 +1,13 @@
 """The one module that talks to autograd's engine (``torch._C._autograd`` and the engine's
 bindings), as ``runtime/dispatcher.py`` is the one that talks to the dispatcher: the per-thread
-stack of default saved-tensor hooks, the node being run, the graph task and its final callbacks.
+stack of default saved-tensor hooks, the node being run, the graph task and its final callbacks, and
+the return of each backward pass to the thread that called it.
 Each binding is looked up when called and guarded, so a torch that lacks one (an older release)
 gets the documented fallback instead of an AttributeError."""
 
 from __future__ import annotations
+
+import threading
 
 from ..errors import require_torch
 
@@ -74,3 +77,72 @@ def at_end_of_backward(callback) -> bool:
     except RuntimeError:  # "Final callbacks can only be installed during backward pass."
         return False
     return True
+
+
+# --- the end of each backward pass, on the thread that called it -------------------------------------
+
+_AFTER: list = []  # what runs after each backward pass, on the thread that called it (after_each_backward)
+_WRAPPED: dict = {}  # module -> torch's _engine_run_backward that the wrapper replaced there
+_WRAP_LOCK = threading.Lock()
+
+
+def after_each_backward(callback) -> None:
+    """Run ``callback()`` each time a backward pass returns (``Tensor.backward``, ``torch.autograd.backward``
+    or ``grad``, through torch's ``_engine_run_backward``), on the thread that called it, once the engine has
+    returned: outside the engine's guard of thread-local state, which puts back this thread's stack of
+    saved-tensor hooks as it was when the pass began (hooks pushed or popped in a final callback do not
+    stay). A backward pass run inside another one (a reentrant checkpoint's) calls nothing; one that raised
+    does. ``stop_after_each_backward`` takes it off; with none left, torch's function is put back."""
+    with _WRAP_LOCK:
+        if not _AFTER:
+            _wrap()
+        _AFTER.append(callback)
+
+
+def stop_after_each_backward(callback) -> None:
+    with _WRAP_LOCK:
+        if callback in _AFTER:
+            _AFTER.remove(callback)
+        if not _AFTER:
+            _unwrap()
+
+
+def _wrap() -> None:
+    autograd = require_torch("the saved-tensor check").autograd
+    for module in (autograd.graph, autograd):
+        original = getattr(module, "_engine_run_backward", None)
+        if original is not None and not getattr(original, "_calls_after_each_backward", False):
+            # (one of ours left under a wrapper of another's that was since taken off already calls back)
+            _WRAPPED[module] = original
+            module._engine_run_backward = _returning(original)
+
+
+def _returning(original):
+    torch = require_torch("the saved-tensor check")
+    task = getattr(torch._C, "_current_graph_task_id", lambda: -1)  # looked up once: this runs every pass
+    after = _AFTER
+
+    def _engine_run_backward(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if after and task() == -1:  # the outermost pass on this thread has returned
+                for callback in tuple(after):
+                    callback()
+
+    _engine_run_backward.__wrapped__ = original  # type: ignore[attr-defined]  # as functools.wraps leaves it
+    _engine_run_backward._calls_after_each_backward = True  # type: ignore[attr-defined]  # told apart by _wrap
+    return _engine_run_backward
+
+
+def _unwrap() -> None:
+    for module, original in list(_WRAPPED.items()):
+        current = getattr(module, "_engine_run_backward", None)
+        if getattr(current, "__wrapped__", None) is original:  # still ours (torch.compiler may wrap it too)
+            module._engine_run_backward = original
+        del _WRAPPED[module]
+
+
+def wrapped() -> bool:
+    """Whether torch's ``_engine_run_backward`` is wrapped now (only while a sampled check is on)."""
+    return bool(_WRAPPED)

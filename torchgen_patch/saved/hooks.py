@@ -40,12 +40,12 @@ from typing import Any
 
 from ..errors import say
 from ..vocabulary import CheckMode
-from . import attribute, engine, fleet, moved, native
-from .compose import (_ACTIVE, _QUIET, _Layer, _Passed, _alive, _patch, _pop, _push, _quiet, _remove, _top,
-                      _unpatch, _weak)
+from . import attribute, engine, fleet, moved, native, sample
+from .compose import _ACTIVE, _QUIET, _Passed, _alive, _patch, _quiet, _unpatch, _weak
 from .finding import Finding, SavedTensorChanged
 from .fingerprint import Skip, fingerprint
 from .render import line, message, summary
+from .sample import Sampler
 
 SAVER = "written by the op that saved it (batch norm's running statistics)"
 LOSSY = "returned by the program's own hooks with other contents than were saved, the original gone"
@@ -53,10 +53,12 @@ LOSSY = "returned by the program's own hooks with other contents than were saved
 
 class Check:
     """A saved-tensor check in one mode; ``start()``/``stop()`` or a ``with`` block. ``path``:
-    ``"native"``, ``"python"``, or None for the native hooks where they are loaded (``native.py``)."""
+    ``"native"``, ``"python"``, or None for the native hooks where they are loaded (``native.py``);
+    ``every``: each step checked with probability 1/every (``sample.py``)."""
 
-    def __init__(self, mode: CheckMode, path: str | None = None):
+    def __init__(self, mode: CheckMode, path: str | None = None, every: int = 1):
         self.mode = mode
+        self.sampler = Sampler(self, every)
         self._findings: list[Finding] = []
         self._distinct: set = set()
         self._python = _PythonHooks(self)
@@ -108,14 +110,8 @@ class Check:
             return self
         self._python.prepare()  # numpy and the key now, not in the middle of a forward pass
         _patch()
-        top = _top()
         own = self._native if self._native is not None else self._python
-        layer = _Layer(self, own, *(top or (None, None)))
-        if top:
-            _pop()
-        _push(layer.pack, layer.unpack)
-        layer.replaced = bool(top)
-        self._layer = layer
+        self.sampler.start(own)  # on this thread's stack now, or from the first step drawn
         attribute.STEPS.start()
         if self.mode == CheckMode.WARN and self._native is not None and not self._settles_at_exit:
             import atexit
@@ -136,7 +132,7 @@ class Check:
         self.active = False
         _ACTIVE.remove(self)
         attribute.STEPS.stop()
-        _remove(self._layer)
+        self.sampler.stop()
         try:
             for hooks in (self._native, self._python):
                 if hooks is not None:
@@ -162,7 +158,7 @@ class Check:
     # --- what it found ------------------------------------------------------------------------
 
     def print_summary(self, where: str = "") -> None:
-        say(summary(len(self.findings), len(self._distinct), self.checked, self.skipped, where))
+        say(summary(len(self.findings), len(self._distinct), self.checked, self.skipped, where, self.sampler.counts()))
 
     def to_json(self) -> str:
         from .render import to_json
@@ -459,25 +455,26 @@ def _settle_at_exit(ref) -> None:
 _PROCESS: Check | None = None  # the check install() and run turned on, for the whole process
 
 
-def enable(mode: CheckMode, path: str | None = None) -> Check:
+def enable(mode: CheckMode, path: str | None = None, every: int = 1) -> Check:
     """Turn the check on for the rest of the process (on this thread, the one that imports torch) and
-    say so once, on stderr; a second call returns the check already on (in its mode)."""
+    say so once, on stderr; a second call returns the check already on (in its mode and sampling)."""
     global _PROCESS  # noqa: PLW0603 (the one whole-process check, turned on and off here)
     import atexit
 
     if _PROCESS is not None and _PROCESS.active:
         return _PROCESS
-    _PROCESS = Check(mode, path).start()
-    say(f"torchgen-patch: saved-tensor check on ({mode}) in pid {os.getpid()} ({attribute.who()}): "
-        f"{native.describe(_PROCESS)}")
+    _PROCESS = Check(mode, path, every).start()
+    say(f"torchgen-patch: saved-tensor check on ({sample.words(mode, every)}) in pid {os.getpid()} "
+        f"({attribute.who()}): {native.describe(_PROCESS)}")
     atexit.register(_at_exit, _PROCESS)  # in raise mode too: the findings a program caught are counted
     return _PROCESS
 
 
 def _at_exit(check: Check) -> None:
-    """The count at exit, from a process whose backward used a saved tensor (a launcher that ran none
-    says nothing)."""
-    if not check.unpacked and not check.findings:
+    """The count at exit, from a process whose backward used a saved tensor, or ran at all where the check
+    is sampled (a launcher that ran none says nothing)."""
+    counts = check.sampler.counts()
+    if not check.unpacked and not check.findings and not (counts and counts[1] > 1):  # > 1: a backward ran
         return
     where = f" in pid {os.getpid()}"
     r = attribute.rank()

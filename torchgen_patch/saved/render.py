@@ -122,10 +122,13 @@ def to_json(findings: list[Finding]) -> str:
     return json.dumps([as_dict(f) for f in findings], indent=2, sort_keys=True) + "\n"
 
 
-def summary(found: int, distinct: int, checked: int, skipped: dict[str, int], where: str) -> str:
-    """``warn``: the count at exit."""
+def summary(found: int, distinct: int, checked: int, skipped: dict[str, int], where: str,
+            sampled: tuple[int, int, int] | None = None) -> str:
+    """``warn``: the count at exit; ``sampled``: (draws that drew, draws, N) of a check sampled at N."""
     text = (f"torchgen-patch: saved-tensor check{where}: {plural(found, 'changed saved tensor')}"
             f" ({distinct} distinct) in {checked} checked")
+    if sampled is not None:
+        text += f" (sampled at 1/{sampled[2]}: {sampled[0]} of {plural(sampled[1], 'draw')} hit)"
     if skipped:
         text += "; contents not read for " + ", ".join(f"{n} ({why})" for why, n in sorted(skipped.items()))
     return text

@@ -428,12 +428,12 @@ def _record_with(record: str, files: dict[str, bytes] | None) -> bytes:
 
 def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, verbose: bool = False,
              log=None, strict: bool = False, check_saved: str | None = None,
-             findings: str | None = None) -> tuple[LaunchSpec, str]:
+             findings: str | None = None, check_every: int = 1) -> tuple[LaunchSpec, str]:
     """The spec of an enabled environment, with its library built (or found) now, so its processes pay
     the install step only: (spec, what the processes will install, for people). ``strict``: a process
     that cannot have the kernels stops (else it runs unpatched, said in one line); ``check_saved``:
-    each process also turns the saved-tensor check on in that mode, writing its findings to the folder
-    ``findings`` too (absolute)."""
+    each process also turns the saved-tensor check on in that mode (each step checked with probability
+    1/``check_every``), writing its findings to the folder ``findings`` too (absolute)."""
     import sys
 
     from . import launcher as launch
@@ -455,4 +455,4 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
         _, p = plan(opts)  # the scan cached for the processes
         what = f"{plural(len(p.kernels) if ops is None else len(ops), 'Python kernel')}, no compiler needed"
     return launch.launch_spec(opts, backend, ops, [], [], quiet=quiet, library=library, strict=strict,
-                              check_saved=check_saved, findings=findings), what
+                              check_saved=check_saved, findings=findings, check_every=check_every), what

@@ -86,12 +86,14 @@ def _entry(spec) -> str | None:
 
 def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str], *,
                 verbose: bool = False, quiet: bool = False, library: str | None = None,
-                check_saved: str | None = None, strict: bool = False, findings: str | None = None) -> LaunchSpec:
+                check_saved: str | None = None, strict: bool = False, findings: str | None = None,
+                check_every: int = 1) -> LaunchSpec:
     """What every process of the program installs (``$TORCHGEN_PATCH_RUN``, or an enabled
     environment's file). ``opts`` (sources.Options) travel with absolute paths, so each process
     installs from the same inputs and overlay as the parent's plan, whatever its working directory.
-    ``check_saved``: each process also turns the saved-tensor check on in that mode; ``findings``: the
-    folder (absolute) where each process writes its findings too; ``strict``: an enabled environment's
+    ``check_saved``: each process also turns the saved-tensor check on in that mode, each step checked
+    with probability 1/``check_every``; ``findings``: the folder (absolute) where each process writes its
+    findings too; ``strict``: an enabled environment's
     process that cannot have the kernels stops (else it runs unpatched, said in one line; under ``run``
     it always stops)."""
     import dataclasses
@@ -107,12 +109,12 @@ def launch_spec(opts, backend: str, ops: list[str] | None, runtime_ops: list[str
                       imports=tuple(imports), library=library, boxed=None, options=opts, quiet=quiet,
                       verbose=verbose, roots=roots(),
                       check_saved=None if check_saved is None else CheckMode(check_saved),
-                      strict=strict, findings=findings)
+                      strict=strict, findings=findings, check_every=check_every)
 
 
 def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], imports: list[str],
             verbose: bool = False, quiet: bool = False, check_saved: str | None = None,
-            findings: str | None = None) -> dict[str, str]:
+            findings: str | None = None, check_every: int = 1) -> dict[str, str]:
     """The environment the program runs with. ``quiet``: no build messages, and each process says
     only when the patch is NOT active; ``check_saved``: each process also turns the saved-tensor check
     on in that mode, writing its findings to the folder ``findings`` too (absolute). Imports no torch
@@ -124,7 +126,7 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
     if problem is not None:
         raise InputError(None, None, problem, "set it to native or python, or unset it")
     spec = launch_spec(opts, backend, ops, runtime_ops, imports, verbose=verbose, quiet=quiet,
-                       check_saved=check_saved, findings=findings)
+                       check_saved=check_saved, findings=findings, check_every=check_every)
     if runtime_ops:
         import dataclasses
 

@@ -147,6 +147,8 @@ def weaker(env: LaunchSpec, own: LaunchSpec) -> str | None:
         return "it leaves out runtime ops the environment installs"
     if own.check_saved is not None and env.check_saved is None:
         return "it turns off the saved-tensor check the environment runs"
+    if own.check_saved is not None and env.check_every > own.check_every:
+        return f"it checks 1 step in {env.check_every}, fewer than the environment's 1 in {own.check_every}"
     return None
 
 
@@ -267,7 +269,7 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
         _DONE.add("kernels")
         library, origin = resolve(spec, build_log(spec.quiet))
         rep = inst.install(None if spec.ops is None else list(spec.ops), backend=spec.backend, library=library,
-                           options=spec.options, check_saved=spec.check_saved)
+                           options=spec.options, check_saved=spec.check_saved, check_every=spec.check_every)
         if spec.findings is not None and spec.check_saved is not None:  # --findings: the check writes there too
             from ...saved import enable
 

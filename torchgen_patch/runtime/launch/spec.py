@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import InputError
 from ...sources import Options
@@ -30,7 +31,8 @@ class LaunchSpec:
     off); ``strict``: an enabled environment's process that cannot have the kernels stops;
     ``enabled_by``: which torchgen-patch wrote an enabled environment's data file (``torchgen_patch``:
     its version, ``hook``: its hook's path), None under `run`; ``findings``: the folder (absolute) each
-    process's check writes its findings to (``saved/fleet.py``), or None."""
+    process's check writes its findings to (``saved/fleet.py``), or None; ``check_every``: the check
+    sampled by step, each step checked with probability 1/check_every (1: every step)."""
 
     backend: Backend
     ops: tuple[str, ...] | None
@@ -46,6 +48,7 @@ class LaunchSpec:
     strict: bool
     enabled_by: dict[str, str] | None = None
     findings: str | None = None
+    check_every: int = 1
 
     @classmethod
     def parse(cls, text: str | bytes | None, source: str) -> LaunchSpec:
@@ -85,6 +88,9 @@ class LaunchSpec:
             raise ValueError(f"unknown backend {raw['backend']!r}")
         if raw["check_saved"] is not None and raw["check_saved"] not in tuple(CheckMode):
             raise ValueError(f"unknown saved-tensor check mode {raw['check_saved']!r}")
+        every = raw.get("check_every")
+        if every is not None and (isinstance(every, bool) or every < 1):
+            raise ValueError(f"{NOT_A_SPEC} ('check_every' is {every!r}, not a whole number >= 1)")
         if raw.get("findings") is not None and not raw["findings"].startswith("/"):
             raise ValueError(f"{NOT_A_SPEC} ('findings' is not an absolute path)")
         try:
@@ -99,11 +105,12 @@ class LaunchSpec:
                    imports=strings("imports"), library=raw["library"], boxed=raw["boxed"], options=options,
                    quiet=raw["quiet"], verbose=raw["verbose"], roots=dict(raw["roots"]),
                    check_saved=None if raw["check_saved"] is None else CheckMode(raw["check_saved"]),
-                   strict=raw["strict"], enabled_by=raw.get("enabled_by"), findings=raw.get("findings"))
+                   strict=raw["strict"], enabled_by=raw.get("enabled_by"), findings=raw.get("findings"),
+                   check_every=1 if every is None else every)
 
     def to_dict(self) -> dict:
         """The spec as its JSON object holds it (plain strings, lists and tables)."""
-        out = {"backend": str(self.backend.value), "ops": None if self.ops is None else list(self.ops),
+        out: dict[str, Any] = {"backend": str(self.backend.value), "ops": None if self.ops is None else list(self.ops),
                "runtime_ops": list(self.runtime_ops), "imports": list(self.imports), "library": self.library,
                "boxed": self.boxed, "options": dataclasses.asdict(self.options), "quiet": self.quiet,
                "verbose": self.verbose, "roots": dict(self.roots),
@@ -113,6 +120,8 @@ class LaunchSpec:
             out["enabled_by"] = dict(self.enabled_by)
         if self.findings is not None:  # only where set: a spec without it reads as before
             out["findings"] = self.findings
+        if self.check_every != 1:  # likewise: 1, every step, is what a spec without it means
+            out["check_every"] = self.check_every
         return out
 
     def to_json(self) -> str:
@@ -124,7 +133,7 @@ _TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstanc
 _TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
           "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
           "verbose": bool, "roots": dict, "check_saved": (str, type(None)), "strict": bool,
-          "findings": (str, type(None))}  # optional: a spec without it has none
+          "findings": (str, type(None)), "check_every": (int, type(None))}  # optional: a spec without them has none
 
 
 def is_run_source(source: str) -> bool:

@@ -1,0 +1,72 @@
+"""The saved-tensor check on by default under `run`: sampled (each step checked with probability 1/32),
+it finds a `.data` write that recurs every step between forward and backward within 300 steps (missed
+with probability (31/32)^299 < 1e-4, by the law in docs/unseen-writes.md); `--check-saved=off` turns it
+off; a program with no such write gets no finding; nothing compiles for it (the Python backend, and the
+check's own hooks never built in a program's process when sampled)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TRAIN = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(8, 16), torch.randn(8, 1)
+for step in range(300):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    if WRITE:
+        model[2].weight.data.mul_(0.999)  # an EMA-like write between forward and backward: no version moves
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("trained")
+"""
+
+
+def _run(tmp_path, *flags, write=True):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.replace("WRITE", str(write)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHGEN_PATCH_")}
+    env["PYTHONPATH"] = ROOT
+    return subprocess.run([sys.executable, "-m", "torchgen_patch", "run", "--backend", "python", *flags, "--",
+                           sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=600)
+
+
+def test_run_with_no_flag_finds_a_recurring_data_write_within_300_steps(tmp_path):
+    r = _run(tmp_path)
+    assert r.returncode == 0 and r.stdout == "trained\n", r.stderr
+    assert re.search(r"^torchgen-patch: saved-tensor check on \(warn, 1 step in 32\) in pid \d+ \(train\.py\): "
+                     r"Python hooks", r.stderr, re.M), r.stderr
+    found = [line for line in r.stderr.splitlines() if "saved tensor changed without a version bump" in line]
+    assert found and all("`2.weight` of Sequential" in line for line in found), r.stderr
+    assert "; fix: write " in found[0] and "not through `.data`" in found[0], found[0]
+    count = r.stderr.splitlines()[-1]
+    assert re.search(r"\(sampled at 1/32: \d+ of 300 draws hit\)$", count), count
+
+
+@pytest.mark.parametrize("flags,write", [(["--check-saved=off"], True), ([], False)], ids=["off", "no write"])
+def test_off_turns_it_off_and_a_program_without_the_write_gets_nothing(tmp_path, flags, write):
+    r = _run(tmp_path, *flags, write=write)
+    assert r.returncode == 0 and r.stdout == "trained\n", r.stderr
+    assert "saved tensor changed" not in r.stderr
+    assert ("saved-tensor check on" in r.stderr) == (not flags), r.stderr
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--check-saved=off", "--check-every", "4"], "--check-every need the saved-tensor check"),
+    (["--check-every", "0"], "not a whole number of steps >= 1: '0'"),
+])
+def test_contradictory_or_bad_flags_are_refused_in_one_line(tmp_path, flags, says):
+    r = _run(tmp_path, *flags)
+    assert r.returncode == 2 and r.stdout == "" and says in r.stderr and len(r.stderr.splitlines()) <= 3, r.stderr
+    assert "Traceback" not in r.stderr
