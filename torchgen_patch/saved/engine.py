@@ -74,3 +74,10 @@ def at_end_of_backward(callback) -> bool:
     except RuntimeError:  # "Final callbacks can only be installed during backward pass."
         return False
     return True
+
+
+def keep_graph() -> bool:
+    """Whether the running backward pass keeps the graph for another (``retain_graph``, ``create_graph``);
+    True where this torch cannot say."""
+    read = getattr(_autograd(), "_get_current_graph_task_keep_graph", None)
+    return bool(read()) if read is not None else True

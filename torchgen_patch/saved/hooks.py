@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import say
 from ..vocabulary import CheckMode
-from . import attribute, engine, moved, native
+from . import attribute, ctxattr, engine, moved, native
 from .compose import (_ACTIVE, _QUIET, _Layer, _Passed, _alive, _patch, _pop, _push, _quiet, _remove, _top,
                       _unpatch, _weak)
 from .finding import Finding, SavedTensorChanged
@@ -117,11 +117,12 @@ class Check:
         layer.replaced = bool(top)
         self._layer = layer
         attribute.STEPS.start()
+        ctxattr.start(self, self._python)  # tensors a custom Function keeps as ctx attributes
         if self.mode == CheckMode.WARN and self._native is not None and not self._settles_at_exit:
             import atexit
             import weakref
 
-            atexit.register(_settle_at_exit, weakref.ref(self))  # a last pass's findings, said before exit
+            atexit.register(native.settle_at_exit, weakref.ref(self))  # a last pass's findings, said before exit
             self._settles_at_exit = True
         self.active = True
         own.active = True
@@ -136,6 +137,7 @@ class Check:
         self.active = False
         _ACTIVE.remove(self)
         attribute.STEPS.stop()
+        ctxattr.stop(self)
         _remove(self._layer)
         try:
             for hooks in (self._native, self._python):
@@ -454,13 +456,6 @@ class _Facts:
 
     def element_size(self) -> int:
         return self._size
-
-
-def _settle_at_exit(ref) -> None:
-    """The findings of passes whose comparisons were still on the device, judged (and said) at exit."""
-    check = ref()
-    if check is not None and check._native is not None:
-        check._native.settle(True)
 
 
 _PROCESS: Check | None = None  # the check install() and run turned on, for the whole process

@@ -1,0 +1,283 @@
+"""Tensors a custom ``torch.autograd.Function`` keeps as attributes of its ``ctx`` (``ctx.w = w`` rather
+than ``ctx.save_for_backward(w)``): autograd never saves them, so no saved-tensor hook sees them.
+
+While a check is on, ``torch.autograd.Function.apply`` is wrapped. When a Function's forward returns,
+the backward node of its outputs (the ``ctx`` itself) is scanned for tensors: each attribute that is a
+tensor, and each tensor one level inside a list, tuple or dict attribute. Each is fingerprinted then, as
+it is at forward's return (a Function that writes its own attribute in forward and marks it dirty, or
+replaces it by another tensor there, gave it that value by design), and a pre-hook on the node compares
+it when backward runs that node. A tensor the Function also passed to ``save_for_backward`` is left to
+the saved-tensor hooks (one finding, not two). What is kept of a tensor is a weak reference, its version
+and its fingerprint, held by the node's hooks only: it goes when the node goes, backward run or not.
+
+A difference goes the saved tensors' way: counted, judged and said by the ``Check`` (its findings,
+exemptions, skip counts, modes; on a device, read at the end of the backward pass). Autograd checks no
+version of a ctx attribute; one whose version moved since forward was written where autograd could see
+it, and is counted as not judged. Where the graph is kept for another backward pass (``retain_graph``,
+``create_graph``), what the node's own backward left is fingerprinted again after it ran, so a second
+pass is compared with what the first one left.
+
+The fingerprint: on the native path the native hooks' C++ for a plain CPU tensor (the same read as a
+saved tensor's), and the Python path's ``fingerprint()`` for anything else (on CUDA, torch's integer ops,
+a 0-d tensor on the device: nothing waits for it); on the Python path, ``fingerprint()`` throughout.
+Nothing is wrapped while no check is on, nor under torch.compile's tracing or torch.func's transforms.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+
+from . import attribute, engine
+from .fingerprint import fingerprint, plain_types, readable, skip_reason
+
+BUMPED = "ctx attributes written since forward with a version bump (autograd checks none there)"
+NO_READ = "ctx attributes the native fingerprint could not read"
+
+_CHECKS: list = []  # (check, its Python hooks) of the checks on, the latest last
+
+
+class _Torch:
+    """What the wrappers replaced (torch's own, or another's wrapper), called by them and put back when the
+    last check stops; ``wrapped``: they are in place (under a later wrapper of another, as pass-throughs)."""
+
+    def __init__(self):
+        self.apply: classmethod | None = None
+        self.save = None
+        self.wrapped = False
+
+
+_TORCH = _Torch()
+
+_LOCK = threading.Lock()
+_TLS = threading.local()  # per thread: a list per apply running, of the tensors its save_for_backward got
+
+
+def start(check, python) -> None:
+    """Fingerprint ctx attributes for ``check`` (``python``: its Python hooks, which count and judge)."""
+    with _LOCK:
+        if not any(c is check for c, _ in _CHECKS):
+            _CHECKS.append((check, python))
+        _install()
+
+
+def stop(check) -> None:
+    with _LOCK:
+        _CHECKS[:] = [(c, p) for c, p in _CHECKS if c is not check]
+        if not _CHECKS:
+            _uninstall()
+
+
+def wrapped() -> bool:
+    """Whether torch's ``Function.apply`` is wrapped now."""
+    import torch
+
+    return torch.autograd.Function.__dict__.get("apply") is _APPLY
+
+
+# --- the wrappers ---------------------------------------------------------------------------------
+
+
+def _apply(cls, *args, **kwargs):
+    original = _TORCH.apply.__get__(None, cls)
+    on = _CHECKS[-1] if _CHECKS else None
+    if on is None or not on[0].active or _tracing():
+        return original(*args, **kwargs)
+    frames = _TLS.__dict__.setdefault("saved", [])
+    frames.append([])
+    try:
+        out = original(*args, **kwargs)
+    finally:
+        saved = frames.pop()
+    _watch(on, cls, out, saved)
+    return out
+
+
+def _save_for_backward(ctx, *tensors):
+    frames = _TLS.__dict__.get("saved")
+    if frames:
+        frames[-1].extend(tensors)
+    return _TORCH.save(ctx, *tensors)
+
+
+_APPLY = classmethod(_apply)
+
+
+def _install() -> None:
+    import torch
+
+    if _TORCH.wrapped:
+        return
+    function, ctx = torch.autograd.Function, torch.autograd.function.FunctionCtx
+    _TORCH.apply, _TORCH.save = function.__dict__["apply"], ctx.save_for_backward
+    function.apply = _APPLY  # type: ignore[assignment]  # put back by _uninstall
+    ctx.save_for_backward = _save_for_backward  # type: ignore[method-assign]  # put back by _uninstall
+    _TORCH.wrapped = True
+
+
+def _uninstall() -> None:
+    """Put torch's own back, unless another wrapper was installed over this one since: then this one
+    stays under it, passing every call through while no check is on."""
+    import torch
+
+    function, ctx = torch.autograd.Function, torch.autograd.function.FunctionCtx
+    if not _TORCH.wrapped or function.__dict__.get("apply") is not _APPLY or ctx.save_for_backward is not _save_for_backward:
+        return
+    function.apply = _TORCH.apply  # type: ignore[method-assign]  # torch's own
+    ctx.save_for_backward = _TORCH.save  # type: ignore[method-assign]  # torch's own
+    _TORCH.wrapped = False
+
+
+def _tracing() -> bool:
+    """torch.compile's tracing, or a torch.func transform (whose tensors are wrappers of a level)."""
+    import torch
+
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    functorch = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool((compiling is not None and compiling()) or (functorch is not None and functorch()))
+
+
+# --- at forward's return ----------------------------------------------------------------------------
+
+
+def _watch(on, cls, out, saved) -> None:
+    """Fingerprint the tensor attributes of the ctx of ``cls`` whose outputs are ``out``, and hook its node."""
+    ctx = _node(cls, out)
+    if ctx is None:  # no output needs a gradient: no backward will run
+        return
+    tensors = _attributes(ctx)
+    if not tensors:
+        return
+    left = {_view(t) for t in saved if _is_tensor(t)}
+    where = attribute.caller(2)
+    kept = [k for k in (_keep(on[0], t, where) for t in tensors if _view(t) not in left) if k is not None]
+    if kept:
+        watch = _Watch(on[0], on[1], kept)
+        ctx.register_prehook(watch.compare)
+        ctx.register_hook(watch.refresh)
+
+
+def _node(cls, out):
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if _is_tensor(t):
+            node = t.grad_fn
+            if node is not None and getattr(node, "_forward_cls", None) is cls:
+                return node
+    return None
+
+
+def _attributes(ctx) -> list:
+    """The tensors ``ctx`` keeps: attributes, and one level inside list, tuple and dict attributes (each once)."""
+    try:
+        values = list(vars(ctx).values())
+    except TypeError:  # no __dict__
+        return []
+    out, seen = [], set()
+    for value in values:
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+        for t in inner:
+            if _is_tensor(t) and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+    return out
+
+
+def _is_tensor(t) -> bool:
+    import torch
+
+    return isinstance(t, torch.Tensor)
+
+
+def _view(t):
+    """What makes two tensors the same view of the same memory (a detached alias is the same), else their id."""
+    try:
+        return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device
+    except Exception:  # noqa: BLE001 — no storage of its own (a wrapper subclass)
+        return id(t)
+
+
+class _Kept:
+    """What is kept of one ctx attribute: the fields of a saved tensor's record a finding reads."""
+
+    __slots__ = ("original", "version", "fp", "native", "leaf", "output", "output_nr", "where", "steps", "ptr")
+
+    def read(self, check, t) -> None:
+        self.version = t._version
+        self.native, self.fp = _fingerprint(check, t)
+
+
+def _keep(check, t, where) -> _Kept | None:
+    k = _Kept()
+    try:
+        k.original = weakref.ref(t)
+    except TypeError:
+        return None
+    k.leaf, k.output, k.output_nr, k.where, k.steps = t.is_leaf, False, 0, where, attribute.STEPS.count
+    try:
+        k.ptr = t.data_ptr()
+    except Exception:  # noqa: BLE001 — a wrapper subclass has no pointer of its own
+        k.ptr = None
+    k.read(check, t)
+    return k
+
+
+def _fingerprint(check, t) -> tuple[bool, object]:
+    """(whether the native hooks read it, the fingerprint's parts or a Skip)."""
+    hooks = check.native
+    if hooks is not None and type(t) in _plain() and t.is_cpu and skip_reason(t) is None and t.numel() and \
+            readable(t):
+        value = hooks.fingerprint(t)
+        if value is not None:
+            return True, (value,)
+    return False, fingerprint(t)
+
+
+# --- when backward runs the node -------------------------------------------------------------------
+
+
+@functools.cache
+def _plain() -> frozenset:
+    return frozenset(plain_types())
+
+
+class _Watch:
+    """The node's hooks: compare before its backward runs; read again after it, where the graph is kept.
+    Holds no tensor and not the node itself."""
+
+    def __init__(self, check, python, kept: list[_Kept]):
+        self.check, self.python, self.kept = check, python, kept
+
+    def compare(self, grad_outputs):
+        if not self.check.active or _tracing():
+            return None
+        for k in self.kept:
+            t = k.original()
+            if t is not None:  # else the ctx holds it no more: its backward cannot read it
+                self._compare(k, t)
+        return None
+
+    def _compare(self, k: _Kept, t) -> None:
+        python = self.python
+        if t._version != k.version:
+            python.unpacked += 1
+            python.skip(BUMPED)
+        elif not k.native:
+            python.verify(k, t, t)  # counts, judges and defers a device comparison as for a saved tensor
+        else:
+            python.unpacked += 1
+            now = self.check.native.fingerprint(t)
+            if now is None:
+                python.skip(NO_READ)
+                return
+            python.checked += 1
+            if now != k.fp[0]:
+                self.check.found(k, t, t, engine.current_node(), attribute.backward_call())
+
+    def refresh(self, grad_inputs, grad_outputs):
+        if self.check.active and not _tracing() and engine.keep_graph():
+            for k in self.kept:
+                t = k.original()
+                if t is not None:
+                    k.read(self.check, t)
+        return None
