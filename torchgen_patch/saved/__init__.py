@@ -12,9 +12,10 @@ per distinct finding and a count at the end; ``raise`` raises ``SavedTensorChang
     enable("warn")                    # the rest of the process (install(check_saved=), run --check-saved)
 
 The stage's modules: ``hooks.py`` (the hooks and their composition with the program's own),
-``fingerprint.py``, ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names,
-optimizer steps, rank), ``finding.py`` (the value), ``render.py`` (its renderers) and
-``engine.py`` (the one module that talks to autograd's engine)."""
+``ctxattr.py`` (tensors a custom Function keeps as ``ctx`` attributes), ``fingerprint.py``,
+``moved.py`` (autograd's own error), ``attribute.py`` (frames, names, optimizer steps, rank),
+``finding.py`` (the value), ``render.py`` (its renderers) and ``engine.py`` (the one module that
+talks to autograd's engine)."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from typing import Any
 
 from . import attribute, engine
 from .fingerprint import fingerprint, plain_types, readable, skip_reason
@@ -43,8 +44,8 @@ class _Torch:
     last check stops; ``wrapped``: they are in place (under a later wrapper of another, as pass-throughs)."""
 
     def __init__(self):
-        self.apply: classmethod | None = None
-        self.save = None
+        self.apply: Any = None
+        self.save: Any = None
         self.wrapped = False
 
 
@@ -82,7 +83,7 @@ def wrapped() -> bool:
 def _apply(cls, *args, **kwargs):
     original = _TORCH.apply.__get__(None, cls)
     on = _CHECKS[-1] if _CHECKS else None
-    if on is None or not on[0].active or _tracing():
+    if on is None or not on[0].active or engine.tracing():
         return original(*args, **kwargs)
     frames = _TLS.__dict__.setdefault("saved", [])
     frames.append([])
@@ -122,20 +123,12 @@ def _uninstall() -> None:
     import torch
 
     function, ctx = torch.autograd.Function, torch.autograd.function.FunctionCtx
-    if not _TORCH.wrapped or function.__dict__.get("apply") is not _APPLY or ctx.save_for_backward is not _save_for_backward:
+    ours = function.__dict__.get("apply") is _APPLY and ctx.save_for_backward is _save_for_backward
+    if not _TORCH.wrapped or not ours:
         return
-    function.apply = _TORCH.apply  # type: ignore[method-assign]  # torch's own
-    ctx.save_for_backward = _TORCH.save  # type: ignore[method-assign]  # torch's own
+    function.apply = _TORCH.apply  # type: ignore[method-assign]  # torch's own, put back
+    ctx.save_for_backward = _TORCH.save  # type: ignore[method-assign]  # torch's own, put back
     _TORCH.wrapped = False
-
-
-def _tracing() -> bool:
-    """torch.compile's tracing, or a torch.func transform (whose tensors are wrappers of a level)."""
-    import torch
-
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    functorch = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool((compiling is not None and compiling()) or (functorch is not None and functorch()))
 
 
 # --- at forward's return ----------------------------------------------------------------------------
@@ -153,9 +146,7 @@ def _watch(on, cls, out, saved) -> None:
     where = attribute.caller(2)
     kept = [k for k in (_keep(on[0], t, where) for t in tensors if _view(t) not in left) if k is not None]
     if kept:
-        watch = _Watch(on[0], on[1], kept)
-        ctx.register_prehook(watch.compare)
-        ctx.register_hook(watch.refresh)
+        ctx.register_prehook(_Watch(on[0], on[1], kept).compare)
 
 
 def _node(cls, out):
@@ -198,31 +189,34 @@ def _view(t):
 
 
 class _Kept:
-    """What is kept of one ctx attribute: the fields of a saved tensor's record a finding reads."""
+    """What is kept of one ctx attribute: the fields of a saved tensor's record that a finding reads, a weak
+    reference to the tensor (``original``), and whether the native hooks read its fingerprint."""
 
     __slots__ = ("original", "version", "fp", "native", "leaf", "output", "output_nr", "where", "steps", "ptr")
 
+    def __init__(self, check, t, original, where):
+        self.original, self.leaf, self.output, self.output_nr = original, t.is_leaf, False, 0
+        self.where, self.steps = where, attribute.STEPS.count
+        try:
+            self.ptr: int | None = t.data_ptr()
+        except Exception:  # noqa: BLE001 — a wrapper subclass has no pointer of its own
+            self.ptr = None
+        self.read(check, t)
+
     def read(self, check, t) -> None:
-        self.version = t._version
+        self.version: int = t._version
         self.native, self.fp = _fingerprint(check, t)
 
 
 def _keep(check, t, where) -> _Kept | None:
-    k = _Kept()
     try:
-        k.original = weakref.ref(t)
-    except TypeError:
+        original = weakref.ref(t)
+    except TypeError:  # a tensor no weak reference can point at: not kept
         return None
-    k.leaf, k.output, k.output_nr, k.where, k.steps = t.is_leaf, False, 0, where, attribute.STEPS.count
-    try:
-        k.ptr = t.data_ptr()
-    except Exception:  # noqa: BLE001 — a wrapper subclass has no pointer of its own
-        k.ptr = None
-    k.read(check, t)
-    return k
+    return _Kept(check, t, original, where)
 
 
-def _fingerprint(check, t) -> tuple[bool, object]:
+def _fingerprint(check, t) -> tuple[bool, Any]:
     """(whether the native hooks read it, the fingerprint's parts or a Skip)."""
     hooks = check.native
     if hooks is not None and type(t) in _plain() and t.is_cpu and skip_reason(t) is None and t.numel() and \
@@ -242,19 +236,25 @@ def _plain() -> frozenset:
 
 
 class _Watch:
-    """The node's hooks: compare before its backward runs; read again after it, where the graph is kept.
-    Holds no tensor and not the node itself."""
+    """The node's hooks: compare before its backward runs; where the graph is kept for another pass, read
+    again after it (a post-hook, added at the first such pass). Holds no tensor and not the node itself."""
 
     def __init__(self, check, python, kept: list[_Kept]):
         self.check, self.python, self.kept = check, python, kept
+        self.refreshes = False
 
     def compare(self, grad_outputs):
-        if not self.check.active or _tracing():
+        if not self.check.active or engine.tracing():
             return None
         for k in self.kept:
             t = k.original()
             if t is not None:  # else the ctx holds it no more: its backward cannot read it
                 self._compare(k, t)
+        if not self.refreshes and engine.keep_graph():
+            node = engine.current_node()
+            if node is not None:
+                node.register_hook(self.refresh)
+                self.refreshes = True
         return None
 
     def _compare(self, k: _Kept, t) -> None:
@@ -275,7 +275,7 @@ class _Watch:
                 self.check.found(k, t, t, engine.current_node(), attribute.backward_call())
 
     def refresh(self, grad_inputs, grad_outputs):
-        if self.check.active and not _tracing() and engine.keep_graph():
+        if self.check.active and not engine.tracing() and engine.keep_graph():
             for k in self.kept:
                 t = k.original()
                 if t is not None:
