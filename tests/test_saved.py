@@ -1614,6 +1614,64 @@ def test_function_apply_is_wrapped_only_while_a_check_is_on_and_composes_with_ot
     assert function.__dict__["apply"] is own and not ctxattr.wrapped()  # torch's own again
 
 
+class _OnDevice(torch.Tensor):
+    """A CPU tensor that says it is a CUDA one: the ctx attribute's device comparison, run on CPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+class _Event:
+    """torch.cuda.Event, as the device runs what was recorded: when ``ran`` says so."""
+
+    ran = False
+
+    def record(self, stream=None):
+        pass
+
+    def query(self):
+        return _Event.ran
+
+    def synchronize(self):
+        _Event.ran = True
+
+
+class _KeepsOnDevice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        return x * w.as_subclass(torch.Tensor)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.w.as_subclass(torch.Tensor), None
+
+
+def test_in_warn_mode_a_device_comparison_of_a_ctx_attribute_is_judged_once_it_has_run(monkeypatch, capsys):
+    """On the native path in warn mode, a ctx attribute's comparison on a device is not waited for at the
+    pass's end: it is judged once it has run (here: when the findings are asked for), as of that end (a step
+    after it is not named). The Python path reads it at the pass's end."""
+    empty = torch.empty
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
+    monkeypatch.setattr(_Event, "ran", False)
+    w = torch.full((3,), 2.0).as_subclass(_OnDevice)
+    x = torch.ones(3, requires_grad=True)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with check_saved("warn") as c:
+        y = _KeepsOnDevice.apply(x, w).sum()
+        w.data.mul_(3)
+        y.backward()
+        said = capsys.readouterr().err
+        opt.step()  # after the pass
+        (f,) = c.findings
+    assert ("saved tensor changed" in said) == (c.path == "python")
+    assert f.node == "_KeepsOnDeviceBackward" and f.optimizer is None and c.checked == 1
+
+
 def test_a_ctx_attribute_inside_a_compiled_region_is_checked():
     """torch.compile keeps a ctx attribute of a Function it traced as a tensor of its own node with no version
     check (``ctx._tensors_no_vc_check``): checked as well, and turning the check on or off compiles nothing

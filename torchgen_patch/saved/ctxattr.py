@@ -30,13 +30,14 @@ import threading
 import weakref
 from typing import Any
 
+from ..vocabulary import CheckMode
 from . import attribute, engine
-from .fingerprint import fingerprint, plain_types, readable, skip_reason
+from .fingerprint import Skip, fingerprint, plain_types, readable, skip_reason
 
 BUMPED = "ctx attributes written since forward with a version bump (autograd checks none there)"
 NO_READ = "ctx attributes the native fingerprint could not read"
 
-_CHECKS: list = []  # (check, its Python hooks) of the checks on, the latest last
+_CHECKS: list = []  # the checks on (as _On), the latest last
 
 
 class _Torch:
@@ -53,21 +54,31 @@ _TORCH = _Torch()
 
 _LOCK = threading.Lock()
 _TLS = threading.local()  # per thread: a list per apply running, of the tensors its save_for_backward got
+_WATCHED: weakref.WeakSet = weakref.WeakSet()  # the nodes hooked (an apply a subclass's __torch_function__ runs again)
 
 
 def start(check, python) -> None:
     """Fingerprint ctx attributes for ``check`` (``python``: its Python hooks, which count and judge)."""
     with _LOCK:
-        if not any(c is check for c, _ in _CHECKS):
-            _CHECKS.append((check, python))
+        if not any(on.check is check for on in _CHECKS):
+            _CHECKS.append(_On(check, python))
         _install()
 
 
 def stop(check) -> None:
+    """Stop watching for ``check``: its comparisons still on a device are waited for and judged."""
+    settle(check)
     with _LOCK:
-        _CHECKS[:] = [(c, p) for c, p in _CHECKS if c is not check]
+        _CHECKS[:] = [on for on in _CHECKS if on.check is not check]
         if not _CHECKS:
             _uninstall()
+
+
+def settle(check) -> None:
+    """Judge ``check``'s comparisons still on a device (warn mode, native path), waiting for them."""
+    for on in list(_CHECKS):
+        if on.check is check:
+            on.late.settle(True)
 
 
 def wrapped() -> bool:
@@ -83,7 +94,7 @@ def wrapped() -> bool:
 def _apply(cls, *args, **kwargs):
     original = _TORCH.apply.__get__(None, cls)
     on = _CHECKS[-1] if _CHECKS else None
-    if on is None or not on[0].active or engine.tracing():
+    if on is None or not on.check.active or engine.tracing():
         return original(*args, **kwargs)
     frames = _TLS.__dict__.setdefault("saved", [])
     frames.append([])
@@ -137,16 +148,17 @@ def _uninstall() -> None:
 def _watch(on, cls, out, saved) -> None:
     """Fingerprint the tensor attributes of the ctx of ``cls`` whose outputs are ``out``, and hook its node."""
     ctx = _node(cls, out)
-    if ctx is None:  # no output needs a gradient: no backward will run
+    if ctx is None or ctx in _WATCHED:  # no output needs a gradient (no backward will run), or hooked already
         return
     tensors = _attributes(ctx)
     if not tensors:
         return
     left = {_view(t) for t in saved if _is_tensor(t)}
     where = attribute.caller(2)
-    kept = [k for k in (_keep(on[0], t, where) for t in tensors if _view(t) not in left) if k is not None]
+    kept = [k for k in (_keep(on.check, t, where) for t in tensors if _view(t) not in left) if k is not None]
     if kept:
-        ctx.register_prehook(_Watch(on[0], on[1], kept).compare)
+        ctx.register_prehook(_Watch(on, kept).compare)
+        _WATCHED.add(ctx)
 
 
 def _node(cls, out):
@@ -239,8 +251,8 @@ class _Watch:
     """The node's hooks: compare before its backward runs; where the graph is kept for another pass, read
     again after it (a post-hook, added at the first such pass). Holds no tensor and not the node itself."""
 
-    def __init__(self, check, python, kept: list[_Kept]):
-        self.check, self.python, self.kept = check, python, kept
+    def __init__(self, on: _On, kept: list[_Kept]):
+        self.check, self.python, self.late, self.kept = on.check, on.python, on.late, kept
         self.refreshes = False
 
     def compare(self, grad_outputs):
@@ -262,9 +274,7 @@ class _Watch:
         if t._version != k.version:
             python.unpacked += 1
             python.skip(BUMPED)
-        elif not k.native:
-            python.verify(k, t, t)  # counts, judges and defers a device comparison as for a saved tensor
-        else:
+        elif k.native:
             python.unpacked += 1
             now = self.check.native.fingerprint(t)
             if now is None:
@@ -273,6 +283,8 @@ class _Watch:
             python.checked += 1
             if now != k.fp[0]:
                 self.check.found(k, t, t, engine.current_node(), attribute.backward_call())
+        elif not self.late.add(k, t):
+            python.verify(k, t, t)  # counts, judges and defers a device comparison as for a saved tensor
 
     def refresh(self, grad_inputs, grad_outputs):
         if self.check.active and not engine.tracing() and engine.keep_graph():
@@ -281,3 +293,83 @@ class _Watch:
                 if t is not None:
                     k.read(self.check, t)
         return None
+
+
+class _On:
+    """A check that watches ctx attributes, its Python hooks (which count and judge), and its device
+    comparisons read without waiting."""
+
+    def __init__(self, check, python):
+        self.check, self.python = check, python
+        self.late = _Late(check, python)
+
+
+class _Late:
+    """In warn mode on the native path, the CUDA comparisons of ctx attributes are kept as the native hooks
+    keep theirs: each copied to the host without waiting, judged once it has run (at the end of a later
+    pass that compares ctx attributes, when the findings are asked for, when the check stops), as of the
+    end of its own pass. Nothing kept holds a tensor."""
+
+    def __init__(self, check, python):
+        self.check, self.python = check, python
+        self.entries: list = []  # [flag on the host, event, kept, facts, node name, backward call, steps by its end]
+        self.lock = threading.Lock()
+        self.task = -1  # the pass whose end is asked to judge what has run
+
+    def add(self, k: _Kept, t) -> bool:
+        """Compare ``t`` with what ``k`` kept, on its device; False: not a comparison kept here."""
+        import torch
+
+        check, then = self.check, k.fp
+        if check.native is None or check.mode != CheckMode.WARN or not t.is_cuda or isinstance(then, Skip) or \
+                len(then) != 1 or isinstance(then[0], int) or then[0].device != t.device:
+            return False
+        now = fingerprint(t)
+        if isinstance(now, Skip) or len(now) != 1 or isinstance(now[0], int):
+            return False
+        self.python.unpacked += 1
+        self.python.checked += 1
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(then[0] != now[0], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(t.device))
+        node = engine.current_node()
+        facts = (tuple(t.shape), t.dtype, t.device, t._version, t.data_ptr(), t.numel(), t.element_size(),
+                 t.requires_grad)
+        with self.lock:
+            self.entries.append([flag, event, k, facts, node.name() if node is not None else None,
+                                 attribute.backward_call(), None])
+            task, self.task = self.task, engine.graph_task()
+        if task != self.task:
+            engine.at_end_of_backward(self.ended)
+        return True
+
+    def ended(self) -> None:
+        with self.lock:
+            self.task = -1
+            for e in self.entries:
+                if e[6] is None:
+                    e[6] = attribute.STEPS.count
+        self.settle(False)
+
+    def settle(self, wait: bool) -> None:
+        with self.lock:
+            ready = [e for e in self.entries if wait or e[1].query()]
+            self.entries = [e for e in self.entries if all(e is not r for r in ready)]
+        for flag, event, k, facts, name, where, upto in ready:
+            event.synchronize()
+            if bool(flag):
+                original = k.original()
+                t = original if original is not None else self.check._facts(*facts)  # as the native hooks give
+                self.check.found(k, t, original, _Named(name), where, False, upto)
+
+
+class _Named:
+    """A backward node that was, as a finding names it."""
+
+    def __init__(self, name: str | None):
+        self._name = name
+
+    def name(self) -> str | None:
+        return self._name
+

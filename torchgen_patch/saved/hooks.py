@@ -69,6 +69,7 @@ class Check:
         """What it found (in warn mode, the device comparisons of passes that ended are waited for first)."""
         if self._native is not None:
             self._native.settle(True)
+        ctxattr.settle(self)
         return self._findings
 
     @property
