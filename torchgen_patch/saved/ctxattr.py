@@ -11,11 +11,13 @@ the saved-tensor hooks (one finding, not two). What is kept of a tensor is a wea
 and its fingerprint, held by the node's hooks only: it goes when the node goes, backward run or not.
 
 A difference goes the saved tensors' way: counted, judged and said by the ``Check`` (its findings,
-exemptions, skip counts, modes; on a device, read at the end of the backward pass). Autograd checks no
-version of a ctx attribute; one whose version moved since forward was written where autograd could see
-it, and is counted as not judged. Where the graph is kept for another backward pass (``retain_graph``,
-``create_graph``), what the node's own backward left is fingerprinted again after it ran, so a second
-pass is compared with what the first one left.
+exemptions, skip counts, modes). On a device the comparison is made there: in warn mode on the native
+path it is copied to the host without waiting and judged once it has run (``_Late``), as the native
+hooks judge theirs; in raise mode and on the Python path it is read at the end of the backward pass.
+Autograd checks no version of a ctx attribute; one whose version moved since forward was written where
+autograd could see it, and is counted as not judged. Where the graph is kept for another backward pass
+(``retain_graph``, ``create_graph``), what the node's own backward left is fingerprinted again after it
+ran, so a second pass is compared with what the first one left.
 
 The fingerprint: on the native path the native hooks' C++ for a plain CPU tensor (the same read as a
 saved tensor's), and the Python path's ``fingerprint()`` for anything else (on CUDA, torch's integer ops,
@@ -334,11 +336,11 @@ class _Late:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(t.device))
         node = engine.current_node()
-        facts = (tuple(t.shape), t.dtype, t.device, t._version, t.data_ptr(), t.numel(), t.element_size(),
-                 t.requires_grad)
+        entry = [flag, event, k, (tuple(t.shape), t.dtype, t.device, t._version, t.data_ptr(), t.numel(),
+                                  t.element_size(), t.requires_grad),
+                 node.name() if node is not None else None, attribute.backward_call(), None]
         with self.lock:
-            self.entries.append([flag, event, k, facts, node.name() if node is not None else None,
-                                 attribute.backward_call(), None])
+            self.entries.append(entry)
             task, self.task = self.task, engine.graph_task()
         if task != self.task:
             engine.at_end_of_backward(self.ended)
@@ -355,7 +357,8 @@ class _Late:
     def settle(self, wait: bool) -> None:
         with self.lock:
             ready = [e for e in self.entries if wait or e[1].query()]
-            self.entries = [e for e in self.entries if all(e is not r for r in ready)]
+            taken = {id(e) for e in ready}
+            self.entries = [e for e in self.entries if id(e) not in taken]
         for flag, event, k, facts, name, where, upto in ready:
             event.synchronize()
             if bool(flag):
