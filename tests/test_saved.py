@@ -1614,6 +1614,52 @@ def test_function_apply_is_wrapped_only_while_a_check_is_on_and_composes_with_ot
     assert function.__dict__["apply"] is own and not ctxattr.wrapped()  # torch's own again
 
 
+class _Linear(torch.autograd.Function):
+    """A linear layer as extension libraries write one: its input saved, its weight and bias kept on ``ctx``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x)
+        ctx.weight, ctx.bias = weight, bias
+        return x @ weight.t() + bias
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g @ ctx.weight, g.t() @ x, g.sum(0)
+
+
+def _train(steps: int, fused_step_inside: bool = False) -> list[float]:
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+    params = [*first.parameters(), *second.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-2, fused=True) if fused_step_inside else torch.optim.SGD(params, lr=0.1)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)  # (a step with gradients of zeros writes the weights all the same)
+        h = _Linear.apply(x, first.weight, first.bias).tanh()
+        loss = (_Linear.apply(h, second.weight, second.bias) - y).pow(2).mean()
+        if fused_step_inside:
+            opt.step()  # between forward and backward: it writes the weights without a version bump
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_model_of_custom_functions_trains_the_same_with_no_finding_and_a_step_inside_is_found():
+    off = _train(5)
+    with check_saved("raise") as c:
+        on = _train(5)
+    assert on == off and off[-1] < off[0] and c.findings == []
+    assert c.checked == 5 * (2 * 3 + 2)  # a step: each Function's input, weight and bias; tanh's result, pow's input
+    with check_saved("warn") as c:
+        _train(2, fused_step_inside=True)
+    assert c.findings and {f.optimizer for f in c.findings} == {"torch.optim.adamw.AdamW"}
+    assert {f.node for f in c.findings} == {"_LinearBackward"}
+
+
 class _OnDevice(torch.Tensor):
     """A CPU tensor that says it is a CUDA one: the ctx attribute's device comparison, run on CPU."""
 
