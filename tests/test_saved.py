@@ -1702,6 +1702,7 @@ def test_in_warn_mode_a_device_comparison_of_a_ctx_attribute_is_judged_once_it_h
     monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
     monkeypatch.setattr(_Event, "ran", False)
     w = torch.full((3,), 2.0).as_subclass(_OnDevice)
@@ -1716,6 +1717,23 @@ def test_in_warn_mode_a_device_comparison_of_a_ctx_attribute_is_judged_once_it_h
         (f,) = c.findings
     assert ("saved tensor changed" in said) == (c.path == "python")
     assert f.node == "_KeepsOnDeviceBackward" and f.optimizer is None and c.checked == 1
+
+
+def test_a_cuda_ctx_attribute_kept_while_a_cuda_graph_is_captured_is_counted_not_judged(monkeypatch):
+    """What runs while a CUDA graph is captured is recorded, not run: no fingerprint is read then, and the
+    attribute is counted as the native hooks count a tensor saved then."""
+    from torchgen_patch.saved import ctxattr
+
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    w = torch.full((3,), 2.0).as_subclass(_OnDevice)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        y = _KeepsOnDevice.apply(x, w).sum()
+        capturing[0] = False
+        w.data.mul_(3)
+        y.backward()
+    assert c.findings == [] and c.skipped == {ctxattr.CAPTURED: 1} and c.checked == 0
 
 
 def test_a_ctx_attribute_inside_a_compiled_region_is_checked():

@@ -35,9 +35,11 @@ from typing import Any
 from ..vocabulary import CheckMode
 from . import attribute, engine
 from .fingerprint import Skip, fingerprint, plain_types, readable, skip_reason
+from .native import REASONS
 
 BUMPED = "ctx attributes written since forward with a version bump (autograd checks none there)"
 NO_READ = "ctx attributes the native fingerprint could not read"
+CAPTURED = REASONS[5]  # "saved while a CUDA graph was captured", as the native hooks count it
 
 _CHECKS: list = []  # the checks on (as _On), the latest last
 
@@ -238,7 +240,16 @@ def _fingerprint(check, t) -> tuple[bool, Any]:
         value = hooks.fingerprint(t)
         if value is not None:
             return True, (value,)
+    if _capturing(t):
+        return False, Skip(CAPTURED)
     return False, fingerprint(t)
+
+
+def _capturing(t) -> bool:
+    """A CUDA graph is being captured on the current stream (what runs now is recorded, not run)."""
+    import torch
+
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 # --- when backward runs the node -------------------------------------------------------------------
@@ -273,9 +284,9 @@ class _Watch:
 
     def _compare(self, k: _Kept, t) -> None:
         python = self.python
-        if t._version != k.version:
+        if t._version != k.version or _capturing(t):
             python.unpacked += 1
-            python.skip(BUMPED)
+            python.skip(BUMPED if t._version != k.version else CAPTURED)
         elif k.native:
             python.unpacked += 1
             now = self.check.native.fingerprint(t)
