@@ -37,7 +37,7 @@ from . import attribute, engine
 from .fingerprint import Skip, fingerprint, plain_types, readable, skip_reason
 from .native import REASONS
 
-BUMPED = "ctx attributes written since forward with a version bump (autograd checks none there)"
+BUMPED = "ctx attributes whose version moved since forward (autograd checks none)"
 NO_READ = "ctx attributes the native fingerprint could not read"
 CAPTURED = REASONS[5]  # "saved while a CUDA graph was captured", as the native hooks count it
 
