@@ -436,8 +436,8 @@ def p_run_check_saved(**_):
     err = _run("--backend", "python", "--op", "aten::_cummax_helper", "--check-saved", "--", sys.executable, "-c",
                code).stderr
     assert "saved tensor changed without a version bump: a view of `weight` of Linear" in err, err
-    assert "saved tensor changed" not in _run("--backend", "python", "--op", "aten::_cummax_helper", "--",
-                                              sys.executable, "-c", code).stderr
+    assert "saved tensor changed" not in _run("--backend", "python", "--op", "aten::_cummax_helper",
+                                              "--check-saved=off", "--", sys.executable, "-c", code).stderr
 
 
 def p_run_program(**_):
@@ -609,12 +609,23 @@ def p_findings_verbose(run_cli, tmp_path, **_):
     assert f"findings: {d}/findings-node-b-202.jsonl: 4 findings\n" in err and run_cli("findings", d)[2] == ""
 
 
+def p_run_check_every(**_):
+    """--check-every 1: every step, the first included (the default, 1 in 32, never draws a program's first)."""
+    code = ("import torch; m = torch.nn.Linear(2, 2); loss = m(torch.ones(1, 2, requires_grad=True)).sum(); "
+            "m.weight.data.mul_(2); loss.backward()")
+    args = ["--backend", "python", "--op", "aten::_cummax_helper"]
+    err = _run(*args, "--check-every", "1", "--", sys.executable, "-c", code).stderr
+    assert "saved-tensor check on (warn, every step)" in err and "saved tensor changed without a version" in err, err
+    err = _run(*args, "--", sys.executable, "-c", code).stderr
+    assert "saved-tensor check on (warn, 1 step in 32)" in err and "saved tensor changed" not in err, err
+
+
 def p_run_findings(tmp_path, **_):
     code = ("import torch; m = torch.nn.Linear(2, 2); loss = m(torch.ones(1, 2, requires_grad=True)).sum(); "
             "m.weight.data.mul_(2); loss.backward()")
-    r = _run("--backend", "python", "--op", "aten::_cummax_helper", "--findings", tmp_path / "f", "--",
-             sys.executable, "-c", code)
-    assert "saved tensor changed without a version bump" in r.stderr, r.stderr  # --check-saved (warn) too
+    r = _run("--backend", "python", "--op", "aten::_cummax_helper", "--check-saved", "--findings", tmp_path / "f",
+             "--", sys.executable, "-c", code)
+    assert "saved tensor changed without a version bump" in r.stderr, r.stderr
     (name,) = os.listdir(tmp_path / "f")
     assert json.loads((tmp_path / "f" / name).read_text())["node"] == "AddmmBackward0"
 
@@ -626,7 +637,7 @@ def p_enable_findings(run_cli, monkeypatch, tmp_path, **_):
     assert run_cli("enable", "--backend", "python", "--findings", tmp_path / "f")[0] == 0
     spec = _enabled_spec(site)
     assert (spec["findings"], spec["check_saved"]) == (str(tmp_path / "f"), "warn")
-    assert f"saved-tensor check: warn, findings to {tmp_path / 'f'};" in run_cli("status")[1]
+    assert f"saved-tensor check: warn, 1 step in 32, findings to {tmp_path / 'f'};" in run_cli("status")[1]
 
 
 PROBES = {
@@ -667,7 +678,9 @@ PROBES = {
     ("enable", "--op"): p_enable("ops", ["--op", "_cummax_helper"], ["aten::_cummax_helper"], None),
     ("enable", "--quiet"): p_enable("quiet", ["-q"], True, False), ("enable", "--verbose"): p_enable_verbose,
     ("enable", "--strict"): p_enable("strict", ["--strict"], True, False),
-    ("enable", "--check-saved"): p_enable("check_saved", ["--check-saved=raise"], "raise", None),
+    ("enable", "--check-saved"): p_enable("check_saved", ["--check-saved=raise"], "raise", "warn"),
+    ("enable", "--check-every"): p_enable("check_every", ["--check-every", "8"], 8, 32),
+    ("run", "--check-every"): p_run_check_every,
     ("disable", "--quiet"): p_disable_quiet_verbose, ("disable", "--verbose"): p_disable_quiet_verbose,
     ("status", "--quiet"): p_status_quiet_verbose, ("status", "--verbose"): p_status_quiet_verbose,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,

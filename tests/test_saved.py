@@ -1393,7 +1393,7 @@ def test_lossy_hooks_of_the_program_and_a_write_to_a_live_original_is_found():
 
 
 class _Scale(torch.autograd.Function):
-    """A custom Function that keeps its input as a ``ctx`` attribute instead of ``save_for_backward``."""
+    """A custom Function that keeps its weight as a ``ctx`` attribute instead of ``save_for_backward``."""
 
     @staticmethod
     def forward(ctx, x, w):
@@ -1405,16 +1405,414 @@ class _Scale(torch.autograd.Function):
         return g * ctx.w, None
 
 
-def test_a_ctx_attribute_of_a_custom_function_is_not_checked():
-    """What the check cannot cover (docs/unseen-writes.md): autograd never saves ``ctx.w = w``, so no hook
-    sees it; a write to it between forward and backward changes the gradient and is not found."""
+@pytest.mark.parametrize("mode", ["warn", "raise"])
+def test_a_ctx_attribute_written_through_data_between_forward_and_backward_is_found(mode):
+    """Autograd never saves ``ctx.w = w``: the check fingerprints it when forward returns and compares it
+    when backward runs the node (docs/unseen-writes.md)."""
+    w = torch.full((3,), 2.0)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved(mode) as c:
+        y = _Scale.apply(x, w).sum()
+        w.data.mul_(5)
+        if mode == "raise":
+            with pytest.raises(SavedTensorChanged) as e:
+                y.backward()
+            (f,) = [e.value.finding]
+        else:
+            y.backward()
+            (f,) = c.findings
+    assert (f.node, f.shape, f.version) == ("_ScaleBackward", (3,), 0) and f.writers[0] == Writer.DATA
+    assert f.forward.file == f.backward.file and f.forward.line < f.backward.line and c.checked == 1
+
+
+def test_a_correct_custom_function_with_ctx_attributes_gives_nothing():
+    w = torch.full((3,), 2.0)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        _Scale.apply(x, w).sum().backward()
+        with torch.no_grad():
+            w.mul_(5)  # after backward: no matter
+    assert c.findings == [] and c.checked == 1 and c.unpacked == 1 and torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+class _Kept(torch.autograd.Function):
+    """Keeps its weights inside a list, a tuple and a dict attribute of ``ctx``, and a tensor it also saves."""
+
+    @staticmethod
+    def forward(ctx, x, a, b, c, d):
+        ctx.weights = [a]
+        ctx.pair = (b, 1)
+        ctx.by_name = {"c": c, "n": None}
+        ctx.d = d
+        ctx.save_for_backward(d)
+        return x * a * b * c * d
+
+    @staticmethod
+    def backward(ctx, g):
+        (d,) = ctx.saved_tensors
+        return g * ctx.weights[0] * ctx.pair[0] * ctx.by_name["c"] * d, None, None, None, None
+
+
+@pytest.mark.parametrize("written", range(4))
+def test_tensors_in_a_list_tuple_or_dict_attribute_are_checked_and_one_also_saved_is_found_once(written):
+    """One level into lists, tuples and dicts; ``d``, both a ctx attribute and saved, is the saved tensor's
+    finding alone (one finding, not two)."""
+    ws = [torch.full((2,), float(i + 2)) for i in range(4)]
+    x = torch.ones(2, requires_grad=True)
+    with check_saved("warn") as c:
+        y = _Kept.apply(x, *ws).sum()
+        ws[written].data.add_(1)
+        y.backward()
+    (f,) = c.findings
+    assert f.node == "_KeptBackward" and c.checked == 4
+
+
+class _Detached(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w.detach()  # the same memory as the saved tensor, another tensor object
+        ctx.save_for_backward(w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        return g * ctx.w + 0 * w, None
+
+
+def test_a_ctx_attribute_that_is_a_detached_alias_of_a_saved_tensor_is_left_to_the_saved_check():
+    w = torch.full((3,), 2.0)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("warn") as c:
+        y = _Detached.apply(x, w).sum()
+        w.data.mul_(5)
+        y.backward()
+    (f,) = c.findings  # the saved tensor's
+    assert f.node == "_DetachedBackward" and c.checked == 1
+
+
+def test_a_custom_function_whose_backward_never_runs_holds_nothing():
+    """What is kept of a ctx attribute is held by the node's hooks alone, and goes with the node (at once:
+    no cycle); neither the node nor the tensor is held by the check."""
+    import gc
+    import weakref
+
+    from torchgen_patch.saved import ctxattr
+
+    def watches() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is ctxattr._Watch)
+
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        before = watches()
+        w = torch.full((3,), 2.0)
+        y = _Scale.apply(x, w)
+        node, tensor = weakref.ref(y.grad_fn), weakref.ref(w)
+        assert watches() == before + 1
+        del y, w
+        assert node() is None and tensor() is None and watches() == before
+    assert c.unpacked == 0 and c.findings == []
+
+
+class _Workspace(torch.autograd.Function):
+    """Its backward writes a ctx attribute of its own (a workspace) through ``.data``."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.scratch = torch.zeros(3)
+        ctx.w = torch.full((3,), 2.0)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.scratch.data.add_(g)
+        return g * ctx.w
+
+
+def test_a_graph_kept_for_another_backward_is_compared_again_at_each():
+    """retain_graph: the second pass is compared with what the first left (the node's own write to its
+    workspace is no finding); a write between the two passes is."""
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("warn") as c:
+        y = _Workspace.apply(x).sum()
+        y.backward(retain_graph=True)
+        y.backward(retain_graph=True)
+        assert c.findings == [] and c.checked == 4
+        y.grad_fn.next_functions[0][0].w.data.mul_(3)
+        y.backward()
+    (f,) = c.findings
+    assert f.node == "_WorkspaceBackward" and torch.equal(x.grad, torch.full((3,), 10.0))
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g * ctx.x  # differentiable: a double backward goes through it
+
+
+def test_a_double_backward_through_a_ctx_attribute_gives_nothing():
+    x = torch.full((3,), 3.0, requires_grad=True)
+    with check_saved("raise") as c:
+        (g,) = torch.autograd.grad(_Square.apply(x).sum(), x, create_graph=True)
+        assert c.checked == 1  # ctx.x
+        (gg,) = torch.autograd.grad(g.sum(), x)  # through the ops of the Function's backward
+    assert torch.equal(g, torch.full((3,), 6.0)) and torch.equal(gg, torch.full((3,), 2.0))
+    assert c.findings == [] and c.checked == 2
+
+
+class _Dirty(torch.autograd.Function):
+    """Writes its input in place in forward, marks it dirty and keeps it as a ctx attribute."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        w.mul_(2)
+        ctx.mark_dirty(w)
+        return w * x, w
+
+    @staticmethod
+    def backward(ctx, g, gw):
+        return g * ctx.w, None
+
+
+class _Replaced(torch.autograd.Function):
+    """Replaces its ctx attribute by another tensor in forward: only the one there at return counts."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        ctx.w = w * 2
+        return x * ctx.w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.w, None
+
+
+@pytest.mark.parametrize("function", [_Dirty, _Replaced], ids=["marked dirty", "replaced"])
+def test_a_ctx_attribute_the_function_writes_or_replaces_in_forward_gives_nothing(function):
+    w = torch.full((3,), 2.0)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        out = function.apply(x, w)
+        if function is _Replaced:
+            w.data.mul_(5)  # the tensor given in, no longer what backward reads
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+    assert c.findings == [] and c.checked == 1 and torch.equal(x.grad, torch.full((3,), 4.0))
+
+
+def test_a_ctx_attribute_written_with_a_version_bump_is_not_judged():
+    """Autograd checks no version of a ctx attribute; a write it could see is counted, not judged."""
+    from torchgen_patch.saved import ctxattr
+
     w = torch.full((3,), 2.0)
     x = torch.ones(3, requires_grad=True)
     with check_saved("raise") as c:
         y = _Scale.apply(x, w).sum()
-        w.data.mul_(5)
+        with torch.no_grad():
+            w.mul_(5)
         y.backward()
-    assert torch.equal(x.grad, torch.full((3,), 10.0)) and c.findings == []  # the new value was used, unseen
+    assert c.findings == [] and c.skipped == {ctxattr.BUMPED: 1}
+
+
+class _Carries(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, kept):
+        ctx.kept = kept
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, None
+
+
+def test_a_sparse_ctx_attribute_is_counted_as_a_saved_one_is():
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        _Carries.apply(x, torch.eye(3).to_sparse()).sum().backward()
+    assert c.findings == [] and c.skipped == {"sparse_coo tensors": 1} and c.checked == 0
+
+
+def test_function_apply_is_wrapped_only_while_a_check_is_on_and_composes_with_other_wrappers():
+    from torchgen_patch.saved import ctxattr
+
+    function = torch.autograd.Function
+    own, calls = function.__dict__["apply"], []
+    assert not ctxattr.wrapped()
+    w = torch.full((3,), 2.0)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        assert ctxattr.wrapped()
+        under = function.__dict__["apply"]
+
+        def theirs(cls, *args):
+            calls.append(cls)
+            return under.__get__(None, cls)(*args)
+
+        function.apply = classmethod(theirs)
+    try:
+        assert function.__dict__["apply"].__func__ is theirs  # theirs stays, ours under it, passing calls through
+        with check_saved("warn") as c:
+            y = _Scale.apply(x, w).sum()
+            w.data.mul_(5)
+            y.backward()
+        assert len(c.findings) == 1 and c.checked == 1 and calls == [_Scale]  # compared once
+    finally:
+        function.apply = under
+    with check_saved("raise"):
+        pass
+    assert function.__dict__["apply"] is own and not ctxattr.wrapped()  # torch's own again
+
+
+class _Linear(torch.autograd.Function):
+    """A linear layer as extension libraries write one: its input saved, its weight and bias kept on ``ctx``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x)
+        ctx.weight, ctx.bias = weight, bias
+        return x @ weight.t() + bias
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g @ ctx.weight, g.t() @ x, g.sum(0)
+
+
+def _train(steps: int, fused_step_inside: bool = False) -> list[float]:
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+    params = [*first.parameters(), *second.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-2, fused=True) if fused_step_inside else torch.optim.SGD(params, lr=0.1)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)  # (a step with gradients of zeros writes the weights all the same)
+        h = _Linear.apply(x, first.weight, first.bias).tanh()
+        loss = (_Linear.apply(h, second.weight, second.bias) - y).pow(2).mean()
+        if fused_step_inside:
+            opt.step()  # between forward and backward: it writes the weights without a version bump
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_model_of_custom_functions_trains_the_same_with_no_finding_and_a_step_inside_is_found():
+    off = _train(5)
+    with check_saved("raise") as c:
+        on = _train(5)
+    assert on == off and off[-1] < off[0] and c.findings == []
+    assert c.checked == 5 * (2 * 3 + 2)  # a step: each Function's input, weight and bias; tanh's result, pow's input
+    with check_saved("warn") as c:
+        _train(2, fused_step_inside=True)
+    assert c.findings and {f.optimizer for f in c.findings} == {"torch.optim.adamw.AdamW"}
+    assert {f.node for f in c.findings} == {"_LinearBackward"}
+
+
+class _OnDevice(torch.Tensor):
+    """A CPU tensor that says it is a CUDA one: the ctx attribute's device comparison, run on CPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+class _Event:
+    """torch.cuda.Event, as the device runs what was recorded: when ``ran`` says so."""
+
+    ran = False
+
+    def record(self, stream=None):
+        pass
+
+    def query(self):
+        return _Event.ran
+
+    def synchronize(self):
+        _Event.ran = True
+
+
+class _KeepsOnDevice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        return x * w.as_subclass(torch.Tensor)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.w.as_subclass(torch.Tensor), None
+
+
+def test_in_warn_mode_a_device_comparison_of_a_ctx_attribute_is_judged_once_it_has_run(monkeypatch, capsys):
+    """On the native path in warn mode, a ctx attribute's comparison on a device is not waited for at the
+    pass's end: it is judged once it has run (here: when the findings are asked for), as of that end (a step
+    after it is not named). The Python path reads it at the pass's end."""
+    empty = torch.empty
+    monkeypatch.setattr(fp, "_FORCE_DEVICE_PATH", True)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
+    monkeypatch.setattr(_Event, "ran", False)
+    w = torch.full((3,), 2.0).as_subclass(_OnDevice)
+    x = torch.ones(3, requires_grad=True)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with check_saved("warn") as c:
+        y = _KeepsOnDevice.apply(x, w).sum()
+        w.data.mul_(3)
+        y.backward()
+        said = capsys.readouterr().err
+        opt.step()  # after the pass
+        (f,) = c.findings
+    assert ("saved tensor changed" in said) == (c.path == "python")
+    assert f.node == "_KeepsOnDeviceBackward" and f.optimizer is None and c.checked == 1
+
+
+def test_a_cuda_ctx_attribute_kept_while_a_cuda_graph_is_captured_is_counted_not_judged(monkeypatch):
+    """What runs while a CUDA graph is captured is recorded, not run: no fingerprint is read then, and the
+    attribute is counted as the native hooks count a tensor saved then."""
+    from torchgen_patch.saved import ctxattr
+
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    w = torch.full((3,), 2.0).as_subclass(_OnDevice)
+    x = torch.ones(3, requires_grad=True)
+    with check_saved("raise") as c:
+        y = _KeepsOnDevice.apply(x, w).sum()
+        capturing[0] = False
+        w.data.mul_(3)
+        y.backward()
+    assert c.findings == [] and c.skipped == {ctxattr.CAPTURED: 1} and c.checked == 0
+
+
+def test_a_ctx_attribute_inside_a_compiled_region_is_checked():
+    """torch.compile keeps a ctx attribute of a Function it traced as a tensor of its own node with no version
+    check (``ctx._tensors_no_vc_check``): checked as well, and turning the check on or off compiles nothing
+    again (the wrapper does nothing under tracing)."""
+    import torch._dynamo.utils as du
+
+    torch._dynamo.reset()
+    w = torch.full((3,), 2.0)
+    x = torch.ones(3, requires_grad=True)
+    f = torch.compile(lambda x, w: (_Scale.apply(x.sin(), w) * 2).sum(), backend="aot_eager")
+    with check_saved("raise") as c:
+        f(x, w).backward()
+    assert c.findings == [] and c.checked == 2
+    graphs = du.counters["stats"]["unique_graphs"]
+    f(x, w).backward()
+    with check_saved("raise"):
+        y = f(x, w)
+        w.data.mul_(5)
+        with pytest.raises(SavedTensorChanged) as e:
+            y.backward()
+    assert e.value.finding.node == "CompiledFunctionBackward" and du.counters["stats"]["unique_graphs"] == graphs
+    torch._dynamo.reset()
 
 
 def test_two_copies_of_one_model_are_told_apart():

@@ -412,7 +412,7 @@ def _torchrun() -> str | None:
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed")
 def test_two_ranks_and_a_process_write_to_one_folder_and_findings_makes_one_site(library, tmp_path):
     (tmp_path / "prog.py").write_text(PROGRAM)
-    ranks = _cli("run", "--findings", "fleet", "--", _torchrun(), "--nproc-per-node", "2", "--master-port", "29531",
+    ranks = _cli("run", "--check-saved", "--findings", "fleet", "--", _torchrun(), "--nproc-per-node", "2", "--master-port", "29531",
                  "prog.py", cwd=tmp_path)
     assert ranks.returncode == 0 and ranks.stdout.count("done") == 2, ranks.stderr[-3000:]
     alone = _cli("run", "--check-saved", "--", sys.executable, "prog.py", cwd=tmp_path,

@@ -367,3 +367,39 @@ def test_install_sampled_at_the_default_finds_a_recurring_write_within_300_steps
     assert any(re.match(r"torchgen-patch: saved-tensor check on \(warn, 1 step in 32\) ", line) for line in lines), lines
     assert sum("saved tensor changed without a version bump" in line for line in lines) == 1, lines
     assert "of 300 draws hit)" in lines[-1] and " 0 changed" not in lines[-1], lines[-1]
+
+
+class _Scale(torch.autograd.Function):
+    """Keeps its weight as a ctx attribute, not through save_for_backward."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.w, None
+
+
+def test_a_step_not_drawn_wraps_no_custom_function_and_a_drawn_one_finds_a_ctx_attribute_written():
+    """The ctx attributes of custom Functions are kept on the drawn steps only: on the others torch's own
+    Function.apply runs, unwrapped."""
+    from torchgen_patch.saved import ctxattr
+
+    drawn = (False, False, True, False, True)
+    w = torch.ones(4)
+    c = _sampled(*drawn[1:], False).start()
+    found = []
+    try:
+        for step in range(len(drawn)):
+            assert ctxattr.wrapped() == drawn[step], step
+            x = torch.ones(4, requires_grad=True)
+            y = _Scale.apply(x, w).sum()
+            w.data.mul_(2)  # the kept weight written behind autograd's back
+            before = len(c.findings)
+            y.backward()
+            found.append(len(c.findings) > before)
+    finally:
+        c.stop()
+    assert tuple(found) == drawn and not ctxattr.wrapped() and _nothing_of_the_check_left()

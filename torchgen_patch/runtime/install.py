@@ -32,6 +32,7 @@ class InstallOptions:
     build: bool = True  # False: no usable prebuilt kernels is an error, nothing compiles
     check_saved: CheckMode | None = None  # WARN or RAISE (or its word): the saved-tensor check too (saved.enable)
     check_every: int = 1  # the check sampled: each step checked with probability 1/check_every (saved/sample.py)
+    check_quiet: bool = False  # the check does not say it is on (run -q)
     saved_library: str | None = None  # a build of the check's native hooks (run's children): checked, never rebuilt
 
 
@@ -41,7 +42,7 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
             no_overlay: bool = False, no_cache: bool = False, requires_grad_check: bool = True,
             library: str | None = None, runtime_ops: tuple[str, ...] | list[str] | None = None,
             verbose: bool = False, evidence: bool = False, boxed_library: str | None = None, build: bool = True,
-            check_saved: CheckMode | str | None = None, check_every: int = 1,
+            check_saved: CheckMode | str | None = None, check_every: int = 1, check_quiet: bool = False,
             saved_library: str | None = None) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset), with ``backend``
     (``"cpp"``: the compiled library; ``"python"``: torch.library kernels, no compiler needed).
@@ -66,7 +67,8 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
     rest of the process (``torchgen_patch.check_saved``); any other value is refused (ValueError)
     before anything is built. ``check_every``: the check sampled, each backward pass's forward checked
     with probability 1/``check_every`` (1, the default: every step; ``saved.sample.DEFAULT_EVERY`` is what
-    a training run is advised; anything but a whole number >= 1: ValueError before anything is built).
+    a training run is advised; anything but a whole number >= 1: ValueError before anything is built);
+    ``check_quiet``: the check does not say it is on (its findings and its count at exit it still says).
 
     Loading twice is a no-op: ops already installed are reported as such. The overlay's optimizer
     entries (``optimizers:``) are applied too, through PyTorch's global optimizer step hooks
@@ -97,10 +99,10 @@ def _start_check(saved, mode, every: int, how: InstallOptions):
 
     if every == 1:
         prepare(library=how.saved_library, build=how.build)
-        return saved.enable(mode, every=every).mode
+        return saved.enable(mode, every=every, quiet=how.check_quiet).mode
     try:
         prepare(library=how.saved_library, build=False)
-        return saved.enable(mode, every=every).mode
+        return saved.enable(mode, every=every, quiet=how.check_quiet).mode
     except Exception as e:  # noqa: BLE001 — a check on by default fails open, whatever the cause
         say(f"torchgen-patch: saved-tensor check NOT on in pid {os.getpid()}: {type(e).__name__}: {e}")
         return None

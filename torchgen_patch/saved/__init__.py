@@ -13,11 +13,11 @@ per distinct finding and a count at the end; ``raise`` raises ``SavedTensorChang
     enable("warn", every=32)          # sampled: each step checked with probability 1/32 (sample.py)
 
 The stage's modules: ``hooks.py`` (the hooks and their composition with the program's own),
-``fingerprint.py``, ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names,
-optimizer steps, rank), ``writer.py`` (whether a stepped optimizer holds a tensor), ``finding.py``
-(the value), ``render.py`` (its renderers), ``fleet.py`` (each finding also a line in a folder the
-processes of a job share), ``sample.py`` (the check sampled by step) and ``engine.py`` (the one module
-that talks to autograd's engine)."""
+``ctxattr.py`` (tensors a custom Function keeps as ``ctx`` attributes), ``fingerprint.py``,
+``moved.py`` (autograd's own error), ``attribute.py`` (frames, names, optimizer steps, rank), ``writer.py``
+(whether a stepped optimizer holds a tensor), ``finding.py`` (the value), ``render.py`` (its renderers),
+``fleet.py`` (each finding also a line in a folder the processes of a job share), ``sample.py`` (the check
+sampled by step) and ``engine.py`` (the one module that talks to autograd's engine)."""
 
 from __future__ import annotations
 
@@ -53,15 +53,15 @@ def check_saved(mode="warn", path=None, every=1, findings=None):
     return check
 
 
-def enable(mode="warn", path=None, every=1, findings=None):
+def enable(mode="warn", path=None, every=1, findings=None, quiet=False):
     """Turn the check on for the rest of the process, on this thread (the one that imports torch);
     the count is printed when the process exits (in either mode). ``every``: sampled by step, as
-    ``check_saved``'s. ``findings``: as ``check_saved``'s (given to a check already on, its findings go
-    there from now on)."""
+    ``check_saved``'s; ``quiet``: it does not say it is on. ``findings``: as ``check_saved``'s (given to a
+    check already on, its findings go there from now on)."""
     from . import fleet
     from .hooks import enable as on
 
-    check = on(mode_of(mode), path, every_of(every))
+    check = on(mode_of(mode), path, every_of(every), quiet)
     fleet.attach(check, findings)
     return check
 

@@ -146,3 +146,29 @@ def _unwrap() -> None:
 def wrapped() -> bool:
     """Whether torch's ``_engine_run_backward`` is wrapped now (only while a sampled check is on)."""
     return bool(_WRAPPED)
+
+
+def keep_graph() -> bool:
+    """Whether the running backward pass keeps the graph for another (``retain_graph``, ``create_graph``);
+    True where this torch cannot say."""
+    read = getattr(_autograd(), "_get_current_graph_task_keep_graph", None)
+    return bool(read()) if read is not None else True
+
+
+def tracing() -> bool:
+    """Whether torch.compile is tracing, or a torch.func transform is active (its tensors are wrappers of
+    a level), on this thread."""
+    return any(ask() for ask in _askers())
+
+
+_ASKERS: list = []  # the two bindings, looked up once (asked at every custom Function's call)
+
+
+def _askers() -> list:
+    if not _ASKERS:
+        torch = require_torch("the saved-tensor check")
+        found = (getattr(getattr(torch, "compiler", None), "is_compiling", None),
+                 getattr(torch._C, "_are_functorch_transforms_active", None))
+        _ASKERS.extend(ask for ask in found if ask is not None)
+        _ASKERS.append(lambda: False)  # looked up: never empty again
+    return _ASKERS

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import say
 from ..vocabulary import CheckMode
-from . import attribute, engine, fleet, moved, native, sample
+from . import attribute, ctxattr, engine, fleet, moved, native, sample
 from .compose import _ACTIVE, _QUIET, _Passed, _alive, _patch, _quiet, _unpatch, _weak
 from .finding import Finding, SavedTensorChanged
 from .fingerprint import Skip, fingerprint
@@ -71,6 +71,7 @@ class Check:
         """What it found (in warn mode, the device comparisons of passes that ended are waited for first)."""
         if self._native is not None:
             self._native.settle(True)
+        ctxattr.settle(self)
         return self._findings
 
     @property
@@ -117,7 +118,7 @@ class Check:
             import atexit
             import weakref
 
-            atexit.register(_settle_at_exit, weakref.ref(self))  # a last pass's findings, said before exit
+            atexit.register(native.settle_at_exit, weakref.ref(self))  # a last pass's findings, said before exit
             self._settles_at_exit = True
         self.active = True
         own.active = True
@@ -133,6 +134,7 @@ class Check:
         _ACTIVE.remove(self)
         attribute.STEPS.stop()
         self.sampler.stop()
+        ctxattr.stop(self)
         try:
             for hooks in (self._native, self._python):
                 if hooks is not None:
@@ -445,27 +447,22 @@ class _Facts:
         return self._size
 
 
-def _settle_at_exit(ref) -> None:
-    """The findings of passes whose comparisons were still on the device, judged (and said) at exit."""
-    check = ref()
-    if check is not None and check._native is not None:
-        check._native.settle(True)
-
-
 _PROCESS: Check | None = None  # the check install() and run turned on, for the whole process
 
 
-def enable(mode: CheckMode, path: str | None = None, every: int = 1) -> Check:
+def enable(mode: CheckMode, path: str | None = None, every: int = 1, quiet: bool = False) -> Check:
     """Turn the check on for the rest of the process (on this thread, the one that imports torch) and
-    say so once, on stderr; a second call returns the check already on (in its mode and sampling)."""
+    say so once, on stderr (``quiet``: not); a second call returns the check already on (in its mode and
+    sampling)."""
     global _PROCESS  # noqa: PLW0603 (the one whole-process check, turned on and off here)
     import atexit
 
     if _PROCESS is not None and _PROCESS.active:
         return _PROCESS
     _PROCESS = Check(mode, path, every).start()
-    say(f"torchgen-patch: saved-tensor check on ({sample.words(mode, every)}) in pid {os.getpid()} "
-        f"({attribute.who()}): {native.describe(_PROCESS)}")
+    if not quiet:
+        say(f"torchgen-patch: saved-tensor check on ({sample.words(mode, every)}) in pid {os.getpid()} "
+            f"({attribute.who()}): {native.describe(_PROCESS)}")
     atexit.register(_at_exit, _PROCESS)  # in raise mode too: the findings a program caught are counted
     return _PROCESS
 

@@ -100,14 +100,15 @@ class Sampler:
         self._own = None
         self._thread: int | None = None
         self._compose: Any = None  # the modules that lay the hooks and call back at the end of backward,
+        self._ctxattr: Any = None  # keep the tensors of custom Functions' ctx,
         self._engine: Any = None  # imported when the check starts
 
     def start(self, own) -> None:
         """The check starts, with ``own`` (its implementation's hooks): laid now (every step), or once a step is
         drawn, never before the first backward pass has ended."""
-        from . import compose, engine  # here, not above: the package's ``every_of`` and DEFAULT_EVERY stay light
+        from . import compose, ctxattr, engine  # here, not above: the package's every_of and DEFAULT_EVERY stay light
 
-        self._compose, self._engine = compose, engine
+        self._compose, self._engine, self._ctxattr = compose, engine, ctxattr
         self._own, self._thread = own, threading.get_ident()
         if self.draw is None:
             self._lay()
@@ -124,6 +125,7 @@ class Sampler:
     def _lay(self) -> None:
         self.layer = self._compose.lay(self.check, self._own)
         self.laid = True
+        self._ctxattr.start(self.check, self.check._python)  # the tensors custom Functions keep on ctx too
 
     def boundary(self) -> None:
         """A backward pass this thread called has returned: the draw for the next forward. Where the
@@ -136,6 +138,7 @@ class Sampler:
             self._lay()
         elif not drawn and self.laid and self._compose.lift(self.layer):
             self.laid = False
+            self._ctxattr.lift(self.check)
 
     def counts(self) -> tuple[int, int, int] | None:
         """(draws that drew, draws, N) so far: one draw at the end of each backward pass;

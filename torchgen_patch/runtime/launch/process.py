@@ -269,7 +269,8 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
         _DONE.add("kernels")
         library, origin = resolve(spec, build_log(spec.quiet))
         rep = inst.install(None if spec.ops is None else list(spec.ops), backend=spec.backend, library=library,
-                           options=spec.options, check_saved=spec.check_saved, check_every=spec.check_every)
+                           options=spec.options, check_saved=spec.check_saved, check_every=spec.check_every,
+                           check_quiet=spec.quiet)
         if spec.findings is not None and spec.check_saved is not None:  # --findings: the check writes there too
             from ...saved import enable
 
