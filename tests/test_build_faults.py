@@ -4,6 +4,7 @@ run, its compilers end with it, a wheel is written whole or not at all)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -243,3 +244,79 @@ def test_run_hands_its_children_an_absolute_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", "relative-cache")
     env = launch.prepare(Options(), "python", None, [], [])
     assert env["TORCHGEN_PATCH_CACHE"] == str(tmp_path / "relative-cache")
+
+
+BROKEN_CXX = """#!/bin/sh
+echo "$*" >> "{log}"
+[ "$1" = --version ] && exec "{real}" --version
+echo "In file included from a.cpp:1:" >&2
+echo "c++: fatal error: no assembler in this toolchain" >&2
+echo "compilation terminated." >&2
+exit 1
+"""
+
+
+def _broken_compiler(tmp_path) -> tuple[str, str]:
+    """A compiler that answers --version and fails every compile, logging each call: (its path, the log)."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    log = tmp_path / "calls"
+    log.write_text("")
+    import shutil
+
+    (d / "c++").write_text(BROKEN_CXX.format(log=log, real=os.path.realpath(shutil.which("c++") or "/bin/false")))
+    (d / "c++").chmod(0o755)
+    return str(d / "c++"), str(log)
+
+
+def test_a_failed_build_is_remembered_where_programs_build_and_tried_again_where_it_may_work(tmp_path, monkeypatch):
+    """A compile that fails is remembered in the cache (the toolchain and inputs' key, its reason, its time):
+    within ``remembering`` (a program's process) it is not tried again for an hour, and said in one line
+    whose reason is the compiler's last error line. Tried again: outside ``remembering`` (a command), with
+    another PATH (another key), once the entry is older than an hour, and where the entry is not one to
+    trust (writable by its group, owned by another account). Before, every start compiled again."""
+    import glob
+
+    from torchgen_patch import cache
+    from torchgen_patch.runtime.build import FAILED_FOR, record, remembering
+
+    cxx, log = _broken_compiler(tmp_path)
+    monkeypatch.setenv("CXX", cxx)
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+
+    def attempt(remember=True):
+        before = open(log).read().count("\n")
+        with pytest.raises(InputError) as e:
+            with remembering() if remember else contextlib.nullcontext():
+                build.build({"a.cpp": b"int a;\n"}, [], 0, root=str(tmp_path / "builds"), sources=["a.cpp"])
+        return e.value, open(log).read().count("\n") - before
+
+    first, calls = attempt()
+    assert calls > 1 and first.cause == "c++: fatal error: no assembler in this toolchain"
+    assert first.summary() == "the generated kernels do not compile: c++: fatal error: no assembler in this toolchain"
+    assert first.message.startswith("the generated kernels do not compile:\n")  # the whole story for the CLI
+    again, calls = attempt()
+    assert calls == 0 and "\n" not in again.summary(), again.message  # not even --version
+    assert again.summary().startswith("the generated kernels do not compile: c++: fatal error: no assembler in this "
+                                      f"toolchain (remembered: the build with {cxx} failed ")
+    assert attempt(remember=False)[1] > 1  # a command tries again
+    [entry] = glob.glob(str(tmp_path / "cache" / "failed-build-*.json"))
+    monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + str(tmp_path))  # another PATH: another entry
+    assert attempt()[1] > 1 and attempt()[1] == 0
+    monkeypatch.setenv("PATH", os.environ["PATH"].rsplit(os.pathsep, 1)[0])
+    assert attempt()[1] == 0
+    name = os.path.basename(entry)
+    held = cache.read(name)
+    cache.write(name, dict(held, time=held["time"] - FAILED_FOR - 1))  # an hour old: tried again, and remembered
+    assert attempt()[1] > 1 and attempt()[1] == 0
+    os.chmod(entry, 0o664)  # an entry others could have written never suppresses a build
+    assert attempt()[1] > 1 and attempt()[1] == 0
+    if os.geteuid() == 0:
+        subprocess.run(["sh", "-c", "id tgpeer || useradd -m tgpeer"], capture_output=True)
+        import pwd
+
+        os.chown(entry, pwd.getpwnam("tgpeer").pw_uid, -1)  # another account's entry: ignored
+        assert attempt()[1] > 1 and attempt()[1] == 0
+    cache.write(name, dict(cache.read(name), time=int(time.time()) + 10 * FAILED_FOR))  # dated in the future
+    assert attempt()[1] > 1
+    assert record.failure_name("k", "/usr/bin") != record.failure_name("k", "/bin")

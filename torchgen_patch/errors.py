@@ -60,6 +60,15 @@ class ToolError(Exception):
     def __str__(self) -> str:
         return self.render()
 
+    def summary(self) -> str:
+        """The message in one line (what a process's line says): the message itself, or where it spans
+        lines (a compiler's output under its first line) that first line and the ``cause``."""
+        first, newline, _ = self.message.partition("\n")
+        if not newline:
+            return self.message
+        first = first.rstrip().rstrip(":")
+        return f"{first}: {self.cause}" if self.cause else first
+
 
 class InputError(ToolError):
     """Bad input (a file, a flag, a cache another account could write): exit 2."""

@@ -130,7 +130,7 @@ def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:
 def _both(named: ToolError, instead: ToolError) -> ToolError:
     """The named build could not be used and none could be had instead: both causes in one error, the
     named build's first (its fix is the one that helps), of the kind of the second."""
-    message = f"{named.message}; and none can be had instead: {instead.message}"
+    message = f"{named.summary()}; and none can be had instead: {instead.summary()}"
     hint = "; ".join(h for h in (named.hint, instead.hint) if h) or None
     if isinstance(instead, EnvironmentProblem):
         return EnvironmentProblem(message, hint)
@@ -153,7 +153,7 @@ def after_import(name: str, spec: LaunchSpec, mode: str, program_import=None) ->
     if "torch" not in sys.modules or _importing("torch", name):
         return Outcome(False)  # torch not (wholly) imported yet: its own hook comes once it is
     try:
-        with _usable_streams():
+        with _usable_streams(), _toolchain(spec):
             line = _install(spec, name, mode, program_import)
     except ToolError as e:  # the kernels cannot be had (a refused cache: exit 2; no compiler: exit 3)
         _DONE.update(("kernels", "runtime"))
@@ -172,7 +172,7 @@ def unpatched_line(e: ToolError, who: str) -> str:
     """The one line of an enabled environment's process that runs unpatched: the cause and its fix."""
     where = f"{e.location.render()}: " if e.location else ""
     hint = f"{e.hint}; " if e.hint else ""
-    return (f"torchgen-patch: NOT active in pid {os.getpid()} ({who}), running unpatched: {where}{e.message} "
+    return (f"torchgen-patch: NOT active in pid {os.getpid()} ({who}), running unpatched: {where}{e.summary()} "
             f"(hint: {hint}`torchgen-patch enable --strict` stops such a process instead)")
 
 
@@ -238,6 +238,16 @@ def kernels_line(n: int, backend: str, refused: int, origin: str | None, optimiz
 def process_line(line: str, pid: int, who: str) -> str:
     """A process's line: what happened, and which process it is."""
     return f"{line}, in pid {pid} ({who})"
+
+
+@contextlib.contextmanager
+def _toolchain(spec: LaunchSpec):
+    """While the tool works in the program's process: builds use the toolchain `enable` recorded (None:
+    the process's own), and a build that failed in it within the hour is not tried again."""
+    from ..build import recorded, remembering
+
+    with recorded(spec.toolchain), remembering():
+        yield
 
 
 @contextlib.contextmanager

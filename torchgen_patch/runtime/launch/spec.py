@@ -29,7 +29,9 @@ class LaunchSpec:
     name -> sys.path entry); ``check_saved``: the saved-tensor check's mode in each process (None:
     off); ``strict``: an enabled environment's process that cannot have the kernels stops;
     ``enabled_by``: which torchgen-patch wrote an enabled environment's data file (``torchgen_patch``:
-    its version, ``hook``: its hook's path), None under `run`."""
+    its version, ``hook``: its hook's path), None under `run`; ``toolchain``: the compiler `enable` ran
+    with (``cxx``, the ``path`` its driver runs with, extra ``cflags``), which the environment's processes
+    build with (None: their own)."""
 
     backend: Backend
     ops: tuple[str, ...] | None
@@ -44,6 +46,7 @@ class LaunchSpec:
     check_saved: CheckMode | None
     strict: bool
     enabled_by: dict[str, str] | None = None
+    toolchain: dict[str, str] | None = None
 
     @classmethod
     def parse(cls, text: str | bytes | None, source: str) -> LaunchSpec:
@@ -69,10 +72,10 @@ class LaunchSpec:
             value = raw.get(name)
             if not isinstance(value, kinds) or isinstance(value, list) and not all(isinstance(x, str) for x in value):
                 raise ValueError(f"{NOT_A_SPEC} ({name!r} is {type(value).__name__})")
-        unknown = sorted(set(raw) - set(_TYPES) - {"enabled_by"})
+        unknown = sorted(set(raw) - set(_TYPES) - {"enabled_by", "toolchain"})
         if unknown:
             raise ValueError(f"{NOT_A_SPEC} (unknown key {unknown[0]!r})")
-        for name in ("roots", "enabled_by"):
+        for name in ("roots", "enabled_by", "toolchain"):
             value = raw.get(name)
             if value is not None and (not isinstance(value, dict) or
                                       not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
@@ -95,7 +98,7 @@ class LaunchSpec:
                    imports=strings("imports"), library=raw["library"], boxed=raw["boxed"], options=options,
                    quiet=raw["quiet"], verbose=raw["verbose"], roots=dict(raw["roots"]),
                    check_saved=None if raw["check_saved"] is None else CheckMode(raw["check_saved"]),
-                   strict=raw["strict"], enabled_by=raw.get("enabled_by"))
+                   strict=raw["strict"], enabled_by=raw.get("enabled_by"), toolchain=raw.get("toolchain"))
 
     def to_dict(self) -> dict:
         """The spec as its JSON object holds it (plain strings, lists and tables)."""
@@ -107,6 +110,8 @@ class LaunchSpec:
                "strict": self.strict}
         if self.enabled_by is not None:
             out["enabled_by"] = dict(self.enabled_by)
+        if self.toolchain is not None:
+            out["toolchain"] = dict(self.toolchain)
         return out
 
     def to_json(self) -> str:
