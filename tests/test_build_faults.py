@@ -246,25 +246,31 @@ def test_run_hands_its_children_an_absolute_cache(tmp_path, monkeypatch):
     assert env["TORCHGEN_PATCH_CACHE"] == str(tmp_path / "relative-cache")
 
 
-BROKEN_CXX = """#!/bin/sh
-echo "$*" >> "{log}"
-[ "$1" = --version ] && exec "{real}" --version
-echo "In file included from a.cpp:1:" >&2
-echo "c++: fatal error: no assembler in this toolchain" >&2
-echo "compilation terminated." >&2
-exit 1
+BROKEN_CXX = """#!{python} -IS
+import os, sys
+with open({log!r}, "a") as fh:
+    fh.write(" ".join(sys.argv[1:]) + "\\n")
+with open({log!r} + ".env", "a") as fh:  # what its environment holds (no shell's default PATH)
+    fh.write("PATH=" + os.environ.get("PATH", "<none>") + "\\n")
+if sys.argv[1:] == ["--version"]:
+    os.execv({real!r}, [{real!r}, "--version"])
+sys.stderr.write("In file included from a.cpp:1:\\nc++: fatal error: no assembler in this toolchain\\n"
+                 "compilation terminated.\\n")
+sys.exit(1)
 """
 
 
 def _broken_compiler(tmp_path) -> tuple[str, str]:
-    """A compiler that answers --version and fails every compile, logging each call: (its path, the log)."""
+    """A compiler that answers --version and fails every compile, logging each call and its PATH: (its path,
+    the log)."""
+    import shutil
+
     d = tmp_path / "bin"
     d.mkdir()
     log = tmp_path / "calls"
     log.write_text("")
-    import shutil
-
-    (d / "c++").write_text(BROKEN_CXX.format(log=log, real=os.path.realpath(shutil.which("c++") or "/bin/false")))
+    real = os.path.realpath(shutil.which("c++") or "/bin/false")
+    (d / "c++").write_text(BROKEN_CXX.format(python=sys.executable, log=str(log), real=real))
     (d / "c++").chmod(0o755)
     return str(d / "c++"), str(log)
 
@@ -320,3 +326,19 @@ def test_a_failed_build_is_remembered_where_programs_build_and_tried_again_where
     cache.write(name, dict(cache.read(name), time=int(time.time()) + 10 * FAILED_FOR))  # dated in the future
     assert attempt()[1] > 1
     assert record.failure_name("k", "/usr/bin") != record.failure_name("k", "/bin")
+
+
+def test_without_path_the_compilers_driver_gets_the_path_it_was_found_on(tmp_path, monkeypatch):
+    """No PATH at all (a cleared environment): the compiler is found on the system's default path, and its
+    driver runs with that path (where it finds the assembler and the linker), not with none. Before, the
+    driver ran without PATH and could not find ld."""
+    from torchgen_patch import cache
+
+    cxx, log = _broken_compiler(tmp_path)
+    monkeypatch.setenv("CXX", cxx)
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv("PATH")
+    with pytest.raises(InputError):
+        build.build({"a.cpp": b"int a;\n"}, [], 0, root=str(tmp_path / "builds"), sources=["a.cpp"])
+    said = set(open(log + ".env").read().splitlines())
+    assert said == {"PATH=" + (os.confstr("CS_PATH") or os.defpath)}, said
