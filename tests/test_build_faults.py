@@ -342,3 +342,22 @@ def test_without_path_the_compilers_driver_gets_the_path_it_was_found_on(tmp_pat
         build.build({"a.cpp": b"int a;\n"}, [], 0, root=str(tmp_path / "builds"), sources=["a.cpp"])
     said = set(open(log + ".env").read().splitlines())
     assert said == {"PATH=" + (os.confstr("CS_PATH") or os.defpath)}, said
+
+
+def test_only_a_process_without_path_builds_with_the_toolchain_enable_recorded(monkeypatch):
+    """The recorded toolchain stands in for the one a cleared environment lacks: a process with a PATH of
+    its own keeps its own toolchain; without PATH, the recorded compiler, its driver's PATH and its flags,
+    while that compiler is there."""
+    from torchgen_patch.runtime.build import toolchain as tc
+
+    table = {"cxx": sys.executable, "path": "/recorded/bin", "cflags": "-g"}  # any executable file will do
+    with tc.recorded(table):
+        assert tc._compiler() != sys.executable and tc.driver_path() == os.environ["PATH"]
+    monkeypatch.delenv("PATH")
+    with tc.recorded(table):
+        assert (tc._compiler(), tc.driver_path(), tc.default_flags()) == (sys.executable, "/recorded/bin",
+                                                                            build.CFLAGS + ("-g",))
+        assert tc.driver_env()["PATH"] == "/recorded/bin"
+    with tc.recorded(dict(table, cxx="/nonexistent/c++")):  # gone: the process's own (the default path)
+        assert tc.driver_path() == (os.confstr("CS_PATH") or os.defpath)
+    assert tc.driver_path() == (os.confstr("CS_PATH") or os.defpath)  # and nothing recorded outside the block

@@ -3,10 +3,10 @@ is written), the PATH the compiler's driver runs with (where it finds the assemb
 the PATH the compiler was found on), and the flags of a library torch loads, as torch's own extension
 builds make them.
 
-By default all of it comes from the environment ($CXX, $PATH, $TORCHGEN_PATCH_EXTRA_CFLAGS; no PATH at
-all: the system's default one, as ``shutil.which`` searches). An enabled environment's processes use
-the toolchain `enable` ran with instead (``recorded``): a process started with a cleared environment
-then builds, and finds the builds, as `enable` did."""
+All of it comes from the environment ($CXX, $PATH, $TORCHGEN_PATCH_EXTRA_CFLAGS; no PATH at all: the
+system's default one, as ``shutil.which`` searches), except in an enabled environment's process started
+with a cleared environment (no PATH): it uses the toolchain `enable` ran with (``recorded``), so it
+builds, and finds the builds, as `enable` did."""
 
 from __future__ import annotations
 
@@ -52,9 +52,11 @@ _RECORDED: contextvars.ContextVar[Compiler | None] = contextvars.ContextVar("tor
 
 @contextlib.contextmanager
 def recorded(table: dict[str, str] | None):
-    """While the block runs, builds use the toolchain ``table`` records (an enabled environment's), where
-    its compiler is still an executable file; else (None, or gone) the environment's own."""
-    found = Compiler.from_table(table)
+    """While the block runs, builds use the toolchain ``table`` records (an enabled environment's) where
+    this process's environment has no PATH (a cleared one: it names no toolchain of its own) and the
+    recorded compiler is still an executable file; else (None, a PATH of its own, the compiler gone) the
+    environment's own."""
+    found = None if "PATH" in os.environ else Compiler.from_table(table)
     if found is not None and not (os.path.isfile(found.cxx) and os.access(found.cxx, os.X_OK)):
         found = None
     token = _RECORDED.set(found)

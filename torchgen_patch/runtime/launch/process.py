@@ -242,8 +242,9 @@ def process_line(line: str, pid: int, who: str) -> str:
 
 @contextlib.contextmanager
 def _toolchain(spec: LaunchSpec):
-    """While the tool works in the program's process: builds use the toolchain `enable` recorded (None:
-    the process's own), and a build that failed in it within the hour is not tried again."""
+    """While the tool works in the program's process: a process started without PATH builds with the
+    toolchain `enable` recorded (any other, or with none recorded, with its own), and a build that failed
+    in its toolchain within the hour is not tried again."""
     from ..build import recorded, remembering
 
     with recorded(spec.toolchain), remembering():

@@ -31,7 +31,7 @@ class LaunchSpec:
     ``enabled_by``: which torchgen-patch wrote an enabled environment's data file (``torchgen_patch``:
     its version, ``hook``: its hook's path), None under `run`; ``toolchain``: the compiler `enable` ran
     with (``cxx``, the ``path`` its driver runs with, extra ``cflags``), which the environment's processes
-    build with (None: their own)."""
+    started without PATH build with (None: their own)."""
 
     backend: Backend
     ops: tuple[str, ...] | None
