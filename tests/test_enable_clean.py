@@ -57,11 +57,6 @@ def test_clean_starts_of_an_enabled_environment_compile_nothing(enabled):
     (another key), failed to link (no ld), and said so with no reason: 17 to 35 s a start."""
     from torchgen_patch import cache
 
-    said = enabled.enabled.stdout  # enable made the check's hooks ready too: the processes compile nothing
-    assert re.search(r"; the saved-tensor check's native hooks (from the cached build|built now)\)", said), said
-    spec = json.loads(enabled.written)
-    assert spec["toolchain"]["cxx"] and spec["toolchain"]["path"] == os.environ["PATH"]
-    assert spec["toolchain"]["cflags"] == os.environ.get("TORCHGEN_PATCH_EXTRA_CFLAGS", "")
     root = cache.directory()
     before = _builds(root)
     t = time.perf_counter()
@@ -78,6 +73,11 @@ def test_clean_starts_of_an_enabled_environment_compile_nothing(enabled):
         assert _builds(root) == before  # no build made, none started
         if i:
             assert took < max(3.0, 2 * alone), (took, alone)
+    spec = json.loads(enabled.written)  # what enable ran with
+    assert spec["toolchain"]["cxx"] and spec["toolchain"]["path"] == os.environ["PATH"]
+    assert spec["toolchain"]["cflags"] == os.environ.get("TORCHGEN_PATCH_EXTRA_CFLAGS", "")
+    said = enabled.enabled.stdout  # enable made the check's hooks ready too: the processes compile nothing
+    assert re.search(r"; the saved-tensor check's native hooks (from the cached build|built now)\)", said), said
 
 
 def _with(env, **fields):
