@@ -361,3 +361,16 @@ def test_only_a_process_without_path_builds_with_the_toolchain_enable_recorded(m
     with tc.recorded(dict(table, cxx="/nonexistent/c++")):  # gone: the process's own (the default path)
         assert tc.driver_path() == (os.confstr("CS_PATH") or os.defpath)
     assert tc.driver_path() == (os.confstr("CS_PATH") or os.defpath)  # and nothing recorded outside the block
+
+
+def test_a_compile_that_fails_under_run_stops_its_process_in_one_line(tmp_path):
+    """run's process whose kernels do not compile stops, saying so in one line whose reason is the
+    compiler's last error line (the command line's `build` keeps the whole story). Before, ninja's output
+    followed the error line."""
+    cxx, _ = _broken_compiler(tmp_path)
+    r = _cli("run", "--", sys.executable, "-c", "import torch", env={"CXX": cxx})
+    # left out: the line said before compiling, and run's line about the compiler (a Python script run with -I)
+    lines = [x for x in r.stderr.splitlines() if not x.startswith(("torchgen-patch: compiling ",
+                                                                    "torchgen-patch: NOT active in a child of pid "))]
+    assert r.returncode == 2 and lines == ["torchgen-patch: error: the generated kernels do not compile: c++: fatal "
+                                           "error: no assembler in this toolchain"], r.stderr

@@ -76,8 +76,10 @@ def _run_ninja(builds: cache.Dir, tmp: cache.Dir, files, units, sizes, argv, ver
     if rc != 0:
         if _no_space(out):
             raise _disk_full(builds.path)
-        # the whole story for a person at the command line; its cause, the compiler's last error line, for a line
-        raise InputError(None, None, f"{what} do not compile:\n" + explain(out, files), cause=last_error(out))
+        # the whole story for a person at the command line; in one line, the compiler's last error line
+        last = last_error(out)
+        raise InputError(None, None, f"{what} do not compile:\n" + explain(out, files), cause=last,
+                         brief=f"{what} do not compile: {last}")
     return t0
 
 

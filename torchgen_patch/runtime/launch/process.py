@@ -159,7 +159,7 @@ def after_import(name: str, spec: LaunchSpec, mode: str, program_import=None) ->
         _DONE.update(("kernels", "runtime"))
         if mode == "enable" and not spec.strict:  # every program of an environment goes on: said, not stopped
             return Outcome(True, unpatched_line(e, _who(mode)))
-        return Outcome(True, e.render(), e.exit_code)  # run, or enable --strict: never run unpatched
+        return Outcome(True, e.render(brief=True), e.exit_code)  # run, or enable --strict: never run unpatched
     except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
         _DONE.update(("kernels", "runtime"))
         line = f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}"
