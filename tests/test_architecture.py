@@ -350,6 +350,8 @@ USER_PATHS = {
 ALLOWED = {
     ("runtime/__init__.py", "_inputs_key"): "the package's templates and the overlay, hashed into the index key",
     ("runtime/build/toolchain.py", "python_flags"): "this Python's header, looked for (the compiler reads it)",
+    ("runtime/build/toolchain.py", "recorded"): "the compiler an enabled environment recorded, looked for (it runs "
+                                                "by its name, as a compiler found on PATH does)",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",
     ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by files.find)",

@@ -4,6 +4,7 @@ run, its compilers end with it, a wheel is written whole or not at all)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -243,3 +244,133 @@ def test_run_hands_its_children_an_absolute_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", "relative-cache")
     env = launch.prepare(Options(), "python", None, [], [])
     assert env["TORCHGEN_PATCH_CACHE"] == str(tmp_path / "relative-cache")
+
+
+BROKEN_CXX = """#!{python} -IS
+import os, sys
+with open({log!r}, "a") as fh:
+    fh.write(" ".join(sys.argv[1:]) + "\\n")
+with open({log!r} + ".env", "a") as fh:  # what its environment holds (no shell's default PATH)
+    fh.write("PATH=" + os.environ.get("PATH", "<none>") + "\\n")
+if sys.argv[1:] == ["--version"]:
+    os.execv({real!r}, [{real!r}, "--version"])
+sys.stderr.write("In file included from a.cpp:1:\\nc++: fatal error: no assembler in this toolchain\\n"
+                 "compilation terminated.\\n")
+sys.exit(1)
+"""
+
+
+def _broken_compiler(tmp_path) -> tuple[str, str]:
+    """A compiler that answers --version and fails every compile, logging each call and its PATH: (its path,
+    the log)."""
+    import shutil
+
+    d = tmp_path / "bin"
+    d.mkdir()
+    log = tmp_path / "calls"
+    log.write_text("")
+    real = os.path.realpath(shutil.which("c++") or "/bin/false")
+    (d / "c++").write_text(BROKEN_CXX.format(python=sys.executable, log=str(log), real=real))
+    (d / "c++").chmod(0o755)
+    return str(d / "c++"), str(log)
+
+
+def test_a_failed_build_is_remembered_where_programs_build_and_tried_again_where_it_may_work(tmp_path, monkeypatch):
+    """A compile that fails is remembered in the cache (the toolchain and inputs' key, its reason, its time):
+    within ``remembering`` (a program's process) it is not tried again for an hour, and said in one line
+    whose reason is the compiler's last error line. Tried again: outside ``remembering`` (a command), with
+    another PATH (another key), once the entry is older than an hour, and where the entry is not one to
+    trust (writable by its group, owned by another account). Before, every start compiled again."""
+    import glob
+
+    from torchgen_patch import cache
+    from torchgen_patch.runtime.build import FAILED_FOR, record, remembering
+
+    cxx, log = _broken_compiler(tmp_path)
+    monkeypatch.setenv("CXX", cxx)
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+
+    def attempt(remember=True):
+        before = open(log).read().count("\n")
+        with pytest.raises(InputError) as e:
+            with remembering() if remember else contextlib.nullcontext():
+                build.build({"a.cpp": b"int a;\n"}, [], 0, root=str(tmp_path / "builds"), sources=["a.cpp"])
+        return e.value, open(log).read().count("\n") - before
+
+    first, calls = attempt()
+    assert calls > 1 and first.cause == "c++: fatal error: no assembler in this toolchain"
+    assert first.summary() == "the generated kernels do not compile: c++: fatal error: no assembler in this toolchain"
+    assert first.message.startswith("the generated kernels do not compile:\n")  # the whole story for the CLI
+    again, calls = attempt()
+    assert calls == 0 and "\n" not in again.summary(), again.message  # not even --version
+    assert again.summary().startswith("the generated kernels do not compile: c++: fatal error: no assembler in this "
+                                      f"toolchain (remembered: the build with {cxx} failed ")
+    assert attempt(remember=False)[1] > 1  # a command tries again
+    [entry] = glob.glob(str(tmp_path / "cache" / "failed-build-*.json"))
+    monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + str(tmp_path))  # another PATH: another entry
+    assert attempt()[1] > 1 and attempt()[1] == 0
+    monkeypatch.setenv("PATH", os.environ["PATH"].rsplit(os.pathsep, 1)[0])
+    assert attempt()[1] == 0
+    name = os.path.basename(entry)
+    held = cache.read(name)
+    cache.write(name, dict(held, time=held["time"] - FAILED_FOR - 1))  # an hour old: tried again, and remembered
+    assert attempt()[1] > 1 and attempt()[1] == 0
+    os.chmod(entry, 0o664)  # an entry others could have written never suppresses a build
+    assert attempt()[1] > 1 and attempt()[1] == 0
+    if os.geteuid() == 0:
+        subprocess.run(["sh", "-c", "id tgpeer || useradd -m tgpeer"], capture_output=True)
+        import pwd
+
+        os.chown(entry, pwd.getpwnam("tgpeer").pw_uid, -1)  # another account's entry: ignored
+        assert attempt()[1] > 1 and attempt()[1] == 0
+    cache.write(name, dict(cache.read(name), time=int(time.time()) + 10 * FAILED_FOR))  # dated in the future
+    assert attempt()[1] > 1
+    assert record.failure_name("k", "/usr/bin") != record.failure_name("k", "/bin")
+
+
+def test_without_path_the_compilers_driver_gets_the_path_it_was_found_on(tmp_path, monkeypatch):
+    """No PATH at all (a cleared environment): the compiler is found on the system's default path, and its
+    driver runs with that path (where it finds the assembler and the linker), not with none. Before, the
+    driver ran without PATH and could not find ld."""
+    from torchgen_patch import cache
+
+    cxx, log = _broken_compiler(tmp_path)
+    monkeypatch.setenv("CXX", cxx)
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv("PATH")
+    with pytest.raises(InputError):
+        build.build({"a.cpp": b"int a;\n"}, [], 0, root=str(tmp_path / "builds"), sources=["a.cpp"])
+    said = set(open(log + ".env").read().splitlines())
+    assert said == {"PATH=" + (os.confstr("CS_PATH") or os.defpath)}, said
+
+
+def test_only_a_process_without_path_builds_with_the_toolchain_enable_recorded(monkeypatch):
+    """The recorded toolchain stands in for the one a cleared environment lacks: a process with a PATH of
+    its own keeps its own toolchain; without PATH, the recorded compiler, its driver's PATH and its flags,
+    while that compiler is there."""
+    from torchgen_patch.runtime.build import toolchain as tc
+
+    table = {"cxx": sys.executable, "path": "/recorded/bin", "cflags": "-g"}  # any executable file will do
+    with tc.recorded(table):
+        assert tc._compiler() != sys.executable and tc.driver_path() == os.environ["PATH"]
+    monkeypatch.delenv("PATH")
+    with tc.recorded(table):
+        assert (tc._compiler(), tc.driver_path(), tc.default_flags()) == (sys.executable, "/recorded/bin",
+                                                                            build.CFLAGS + ("-g",))
+        assert tc.driver_env()["PATH"] == "/recorded/bin"
+    with tc.recorded(dict(table, cxx="/nonexistent/c++")):  # gone: the process's own (the default path)
+        assert tc.driver_path() == (os.confstr("CS_PATH") or os.defpath)
+    assert tc.driver_path() == (os.confstr("CS_PATH") or os.defpath)  # and nothing recorded outside the block
+
+
+def test_a_compile_that_fails_under_run_stops_its_process_in_one_line(tmp_path):
+    """run's process whose kernels do not compile stops, saying so in one line whose reason is the
+    compiler's last error line (the command line's `build` keeps the whole story). Before, ninja's output
+    followed the error line."""
+    cxx, _ = _broken_compiler(tmp_path)
+    r = _cli("run", "--", sys.executable, "-c", "import torch", env={"CXX": cxx})
+    # left out: the line said before compiling, and run's line about the compiler (a Python script run with -I)
+    lines = [x for x in r.stderr.splitlines() if not x.startswith(("torchgen-patch: compiling ",
+                                                                    "torchgen-patch: NOT active in a child of pid "))]
+    assert r.returncode == 2 and lines == ["torchgen-patch: error: the generated kernels do not compile: c++: fatal "
+                                           "error: no assembler in this toolchain"], r.stderr

@@ -308,20 +308,23 @@ def _put_back(env, old: bytes) -> None:
 
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_a_failure_the_tool_did_not_foresee_stops_a_strict_environments_program_only(cached, strict):
-    """The tool's dependencies not where the data file says (a removed or broken dependency): one line
-    naming it; the program runs on unpatched, or with --strict stops with exit 3 (it ran on before,
-    whatever --strict said)."""
+def test_a_broken_dependency_stops_a_strict_environments_program_only(cached, strict):
+    """The tool's dependencies not where the data file says (a removed or broken dependency), where the
+    process must plan (its cache gone): one line naming it; the program runs on unpatched, or with
+    --strict stops with the error's exit code (it ran on before, whatever --strict said)."""
     env = cached
     assert _tool(env, "enable", "-q", *(["--strict"] if strict else [])).returncode == 0
     old = _edit_data(env, lambda spec: spec["roots"].update({n: "/nonexistent" for n in spec["roots"]
                                                              if n != "torchgen_patch"}))
+    os.rename(env.cache, env.cache + ".away")
     try:
         r = _prog(env)
     finally:
+        os.rename(env.cache + ".away", env.cache)
         _put_back(env, old)
-    assert r.stderr.count("\n") == 1 and "NOT active" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert (r.returncode, r.stdout) == ((3, "") if strict else (0, "end\n")), r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert ("error: " if strict else "NOT active") in r.stderr and "yaml" in r.stderr, r.stderr
+    assert (r.returncode, r.stdout) == ((2, "") if strict else (0, "end\n")), r.stderr
 
 
 def test_an_empty_data_file_is_said_as_such(cached):

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from torchgen_patch.errors import InputError
 
 PKG = os.path.join(ROOT, "torchgen_patch")
 SITE = os.path.join(PKG, "runtime", "site")
@@ -35,6 +36,29 @@ def test_the_spec_reads_back_as_it_was_written_and_the_same_spec_is_the_same_tex
     assert back.backend is Backend.CPP and back.check_saved is CheckMode.RAISE and back.ops == ("aten::x",)
     assert os.path.isabs(back.options.overlay)  # every process installs from the parent's inputs
     assert json.loads(spec.to_json())["options"]["overlay"] == back.options.overlay
+
+
+def test_an_enabled_environments_toolchain_reads_back_and_only_a_whole_one_is_used():
+    """The toolchain `enable` ran with (compiler, the driver's PATH, extra flags) travels in the spec as a
+    table of strings; one of other types is refused like every field, and one that is not whole (a key
+    missing, a relative compiler) is none: the process uses its own. Before, the key was unknown."""
+    import dataclasses
+
+    from torchgen_patch.runtime.build.toolchain import Compiler
+    from torchgen_patch.runtime.launch.spec import LaunchSpec
+
+    table = {"cxx": "/usr/bin/c++", "path": "/usr/bin:/bin", "cflags": "-Werror -g"}
+    spec = dataclasses.replace(_spec(), toolchain=table)
+    back = LaunchSpec.parse(spec.to_json(), "x.json")
+    assert back == spec and back.toolchain == table and "toolchain" not in json.loads(_spec().to_json())
+    assert Compiler.from_table(back.toolchain) == Compiler("/usr/bin/c++", "/usr/bin:/bin", ("-Werror", "-g"))
+    assert Compiler.from_table(back.toolchain).table() == table
+    for partial in ({"cxx": "/usr/bin/c++", "path": "/bin"}, dict(table, cxx="c++"), None):
+        assert Compiler.from_table(partial) is None
+    d = json.loads(spec.to_json())
+    d["toolchain"]["cxx"] = ["/usr/bin/c++"]
+    with pytest.raises(InputError, match="'toolchain' is not a table of strings"):
+        LaunchSpec.parse(json.dumps(d), "x.json")
 
 
 @pytest.mark.parametrize("edit,says", [

@@ -321,6 +321,52 @@ def test_the_wheel_carries_the_checks_native_hooks_which_run_without_a_compiler(
     assert not os.path.exists(tmp_path / "cache" / "builds")  # nothing compiled
 
 
+SAVED_WHY = """
+import json, torch, torchgen_patch
+with torchgen_patch.check_saved("warn") as c:
+    pass
+from torchgen_patch.saved import native
+print(json.dumps({"path": c.path, "why": native._STATE["why"]}))
+"""
+
+
+def test_a_refused_prebuilt_copy_of_the_checks_hooks_is_named_with_its_reason(wheel, tmp_path):
+    """The wheel's copy of the check's native hooks refused (writable by others, a zeroed SHA-256 in the
+    record, a name with ../ in the record) and none can be built (no compiler): the check runs on its
+    Python hooks, and its reason names the wheel and why its copy was refused, in one line, as the
+    kernels' refusal does. Before, it said only that there is no compiler."""
+    python = _venv(tmp_path / "venv", wheel)
+    pkg = os.path.join(_site(tmp_path / "venv"), "torchgen_patch_kernels")
+    rec_path = os.path.join(pkg, "record.json")
+    good = open(rec_path).read()
+    rec = json.loads(good)
+    lib = os.path.join(pkg, rec["saved"]["library"])
+    mode = os.stat(lib).st_mode & 0o7777
+
+    def edited(**saved):
+        def edit():
+            with open(rec_path, "w") as fh:
+                json.dump(dict(rec, saved=dict(rec["saved"], **saved)), fh)
+        return edit
+
+    cases = [(lambda: os.chmod(lib, os.stat(lib).st_mode | 0o002), "writable by others"),
+             (edited(sha256="0" * 64), "is not the library that was built"),
+             (edited(library="../" + rec["saved"]["library"]), "names the library '../torchgen_patch_saved_")]
+    for make, said in cases:
+        make()
+        try:
+            r = _run(python, SAVED_WHY, str(tmp_path / "venv" / "bin"), tmp_path / "cache")
+        finally:
+            os.chmod(lib, mode)
+            with open(rec_path, "w") as fh:
+                fh.write(good)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["path"] == "python" and "\n" not in got["why"], got
+        assert got["why"].startswith("no C++ compiler: ") and "; the installed prebuilt copy was not used: " \
+            "torchgen-patch-kernels " in got["why"] and said in got["why"], got
+
+
 def test_a_failed_pip_wheel_gets_the_hint_that_fits_what_pip_said():
     """The setuptools hint only where pip says setuptools or bdist_wheel is missing (a wheel -q that failed
     under load got it, and it was wrong)."""

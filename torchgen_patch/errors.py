@@ -36,29 +36,36 @@ class ToolError(Exception):
     ``message``, ``hint``), the data a caller may act on, so no caller parses a message back:
     ``cause``, the reason alone (an OS error's text) where the message wraps one; ``errno``, the OS
     error behind it; ``facts``, the part of the hint that states what there is (a caller with other
-    advice keeps it and gives its own)."""
+    advice keeps it and gives its own); ``brief``, the message in one line where it spans lines."""
 
     exit_code: int  # 2 (InputError) or 3 (EnvironmentProblem): the two kinds raised
 
     def __init__(self, path: str | None, line: int | None, message: str, hint: str | None = None, *,
-                 cause: str | None = None, errno: int | None = None, facts: str | None = None):
+                 cause: str | None = None, errno: int | None = None, facts: str | None = None,
+                 brief: str | None = None):
         self.path, self.line, self.message, self.hint = path, line, message, hint
-        self.cause, self.errno, self.facts = cause, errno, facts
+        self.cause, self.errno, self.facts, self.brief = cause, errno, facts, brief
         super().__init__(self.render())
 
     @property
     def location(self) -> Location | None:
         return Location(self.path, self.line) if self.path else None
 
-    def render(self) -> str:
+    def render(self, brief: bool = False) -> str:
+        """The error as the command line says it; ``brief``: in one line (``summary``), as a process says it."""
         where = Location(self.path, self.line).render() if self.path else "torchgen-patch"
-        text = f"{where}: error: {self.message}"
+        text = f"{where}: error: {self.summary() if brief else self.message}"
         if self.hint:
             text += f" (hint: {self.hint})"
         return text
 
     def __str__(self) -> str:
         return self.render()
+
+    def summary(self) -> str:
+        """The message in one line, what a process's line says: ``brief`` where the message spans lines
+        (a compiler's output under its first line), else the message."""
+        return self.brief if self.brief is not None else self.message
 
 
 class InputError(ToolError):

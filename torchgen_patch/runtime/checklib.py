@@ -14,7 +14,7 @@ import glob
 import os
 import stat
 
-from ..errors import EnvironmentProblem, InputError, require_torch
+from ..errors import EnvironmentProblem, InputError, ToolError, require_torch
 
 SYMBOL = "torchgen_patch_saved_module"
 _LOADED: dict = {}  # the library's path -> its module, once per process
@@ -31,9 +31,9 @@ def prepare(path: str | None = None, library: str | None = None, build: bool = T
     if native.loaded():
         return None
     try:
-        module = load(library) if library else _prebuilt() or load(built(build, log))
+        module = load(library) if library else _prebuilt_or_built(build, log)
     except (EnvironmentProblem, InputError) as e:
-        why = (e.message if hasattr(e, "message") else str(e)).splitlines()[0]
+        why = e.summary()  # one line: a compiler's output is its last error line
         native.unavailable(why)
         if native.chosen(path) == "native":
             raise
@@ -46,16 +46,36 @@ def _cuda_built() -> bool:
     return bool(require_torch("the saved-tensor check").version.cuda)
 
 
+def _prebuilt_or_built(build: bool, log):
+    """The native hooks of the installed prebuilt wheel, else the cache's build (compiled now where it lacks
+    them and ``build``, unless that build failed in this toolchain within the hour: ``remembering``). Where
+    neither can be had, the error says why the wheel's copy was refused too (as the kernels' does)."""
+    from .build import remembering
+
+    module, refused = _prebuilt()
+    if module is not None:
+        return module
+    try:
+        with remembering():
+            return load(built(build, log))
+    except ToolError as e:
+        if refused is None:
+            raise
+        message = f"{e.summary()}; the installed prebuilt copy was not used: {refused}"
+        raise (EnvironmentProblem(message, e.hint) if isinstance(e, EnvironmentProblem) else
+               InputError(e.path, e.line, message, e.hint)) from None
+
+
 def _prebuilt():
-    """The native hooks of the installed prebuilt wheel (made for exactly this torch), loaded; None where it
-    holds none that fit (the cache's build is used instead)."""
+    """(The native hooks of the installed prebuilt wheel, made for exactly this torch, loaded; None where it
+    holds none that fit), and why a copy it holds was refused (None: none was)."""
     from .prebuilt import saved_library
 
-    found, _ = saved_library()
+    found, refused = saved_library()
     if found is None:
-        return None
+        return None, refused
     path, sha256, root, key = found
-    return _module(path, lambda: _load(path, sha256, root, key))
+    return _module(path, lambda: _load(path, sha256, root, key)), None
 
 
 def saved_build(verbose: bool = False, log=None):
@@ -67,13 +87,26 @@ def saved_build(verbose: bool = False, log=None):
     return artifact_at(build_saved(verbose=verbose, log=log).path, manifest=False)
 
 
+def ready(verbose: bool = False, log=None) -> tuple[str, str | None]:
+    """Where the native hooks come from, made ready now (for `enable`), in words, and the cache's build that
+    the environment's processes load (None: the prebuilt wheel's copy, which each finds itself); compiled
+    now where the cache lacks one (a failure is remembered: ``build.remember``)."""
+    from .build import build_saved
+    from .prebuilt import saved_library
+
+    found, _ = saved_library()
+    if found is not None:
+        return "from the prebuilt wheel", None
+    lib = build_saved(verbose=verbose, log=log)
+    return "built now" if lib.built else "from the cached build", lib.path
+
+
 def built(build: bool = True, log=None) -> str:
-    """The path of the cached build of the native hooks (compiled now when missing and ``build``)."""
+    """The path of the cached build of the native hooks (compiled now when missing and ``build``; else the
+    cache's build, or an InputError that says they are not built)."""
     from .build import build_saved
 
-    if not build:
-        raise InputError(None, None, "the saved-tensor check's native hooks are not built, and building was ruled out")
-    return build_saved(log=log).path
+    return build_saved(log=log, compile=build).path
 
 
 def load(library: str):

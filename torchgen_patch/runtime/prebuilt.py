@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .. import cache
-from ..errors import EnvironmentProblem, InputError, ToolError
+from ..errors import EnvironmentProblem, InputError, ToolError, printable
 from ..fs.decode import loads
 from ..sources import Options, overlay_path
 from ..version import __version__
@@ -309,6 +309,8 @@ def _fitting_library(d: cache.Dir, name: str, rec: dict, opts: Options, library:
     if why:
         return None, why
     lib = os.path.basename(library)
+    if lib != library or lib in ("", ".", ".."):  # a path, not a file of the package: a record made elsewhere
+        return None, f"{name}: its {RECORD} names the library {printable(library)!r}, not a file of its package"
     problem = library_problem(d, lib, sha256)
     return (None, f"{name}: {problem}") if problem else (lib, None)
 

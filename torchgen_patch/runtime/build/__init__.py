@@ -7,8 +7,9 @@ the flags, the compiler and the torch build. A build runs in a private temporary
 live build) from a ``build.ninja`` of relative paths only, run with that directory as its
 working directory (set from the descriptor), so no name is resolved twice; the result is
 hashed, made writable by its owner only, and renamed into place through the descriptor when it
-succeeded, so a crash, a compiler error or a concurrent build never leaves a half-written
-library where a later load would pick it up. The library states its own build (this torch's
+succeeded (when it failed, the cache remembers that for an hour: ``record.py``), so a crash, a
+compiler error or a concurrent build never leaves a half-written library where a later load
+would pick it up. The library states its own build (this torch's
 version, git hash, C++ ABI, CUDA, and the build key, compiled into it), which ``install()``
 reads after ``dlopen`` and before registering anything; its record (``build-info.json``) holds
 the library's SHA-256, checked before it is loaded (``load/trust.py``).
@@ -32,8 +33,9 @@ from typing import TYPE_CHECKING
 from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
 from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, _key, build_problem, identity_source, torch_identity
-from .record import LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, remove_stale
-from .toolchain import CFLAGS, _compiler, _compiler_runs, _ninja, default_flags, python_flags
+from .record import (FAILED_FOR, LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, failure_name, remember,
+                     remembered, remembering, remove_stale)
+from .toolchain import CFLAGS, _compiler, _compiler_runs, _ninja, default_flags, driver_path, python_flags, recorded
 
 if TYPE_CHECKING:
     from .build_time import estimate
@@ -54,10 +56,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CFLAGS", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "Progress", "RECORD",
+__all__ = ["CFLAGS", "FAILED_FOR", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "Progress", "RECORD",
            "RECORD_FORMAT", "TEMPORARY", "build", "build_boxed", "build_ninja", "build_problem", "build_saved",
            "default_flags", "estimate", "explain", "identity_source", "ninja_times", "own_process_group",
-           "python_flags", "remove_stale", "torch_identity"]
+           "python_flags", "recorded", "remembering", "remove_stale", "torch_identity"]
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,10 @@ def _not_writable(root: str, why: str) -> InputError:
 
 def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
           root: str | None = None, verbose: bool = False, log=None, sources: list[str] | None = None,
-          prefix: str = LIB_PREFIX, links: tuple[str, ...] = (), what: str = "the generated kernels") -> Library:
-    """Compile ``files`` (as rendered by render.render) unless the cache has them.
+          prefix: str = LIB_PREFIX, links: tuple[str, ...] = (), what: str = "the generated kernels",
+          compile: bool = True) -> Library:
+    """Compile ``files`` (as rendered by render.render) unless the cache has them (``compile`` False: the
+    cache's build or an InputError, nothing compiled).
     ``sources``: the files to compile (default: the plan's shards and registration); ``log``: where
     the build says what it does (default: ``sys.stderr`` as it is at the call, never at import);
     ``links``: more link flags (part of the key, as every flag); ``what``: how a compiler error names them."""
@@ -105,6 +109,10 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
         lib = Library(builds.join(final, f"{name}.so"), builds.join(final), key, torch.__version__, tuple(ops), False)
         if complete(builds, final, key, lib.path):
             return lib
+        if not compile:
+            raise InputError(None, None, f"{what} are not built, and building was ruled out")
+        failed = failure_name(key, driver_path())  # this build in this toolchain, failed before?
+        _not_again(failed, what)
         _compiler_runs(compiler)
         ninja = _ninja()  # said before "compiling ... with ninja", never after
         with contextlib.ExitStack() as held:
@@ -117,13 +125,25 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
                 raise
             if complete(builds, final, key, lib.path):
                 return lib
+            _not_again(failed, what)  # the build this one waited for failed
             remove_stale(builds)
             from ...codegen import compiled_sources  # the compile path's modules (see _COMPILE_PARTS)
             from .compile import compile_into
 
-            compile_into(builds, files, sources or compiled_sources(shards), flags, name, key, final, compiler, ninja,
-                         verbose, log, links, what)
+            try:
+                compile_into(builds, files, sources or compiled_sources(shards), flags, name, key, final, compiler,
+                             ninja, verbose, log, links, what)
+            except InputError as e:  # the compiler said no (its last error line is the cause)
+                remember(failed, compiler, e.cause or e.summary())
+                raise
     return Library(lib.path, lib.directory, key, torch.__version__, tuple(ops), True)
+
+
+def _not_again(failed: str, what: str) -> None:
+    """The remembered failure of this build in this toolchain, raised (where builds are ``remembering``)."""
+    error = remembered(failed, what)
+    if error is not None:
+        raise error
 
 
 def build_boxed(root: str | None = None, verbose: bool = False, log=None) -> Library:
@@ -134,12 +154,13 @@ def build_boxed(root: str | None = None, verbose: bool = False, log=None) -> Lib
                  prefix="torchgen_patch_boxed")
 
 
-def build_saved(root: str | None = None, verbose: bool = False, log=None) -> Library:
-    """The saved-tensor check's native hooks (a library that is a Python extension, built as any other)."""
+def build_saved(root: str | None = None, verbose: bool = False, log=None, compile: bool = True) -> Library:
+    """The saved-tensor check's native hooks (a library that is a Python extension, built as any other;
+    ``compile`` False: the cache's build only)."""
     from ...codegen import render_saved
 
     cflags, links = python_flags()
     files = render_saved()
     return build(files, [], 0, flags=default_flags() + cflags, root=root, verbose=verbose, log=log,
                  sources=[n for n in sorted(files) if n.endswith(".cpp")], prefix="torchgen_patch_saved", links=links,
-                 what="the saved-tensor check's native hooks")
+                 what="the saved-tensor check's native hooks", compile=compile)

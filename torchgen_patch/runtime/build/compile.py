@@ -13,13 +13,13 @@ from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
 from ...vocabulary import plural
 from .build_time import estimate, load_now
-from .compiler_errors import explain
+from .compiler_errors import explain, last_error
 from .key import IDENTITY_SOURCE, identity_source
 from .ninja import build_ninja, ninja_times
 from .processes import run_in_group
 from .progress import Progress
 from .record import RECORD, RECORD_FORMAT, complete, sha256_of
-from .toolchain import _toolchain_flags
+from .toolchain import _toolchain_flags, driver_env
 
 
 def compile_into(builds: cache.Dir, files, units, flags, name, key, final, compiler, ninja, verbose, log,
@@ -72,11 +72,14 @@ def _run_ninja(builds: cache.Dir, tmp: cache.Dir, files, units, sizes, argv, ver
           f"{torch.__version__})" + (f"; {guess}" if guess else "") + " ...", file=log, flush=True)
     t0 = time.monotonic()
     with Progress(tmp, units, log):
-        rc, out = run_in_group(tmp, argv, log, verbose)
+        rc, out = run_in_group(tmp, argv, log, verbose, driver_env())
     if rc != 0:
         if _no_space(out):
             raise _disk_full(builds.path)
-        raise InputError(None, None, f"{what} do not compile:\n" + explain(out, files))
+        # the whole story for a person at the command line; in one line, the compiler's last error line
+        last = last_error(out)
+        raise InputError(None, None, f"{what} do not compile:\n" + explain(out, files), cause=last,
+                         brief=f"{what} do not compile: {last}")
     return t0
 
 

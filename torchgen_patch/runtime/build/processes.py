@@ -69,11 +69,11 @@ def own_process_group():
         atexit.unregister(_kill_children)
 
 
-def run_in_group(d: cache.Dir, argv: list[str], log, verbose: bool) -> tuple[int, str]:
-    """``argv`` in ``d`` (its working directory set from the descriptor), in a process group of its
-    own that ends with the build; (exit status, its output)."""
+def run_in_group(d: cache.Dir, argv: list[str], log, verbose: bool, env: dict | None = None) -> tuple[int, str]:
+    """``argv`` in ``d`` (its working directory set from the descriptor; ``env``: its environment, None:
+    this process's), in a process group of its own that ends with the build; (exit status, its output)."""
     with own_process_group():
-        proc = d.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = d.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                      start_new_session=True, preexec=_die_with_parent)
         _CHILDREN[proc] = os.getpid()
         try:

@@ -454,5 +454,28 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
 
         _, p = plan(opts)  # the scan cached for the processes
         what = f"{plural(len(p.kernels) if ops is None else len(ops), 'Python kernel')}, no compiler needed"
-    return launch.launch_spec(opts, backend, ops, [], [], quiet=quiet, library=library, strict=strict,
-                              check_saved=check_saved, findings=findings, check_every=check_every), what
+    saved = None
+    if check_saved is not None:
+        words, saved = _check_hooks(verbose, log or sys.stderr)
+        what += "; " + words
+    from ..build.toolchain import here
+
+    found = here()  # what the processes build with, a cleared environment's included
+    spec = launch.launch_spec(opts, backend, ops, [], [], quiet=quiet, library=library, strict=strict,
+                              check_saved=check_saved, findings=findings, check_every=check_every)
+    return dataclasses.replace(spec, toolchain=None if found is None else found.table(), saved_library=saved), what
+
+
+def _check_hooks(verbose: bool, log) -> tuple[str, str | None]:
+    """The saved-tensor check's native hooks made ready now (the prebuilt wheel's, the cache's, or built),
+    so the processes compile nothing; in words, and the build they load (None: the wheel's, or none).
+    Where they cannot be had, the processes run the check on its Python hooks, and this says why (a build
+    that failed is remembered: they do not try it again)."""
+    from ...errors import ToolError
+    from ..checklib import ready
+
+    try:
+        words, path = ready(verbose, log)
+        return f"the saved-tensor check's native hooks {words}", path
+    except ToolError as e:
+        return f"the saved-tensor check on its Python hooks ({e.summary()})", None

@@ -112,7 +112,8 @@ def governing(env_text: str | None, mode: str, data: tuple[str | None, str | Non
     only where run's own hook passed it on (``mode`` "run": its PYTHONPATH entry loaded the hook, so the
     environment chose this process's code already), never under -I or -E, and never with fewer kernels,
     runtime ops or checks than the environment's data file; it never chooses where the tool and its
-    dependencies come from (the file's ``roots``; the hook imports the tool from where it is itself).
+    dependencies come from nor the compiler (the file's ``roots`` and ``toolchain``; the hook imports the
+    tool from where it is itself).
     Where the file governs instead the Outcome is not done and carries the one line that says why; a
     file that cannot be read leaves the variable governing under run, else the program unpatched."""
     text, broken, path = data
@@ -134,7 +135,8 @@ def governing(env_text: str | None, mode: str, data: tuple[str | None, str | Non
         else:
             why = weaker(env, own)
             if why is None:
-                return dataclasses.replace(env, roots=own.roots), None
+                return dataclasses.replace(env, roots=own.roots, toolchain=own.toolchain,
+                                           saved_library=own.saved_library), None
     return own, Outcome(False, f"torchgen-patch: $TORCHGEN_PATCH_RUN not used in pid {os.getpid()} "
                                f"({_who('enable')}): {why}; this environment's own launch spec governs ({path})")
 
@@ -195,7 +197,7 @@ def _both(named: ToolError, instead: ToolError) -> ToolError:
     once, as is a fix both give."""
     if (named.location, named.message) == (instead.location, instead.message):
         return instead
-    message = f"{named.message}; and none can be had instead: {instead.message}"
+    message = f"{named.summary()}; and none can be had instead: {instead.summary()}"
     hint = "; ".join(dict.fromkeys(h for h in (named.hint, instead.hint) if h)) or None
     if isinstance(instead, EnvironmentProblem):
         return EnvironmentProblem(message, hint)
@@ -218,13 +220,13 @@ def after_import(name: str, spec: LaunchSpec, mode: str, program_import=None) ->
     if "torch" not in sys.modules or _importing("torch", name):
         return Outcome(False)  # torch not (wholly) imported yet: its own hook comes once it is
     try:
-        with _usable_streams():
+        with _usable_streams(), _toolchain(spec):
             line = _install(spec, name, mode, program_import)
     except ToolError as e:  # the kernels cannot be had (a refused cache: exit 2; no compiler: exit 3)
         _DONE.update(("kernels", "runtime"))
         if mode == "enable" and not spec.strict:  # every program of an environment goes on: said, not stopped
             return Outcome(True, unpatched_line(e, _who(mode)))
-        return Outcome(True, e.render(), e.exit_code)  # run, or enable --strict: never run unpatched
+        return Outcome(True, e.render(brief=True), e.exit_code)  # run, or enable --strict: never run unpatched
     except Exception as e:  # noqa: BLE001 — a bug of this tool: report, never break the program's import
         _DONE.update(("kernels", "runtime"))
         line = f"torchgen-patch: NOT active in pid {os.getpid()}: {type(e).__name__}: {e}"
@@ -237,7 +239,7 @@ def unpatched_line(e: ToolError, who: str) -> str:
     """The one line of an enabled environment's process that runs unpatched: the cause and its fix."""
     where = f"{e.location.render()}: " if e.location else ""
     hint = f"{e.hint}; " if e.hint else ""
-    return (f"torchgen-patch: NOT active in pid {os.getpid()} ({who}), running unpatched: {where}{e.message} "
+    return (f"torchgen-patch: NOT active in pid {os.getpid()} ({who}), running unpatched: {where}{e.summary()} "
             f"(hint: {hint}`torchgen-patch enable --strict` stops such a process instead)")
 
 
@@ -270,7 +272,7 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
         library, origin = resolve(spec, build_log(spec.quiet))
         rep = inst.install(None if spec.ops is None else list(spec.ops), backend=spec.backend, library=library,
                            options=spec.options, check_saved=spec.check_saved, check_every=spec.check_every,
-                           check_quiet=spec.quiet)
+                           check_quiet=spec.quiet, saved_library=spec.saved_library)
         if spec.findings is not None and spec.check_saved is not None:  # --findings: the check writes there too
             from ...saved import enable
 
@@ -308,6 +310,17 @@ def kernels_line(n: int, backend: str, refused: int, origin: str | None, optimiz
 def process_line(line: str, pid: int, who: str) -> str:
     """A process's line: what happened, and which process it is."""
     return f"{line}, in pid {pid} ({who})"
+
+
+@contextlib.contextmanager
+def _toolchain(spec: LaunchSpec):
+    """While the tool works in the program's process: a process started without PATH builds with the
+    toolchain `enable` recorded (any other, or with none recorded, with its own), and a build that failed
+    in its toolchain within the hour is not tried again."""
+    from ..build import recorded, remembering
+
+    with recorded(spec.toolchain), remembering():
+        yield
 
 
 @contextlib.contextmanager

@@ -32,7 +32,10 @@ class LaunchSpec:
     ``enabled_by``: which torchgen-patch wrote an enabled environment's data file (``torchgen_patch``:
     its version, ``hook``: its hook's path), None under `run`; ``findings``: the folder (absolute) each
     process's check writes its findings to (``saved/fleet.py``), or None; ``check_every``: the check
-    sampled by step, each step checked with probability 1/check_every (1: every step)."""
+    sampled by step, each step checked with probability 1/check_every (1: every step); ``toolchain``: the
+    compiler `enable` ran with (``cxx``, the ``path`` its driver runs with, extra ``cflags``), which the
+    environment's processes started without PATH build with (None: their own); ``saved_library``: the
+    build of the check's native hooks `enable` made (checked at load, never rebuilt; None: found as ever)."""
 
     backend: Backend
     ops: tuple[str, ...] | None
@@ -49,6 +52,8 @@ class LaunchSpec:
     enabled_by: dict[str, str] | None = None
     findings: str | None = None
     check_every: int = 1
+    toolchain: dict[str, str] | None = None
+    saved_library: str | None = None
 
     @classmethod
     def parse(cls, text: str | bytes | None, source: str) -> LaunchSpec:
@@ -74,10 +79,10 @@ class LaunchSpec:
             value = raw.get(name)
             if not isinstance(value, kinds) or isinstance(value, list) and not all(isinstance(x, str) for x in value):
                 raise ValueError(f"{NOT_A_SPEC} ({name!r} is {type(value).__name__})")
-        unknown = sorted(set(raw) - set(_TYPES) - {"enabled_by"})
+        unknown = sorted(set(raw) - set(_TYPES) - {"enabled_by", "toolchain"})
         if unknown:
             raise ValueError(f"{NOT_A_SPEC} (unknown key {unknown[0]!r})")
-        for name in ("roots", "enabled_by"):
+        for name in ("roots", "enabled_by", "toolchain"):
             value = raw.get(name)
             if value is not None and (not isinstance(value, dict) or
                                       not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
@@ -106,7 +111,8 @@ class LaunchSpec:
                    quiet=raw["quiet"], verbose=raw["verbose"], roots=dict(raw["roots"]),
                    check_saved=None if raw["check_saved"] is None else CheckMode(raw["check_saved"]),
                    strict=raw["strict"], enabled_by=raw.get("enabled_by"), findings=raw.get("findings"),
-                   check_every=1 if every is None else every)
+                   check_every=1 if every is None else every, toolchain=raw.get("toolchain"),
+                   saved_library=raw.get("saved_library"))
 
     def to_dict(self) -> dict:
         """The spec as its JSON object holds it (plain strings, lists and tables)."""
@@ -122,6 +128,10 @@ class LaunchSpec:
             out["findings"] = self.findings
         if self.check_every != 1:  # likewise: 1, every step, is what a spec without it means
             out["check_every"] = self.check_every
+        if self.toolchain is not None:
+            out["toolchain"] = dict(self.toolchain)
+        if self.saved_library is not None:
+            out["saved_library"] = self.saved_library
         return out
 
     def to_json(self) -> str:
@@ -133,7 +143,8 @@ _TYPES: dict[str, type | tuple[type, ...]]  # each field's type(s) for isinstanc
 _TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "imports": list,
           "library": (str, type(None)), "boxed": (str, type(None)), "options": dict, "quiet": bool,
           "verbose": bool, "roots": dict, "check_saved": (str, type(None)), "strict": bool,
-          "findings": (str, type(None)), "check_every": (int, type(None))}  # optional: a spec without them has none
+          # optional: a spec without them has none
+          "findings": (str, type(None)), "check_every": (int, type(None)), "saved_library": (str, type(None))}
 
 
 def is_run_source(source: str) -> bool:
