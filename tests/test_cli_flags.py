@@ -544,7 +544,8 @@ def p_enable_verbose(run_cli, monkeypatch, tmp_path, **_):
     calls = _stub_build(monkeypatch)
     run_cli("enable", "-v")
     run_cli("enable")
-    assert [c["verbose"] for c in calls] == [True, False]  # the build enable makes says its compiler's commands
+    # the builds enable makes (the kernels, the check's native hooks) say their compiler's commands
+    assert [c["verbose"] for c in calls] == [True, True, False, False]
 
 
 def p_disable_quiet_verbose(run_cli, monkeypatch, tmp_path, **_):

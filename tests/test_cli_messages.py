@@ -18,7 +18,7 @@ def usage_error(capsys, *argv) -> str:
 
 def test_no_command_lists_the_commands(capsys):
     assert usage_error(capsys) == ("torchgen-patch: error: give a command: scan, lint, gen, build, install, wheel, "
-                                   "verify, run, enable, disable, status, diff (see torchgen-patch --help)\n")
+                                   "verify, run, enable, disable, status, findings, diff (see torchgen-patch --help)\n")
 
 
 def test_a_misspelt_command_gets_the_closest_one(capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -102,7 +103,8 @@ def _three_broken_starts(env, tmp_path, gone: bool = False):
     cache = tmp_path / "cache"
     gone_library = {"library": str(cache / "builds" / "build-gone" / "torchgen_patch_kernels_gone.so")} if gone else {}
     # the check's hooks never built in that toolchain: the data file names none (enable names the build it made)
-    _with(env, toolchain={"cxx": cxx, "path": os.path.dirname(cxx) + ":/usr/bin:/bin", "cflags": ""},
+    ninja = os.path.dirname(shutil.which("ninja") or "/usr/bin/ninja")  # where this machine has it (a venv's bin)
+    _with(env, toolchain={"cxx": cxx, "path": f"{os.path.dirname(cxx)}:{ninja}:/usr/bin:/bin", "cflags": ""},
           saved_library=None, **gone_library)
     try:
         for i in range(3):

@@ -24,7 +24,11 @@ from tests.test_cli_flags import _flags
 FUNCS = ["_cummax_helper", "_cummin_helper", "split_with_sizes_copy", "split_with_sizes_copy.out"]
 PATH_METAVARS = {"FILE", "DIR", "PATH", "NATIVE_FUNCTIONS_YAML"}
 # path-valued options that name something the run reads
-INPUTS = {"--native-functions", "--tags", "--pytorch-root", "--overlay", "--baseline", "--generated", "paths"}
+INPUTS = {"--native-functions", "--tags", "--pytorch-root", "--overlay", "--baseline", "--generated", "paths",
+          "folder"}  # findings DIR
+# the folder each process of a program appends its findings to (run, enable): written by the program's
+# processes through fs/ (tests/test_saved_fleet.py), never by the command itself
+PROCESS_OUTPUTS = {("run", "--findings"), ("enable", "--findings")}
 
 
 def _path_options() -> set[tuple[str, str]]:
@@ -42,9 +46,11 @@ def ctx(tmp_path, tree, monkeypatch):
 
     (tmp_path / "y").mkdir()
     native, _ = subset_yaml(str(tmp_path / "y"), FUNCS)
+    (tmp_path / "fl").mkdir()
+    (tmp_path / "fl" / "findings-h-1.jsonl").write_text("{}\n")  # a folder of findings (its one line no record)
     monkeypatch.setattr(commands, "_pr_body", lambda root: "# the description\n")  # measuring is not the point
     monkeypatch.chdir(tmp_path)
-    return {"native": native, "tree": tree, "tmp": tmp_path,
+    return {"native": native, "tree": tree, "tmp": tmp_path, "findings": tmp_path / "fl",
             "codegen": os.path.join(tree, "tools", "autograd", "gen_inplace_or_view_type.py")}
 
 
@@ -60,6 +66,7 @@ FILE_OUTPUTS = {
     ("diff", "--output"): lambda c, x: (["diff", "--pytorch-root", c["tree"], "-o", x], c["codegen"]),
     ("diff", "--pr-body"): lambda c, x: (["diff", "--pytorch-root", c["tree"], "-o", c["tmp"] / "d.diff",
                                           "--pr-body", x], c["codegen"]),
+    ("findings", "--output"): lambda c, x: (["findings", c["findings"], "-o", x], c["findings"] / "findings-h-1.jsonl"),
 }
 DIR_OUTPUTS = {
     ("gen", "--output"): lambda c, x: ["gen", "--native-functions", c["native"], "-o", x],
@@ -69,7 +76,8 @@ DIR_OUTPUTS = {
 
 def test_every_path_option_is_an_input_or_a_probed_output():
     """A new option naming a path fails here until it is an input or its writes are probed below."""
-    unknown = {f for f in _path_options() if f[1] not in INPUTS and f not in FILE_OUTPUTS and f not in DIR_OUTPUTS}
+    unknown = {f for f in _path_options()
+               if f[1] not in INPUTS and f not in FILE_OUTPUTS and f not in DIR_OUTPUTS and f not in PROCESS_OUTPUTS}
     assert not unknown, f"classify these path options (input, or an output probed here): {sorted(unknown)}"
     assert set(FILE_OUTPUTS) | set(DIR_OUTPUTS) <= _path_options()
 

@@ -32,6 +32,11 @@ def _run_inputs(args) -> list[str]:
     paths = input_paths(options(args))
     for y in getattr(args, "paths", None) or []:
         paths += [y, os.path.join(os.path.dirname(y), "tags.yaml")]
+    folder = getattr(args, "folder", None)  # `findings DIR`: each file of the folder it reads
+    if folder:
+        import glob
+
+        paths += sorted(glob.glob(os.path.join(glob.escape(folder), "*.jsonl")))
     return paths + [getattr(args, "baseline", None) or ""]
 
 
