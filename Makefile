@@ -48,6 +48,7 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not build"
 
+# Every benchmark; the per-call instruction counts (callgrind) need valgrind on PATH (else "not run").
 bench: setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
@@ -57,13 +58,14 @@ goldens: setup
 clean:
 	rm -rf build .cache .pytest_cache
 
-# The example diffs for the installed torch's codegen and the PR description measured on it (tests
-# check they are current).
+# The example diffs for the installed torch's codegen, the PR description measured on it (with the
+# instruction counts `make bench` committed) and the fused-optimizer issue (tests check they are current).
 patches: setup
 	rm -rf build/tree && mkdir -p build
 	$(BIN)/python -c "from testbed.upstream_tree import make_tree; make_tree('build/tree')"
 	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode fix -o patches/gen_inplace_or_view_type-fix-torch2.13.diff \
-		--pr-body patches/pr-body-torch2.13.md
+		--pr-body patches/pr-body-torch2.13.md --instructions reports/bench-callgrind-cpu-torch2.13.0.json \
+		--issue reports/upstream-issue-cpu-torch2.13.0.md
 	$(BIN)/torchgen-patch diff --pytorch-root build/tree --mode error -o patches/gen_inplace_or_view_type-error-torch2.13.diff
 
 # The suite on the newest torch release (2.14.1) in a venv of its own, with a

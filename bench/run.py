@@ -21,9 +21,31 @@ import bench_startup  # noqa: E402
 from common import ROOT, save  # noqa: E402
 
 
+def _callgrind(report: bool) -> dict:
+    """bench_callgrind.py in a process of its own; its json also in reports/ (one file: the PR body reads it)
+    with --report."""
+    from torchgen_patch.sources import installed_torch_version as torch_version
+
+    name = f"bench-callgrind-cpu-torch{torch_version().split('+')[0]}.json"
+    out = os.path.join(ROOT, "build", name)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "bench_callgrind.py"), "--json", out],
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    if r.returncode != 0:
+        return {"not_run": f"bench_callgrind.py exited {r.returncode}"}
+    with open(out) as fh:
+        data = json.load(fh)
+    if report:
+        with open(os.path.join(ROOT, "reports", name), "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+    return data
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "trust", "startup", "optim", "saved"), action="append")
+    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "callgrind", "trust", "startup", "optim", "saved"),
+                    action="append")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15, help="paired rounds of the per-call benchmark")
     ap.add_argument("--startup-rounds", type=int, default=11, help="paired rounds of the start-up benchmark")
@@ -31,7 +53,7 @@ def main() -> int:
                     help="also update the committed report under reports/ (only the sections run are replaced)")
     ap.add_argument("--saved-rounds", type=int, default=15, help="paired rounds of the saved-tensor check's benchmark")
     args = ap.parse_args()
-    only = set(args.only or ("lint", "gen", "build", "call", "trust", "startup", "optim", "saved"))
+    only = set(args.only or ("lint", "gen", "build", "call", "callgrind", "trust", "startup", "optim", "saved"))
     results = {}
     if "lint" in only:
         print("== lint", flush=True)
@@ -57,6 +79,10 @@ def main() -> int:
             return r.returncode
         with open(out) as fh:
             results["call"] = json.load(fh)
+    if "callgrind" in only:
+        print("== per-call cost in instructions (callgrind): a zero-returns op unpatched | with the kernel PyTorch's "
+              "fixed codegen emits | with this project's | a generated in-place op (CPU)", flush=True)
+        results["callgrind"] = _callgrind(args.report)
     if "optim" in only:
         print("== an optimizer step with the overlay's optimizer entries active vs not: torch's AdamW, DeepSpeedCPUAdam",
               flush=True)

@@ -34,3 +34,16 @@ echo "the tree's own codegen (run from the tree, no torch): $before ADInplaceOrV
 changed=$(cd "$W" && { diff -rq up0 up1 || true; } | sed "s|$W/||g")
 echo "generated files that differ:"; echo "$changed"
 echo; echo "\$ torchgen-patch lint --pytorch-root TREE | tail -1   (patched checkout)"; tgp lint --pytorch-root "$T" | tail -1
+echo; echo "\$ pytest tools/test/test_codegen.py   (the cases the diff adds; the tree's codegen unpatched, then fixed)"
+PYTEST=$("$DEV" -c "import os; from testbed.notorch_venv import make_venv; print(make_venv(os.path.abspath('.cache/notorch-pytest'), ['pytest']))")
+"$DEV" - "$T" "$W/fix.diff" "$PYTEST" "$W" <<'PY'
+import sys
+from testbed.upstream_tree import codegen_tests_before_after
+tree, diff, python, work = sys.argv[1:]
+r = codegen_tests_before_after(tree, open(diff).read(), python, work)
+for side in ("before", "after"):
+    label = "unpatched codegen, the cases alone" if side == "before" else "the whole diff"
+    print(f"{label}: " + ", ".join(f"{t} {r[side][t]}" for t in r["cases"]))
+others = [t for t in r["after"] if t not in r["cases"]]
+print(f"the file's other tests: {len(others)} (a tree from a wheel has no tools/test/: the diff creates the file)")
+PY

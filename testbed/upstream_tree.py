@@ -93,3 +93,56 @@ def run_test_file(root: str, patched: bool, *args: str, site: str | None = None)
 
 def failed_tests(output: str) -> set[str]:
     return set(re.findall(r"^(?:FAIL|ERROR): (\w+) ", output, re.M))
+
+
+
+def codegen_test_hunks(diff_text: str) -> str:
+    """The part of a `diff` that edits (or creates) tools/test/test_codegen.py: the cases alone."""
+    from torchgen_patch.upstream.codegen_test import CODEGEN_TEST
+
+    parts = re.split(r"(?m)^(?=--- )", diff_text)
+    return "".join(p for p in parts if p.startswith("--- ") and f"+++ b/{CODEGEN_TEST}\n" in p)
+
+
+def run_codegen_tests(root: str, python: str, junit: str) -> dict[str, str]:
+    """The tree's tools/test/test_codegen.py with pytest from the tree's root (its pytest.ini, where it
+    has one), in ``python``'s environment (one without torch: the tree's torchgen and tools are used):
+    test id (``Class.test``) -> passed, failed or skipped."""
+    import xml.etree.ElementTree as ET
+
+    from torchgen_patch.upstream.codegen_test import CODEGEN_TEST
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CI")}
+    env["PYTHONPATH"] = root
+    r = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", CODEGEN_TEST],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode not in (0, 1) or not os.path.isfile(junit):
+        raise RuntimeError(f"pytest {CODEGEN_TEST} exited {r.returncode}: {(r.stdout + r.stderr)[-2000:]}")
+    outcomes = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}.{case.get('name')}"
+        kids = {c.tag for c in case}
+        outcomes[name] = "failed" if kids & {"failure", "error"} else "skipped" if "skipped" in kids else "passed"
+    os.remove(junit)
+    return outcomes
+
+
+def codegen_tests_before_after(root: str, diff_text: str, python: str, work: str) -> dict:
+    """tools/test/test_codegen.py of the tree under git at ``root``: with the diff's cases alone (the codegen
+    unpatched), then with the whole diff; the tree is left with the whole diff applied. The cases, and
+    each run's outcomes."""
+    def git(*argv: str, stdin: str | None = None) -> None:
+        r = subprocess.run(["git", *argv], cwd=root, input=stdin, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"git {argv[0]} in {root}: {r.stderr.strip()[-500:]}")
+
+    git("checkout", "-q", ".")
+    git("clean", "-qfd")
+    git("apply", "-", stdin=codegen_test_hunks(diff_text))
+    before = run_codegen_tests(root, python, os.path.join(work, "codegen-tests-before.xml"))
+    git("checkout", "-q", ".")
+    git("clean", "-qfd")
+    git("apply", "-", stdin=diff_text)
+    after = run_codegen_tests(root, python, os.path.join(work, "codegen-tests-after.xml"))
+    cases = sorted(t for t in after if t.startswith("TestGenInplaceOrViewType."))
+    return {"cases": cases, "before": before, "after": after}

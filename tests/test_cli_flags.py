@@ -390,6 +390,33 @@ def p_diff_pr_body(run_cli, tree, tmp_path, monkeypatch, **_):
     assert "Fixes https://github.com/pytorch/pytorch/issues/132014." in body.read_text()
 
 
+def p_diff_instructions(run_cli, tree, tmp_path, monkeypatch, **_):
+    import json
+
+    from torchgen_patch.upstream import pr_body
+
+    monkeypatch.setattr(pr_body, "measure", lambda plan, device: pr_body.Measurement("t", device, [], [], {}))
+    counts = tmp_path / "c.json"
+    counts.write_text(json.dumps({"torch": "t", "number": 10, "calls": [
+        {"name": n, "instructions": i} for n, i in zip(pr_body.CALLGRIND_CALLS, (100, 110, 105, 90), strict=True)]}))
+    body = tmp_path / "pr.md"
+    assert run_cli("diff", "--pytorch-root", tree, "-o", tmp_path / "x.diff", "--pr-body", body)[0] == 0
+    assert "Not measured for this description" in body.read_text()
+    assert run_cli("diff", "--pytorch-root", tree, "-o", tmp_path / "x.diff", "--pr-body", body,
+                   "--instructions", counts)[0] == 0
+    assert "Before (no kernel): 100, After (the generated kernel): 110 (+10, +10.0%)" in body.read_text()
+
+
+def p_diff_issue(run_cli, tree, tmp_path, monkeypatch, **_):
+    from torchgen_patch.upstream import issue
+
+    monkeypatch.setattr(issue, "render", lambda version, devices: f"measured on {sorted(devices)}\n")
+    assert run_cli("diff", "--pytorch-root", tree, "-o", tmp_path / "x.diff")[0] == 0
+    assert not (tmp_path / "i.md").exists()
+    assert run_cli("diff", "--pytorch-root", tree, "-o", tmp_path / "x.diff", "--issue", tmp_path / "i.md")[0] == 0
+    assert (tmp_path / "i.md").read_text() == "measured on ['cpu', 'cuda']\n"
+
+
 def _run(*args):
     """`torchgen-patch run ARGS -- python -c CODE` in a process of its own (the program's output is
     the child's, which run_cli cannot capture)."""
@@ -686,6 +713,7 @@ PROBES = {
     ("status", "--quiet"): p_status_quiet_verbose, ("status", "--verbose"): p_status_quiet_verbose,
     ("diff", "--pytorch-root"): p_diff_root, ("diff", "--mode"): p_diff_mode, ("diff", "--output"): p_diff_output,
     ("diff", "--check"): p_diff_check, ("diff", "--pr-body"): p_diff_pr_body,
+    ("diff", "--instructions"): p_diff_instructions, ("diff", "--issue"): p_diff_issue,
 }
 
 

@@ -42,13 +42,15 @@ def tree(tmp_path_factory):
 
 @pytest.fixture
 def ctx(tmp_path, tree, monkeypatch):
-    from torchgen_patch.cli import commands
+    from torchgen_patch.upstream import issue, pr_body
 
     (tmp_path / "y").mkdir()
     native, _ = subset_yaml(str(tmp_path / "y"), FUNCS)
     (tmp_path / "fl").mkdir()
     (tmp_path / "fl" / "findings-h-1.jsonl").write_text("{}\n")  # a folder of findings (its one line no record)
-    monkeypatch.setattr(commands, "_pr_body", lambda root: "# the description\n")  # measuring is not the point
+    # measuring is not the point
+    monkeypatch.setattr(pr_body, "measured", lambda *a, **k: "# the description\n")
+    monkeypatch.setattr(issue, "measured", lambda *a, **k: "# the issue\n")
     monkeypatch.chdir(tmp_path)
     return {"native": native, "tree": tree, "tmp": tmp_path, "findings": tmp_path / "fl",
             "codegen": os.path.join(tree, "tools", "autograd", "gen_inplace_or_view_type.py")}
@@ -66,6 +68,8 @@ FILE_OUTPUTS = {
     ("diff", "--output"): lambda c, x: (["diff", "--pytorch-root", c["tree"], "-o", x], c["codegen"]),
     ("diff", "--pr-body"): lambda c, x: (["diff", "--pytorch-root", c["tree"], "-o", c["tmp"] / "d.diff",
                                           "--pr-body", x], c["codegen"]),
+    ("diff", "--issue"): lambda c, x: (["diff", "--pytorch-root", c["tree"], "-o", c["tmp"] / "d.diff",
+                                        "--issue", x], c["codegen"]),
     ("findings", "--output"): lambda c, x: (["findings", c["findings"], "-o", x], c["findings"] / "findings-h-1.jsonl"),
 }
 DIR_OUTPUTS = {

@@ -40,7 +40,7 @@ def test_the_real_tree_gives_the_matrix_row_and_the_fix_adds_exactly_the_missing
     t0 = time.monotonic()
     release = release_of(tarball)
     tree = tree_from_tarball(tarball, str(tmp_path / "pytorch"),
-                             ["torchgen", "tools", "aten/src/ATen", "version.txt", ".lintrunner.toml"])
+                             ["torchgen", "tools", "aten/src/ATen", "version.txt", ".lintrunner.toml", "pytest.ini"])
     row = checkout.step_checkout(tree, str(tmp_path), release)
     assert "failed" not in row, row
     matrix = json.load(open(os.path.join(ROOT, "reports", "compat-matrix.json")))["releases"][release]
@@ -55,6 +55,12 @@ def test_the_real_tree_gives_the_matrix_row_and_the_fix_adds_exactly_the_missing
     assert row["requires_grad_checks_removed"] == []
     assert row["requires_grad_checks_added_are_the_lint_ops"] and row["requires_grad_checks_added_ops"] > 0
     assert "tools/autograd/gen_inplace_or_view_type.py" in row["fix_edits"]
+    # the tree's own tools/test/test_codegen.py (its pytest.ini) with the fix's cases: fail unpatched, pass fixed
+    assert "tools/test/test_codegen.py" in row["fix_edits"]
+    cases = row["codegen_tests"]["cases"]
+    assert {t for t, (before, _) in cases.items() if before == "failed"} == {
+        f"TestGenInplaceOrViewType.test_{t}" for t in ("out_with_no_returns", "foreach_inplace", "fused_inplace")}
+    assert checkout.codegen_tests_pass(row["codegen_tests"]) and row["codegen_tests"]["others_before"]["passed"] > 10
     assert time.monotonic() - t0 < 120, "the CI half must stay cheap with the tarball cached"
 
 

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import ROOT, torch_is
 from testbed.upstream_tree import failed_tests, kernels_tu, make_tree, registrations, run_codegen, run_test_file
 from torchgen_patch.upstream import patch as up
+from torchgen_patch.upstream.codegen_test import CODEGEN_TEST
 
 PATCHES = os.path.join(ROOT, "patches")
 
@@ -61,6 +62,9 @@ def test_diff_is_relative_and_git_applies(trees):
     root, _, _, diff_text = trees
     assert diff_text.startswith(f"--- a/{up.TARGET}\n+++ b/{up.TARGET}\n")
     assert root not in diff_text
+    # the files it touches, in order: the codegen, its autograd half, the codegen's own tests (a tree
+    # assembled from a wheel has none: created), the regression test
+    assert re.findall(r"^\+\+\+ b/(\S+)", diff_text, re.M) == [up.TARGET, up.VT_TARGET, CODEGEN_TEST, up.TEST_FILE]
 
 
 def test_second_application_is_refused(trees, run_cli):
@@ -245,7 +249,8 @@ def test_codegen_and_test_pass_ruff_and_mypy(trees, tmp_path, run_cli):
     rc, diff_text, _ = run_cli("diff", "--pytorch-root", guarded, "--mode", "error")
     assert rc == 0 and _apply(guarded, diff_text, check=False).returncode == 0
     # PyTorch's settings: the edited codegen (both modes) and the new test file are clean
-    for root, rel in ((original, up.TARGET), (fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE)):
+    for root, rel in ((original, up.TARGET), (fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE),
+                      (fixed, CODEGEN_TEST), (guarded, CODEGEN_TEST)):
         assert ruff_findings(root, rel) == [], (root, rel)
     for root in (fixed, guarded):  # gen_variable_type.py: the edit adds no finding to what PyTorch's has
         for settings in RUFF_SETTINGS:
@@ -258,13 +263,15 @@ def test_codegen_and_test_pass_ruff_and_mypy(trees, tmp_path, run_cli):
     # (usort, its PYFMT linter) orders them, case-insensitively; the release check runs that adapter
     assert [f for f in ruff_findings(fixed, up.TEST_FILE, "default") if f[0] != "I001"] == []
     for root, rel in ((fixed, up.TARGET), (guarded, up.TARGET), (fixed, up.TEST_FILE), (original, up.TARGET),
-                      (fixed, up.VT_TARGET), (guarded, up.VT_TARGET), (original, up.VT_TARGET)):
+                      (fixed, up.VT_TARGET), (guarded, up.VT_TARGET), (original, up.VT_TARGET),
+                      (fixed, CODEGEN_TEST), (guarded, CODEGEN_TEST)):
         for settings in RUFF_SETTINGS.values():
             r = subprocess.run(_tool("ruff") + ["format", *settings, "--check", rel], cwd=root,
                                capture_output=True, text=True)
             assert r.returncode == 0, (root, rel, settings, r.stdout, r.stderr)
     cache = os.path.join(ROOT, ".cache", "mypy")  # mypy follows torch's imports: minutes cold, seconds warm
-    for root, files in ((fixed, [up.TARGET, up.VT_TARGET, up.TEST_FILE]), (guarded, [up.TARGET, up.VT_TARGET])):
+    for root, files in ((fixed, [up.TARGET, up.VT_TARGET, up.TEST_FILE, CODEGEN_TEST]),
+                        (guarded, [up.TARGET, up.VT_TARGET, CODEGEN_TEST])):
         r = subprocess.run(_tool("mypy") + ["--follow-imports=silent", "--cache-dir", cache, *files], cwd=root,
                            capture_output=True, text=True, timeout=1800)
         assert r.returncode == 0 and r.stdout.startswith("Success: no issues found"), r.stdout[-3000:]
@@ -342,8 +349,10 @@ def test_committed_pr_body_is_current(tmp_path):
     """patches/pr-body-torch2.13.md: `diff --pr-body`, regenerated with `make patches`."""
     root = make_tree(str(tmp_path / "tree"))
     body = tmp_path / "pr.md"
+    counts = os.path.join(ROOT, "reports", "bench-callgrind-cpu-torch2.13.0.json")  # what `make bench` committed
     r = subprocess.run([sys.executable, "-m", "torchgen_patch", "diff", "--pytorch-root", root, "-o",
-                        str(tmp_path / "fix.diff"), "--pr-body", str(body)], env=dict(os.environ, PYTHONPATH=ROOT),
+                        str(tmp_path / "fix.diff"), "--pr-body", str(body), "--instructions", counts],
+                       env=dict(os.environ, PYTHONPATH=ROOT),
                        capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     with open(os.path.join(PATCHES, "pr-body-torch2.13.md")) as fh:

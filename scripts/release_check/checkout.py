@@ -1,6 +1,8 @@
 """The checkout world on the real tree, in a venv without torch (compat_matrix.check_tree): the counts,
 `gen --strict`, `diff --mode fix` applied with git, the tree's own codegen before and after; real lintrunner
-with the tree's .lintrunner.toml plus the VERSIONCOUNTER block for PyTorch's repository, before and after."""
+with the tree's .lintrunner.toml plus the VERSIONCOUNTER block for PyTorch's repository, before and after;
+the tree's own codegen tests (tools/test/test_codegen.py, with pytest from the tree's root) with the cases
+the fix adds, on the unpatched codegen and on the fixed one."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 
 import compat_matrix as cm
 from testbed.notorch_venv import entry_point, make_venv
+from testbed.upstream_tree import codegen_tests_before_after
 
 from .config import REPORTS, ROOT
 
@@ -72,6 +75,26 @@ def fix_files(work: str) -> list[str]:
     return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", open(os.path.join(work, "fix.diff")).read(), re.M)))
 
 
+def codegen_tests(tree: str, work: str) -> dict:
+    """tools/test/test_codegen.py with the fix's cases (work/fix.diff), the codegen unpatched then fixed, with
+    pytest in a venv without torch; the tree is left fixed. Outcomes summed, and each new case's."""
+    python = make_venv(os.path.join(ROOT, ".cache", "notorch-pytest"), ["pytest"])
+    try:
+        r = codegen_tests_before_after(tree, open(os.path.join(work, "fix.diff")).read(), python, work)
+    except RuntimeError as e:
+        raise cm.Failed("tools/test/test_codegen.py", subprocess.CompletedProcess([], 1, "", str(e))) from None
+    old = [t for t in r["before"] if t not in r["cases"]]
+    return {"cases": {t: [r["before"].get(t, "absent"), r["after"][t]] for t in r["cases"]},
+            "others_before": {k: sum(r["before"][t] == k for t in old) for k in ("passed", "failed", "skipped")},
+            "others_after": {k: sum(r["after"].get(t) == k for t in old) for k in ("passed", "failed", "skipped")}}
+
+
+def codegen_tests_pass(t: dict | None) -> bool:
+    """Each case passes with the fix, at least one fails without it, and the file's other tests keep theirs."""
+    return bool(t) and all(after == "passed" for _, after in t["cases"].values()) and \
+        any(before == "failed" for before, _ in t["cases"].values()) and t["others_before"] == t["others_after"]
+
+
 def step_checkout(tree: str, work: str, release: str) -> dict:
     """The checkout world on the tree (compat_matrix.check_tree) with real lintrunner before and after, the
     requires-grad checks of the tree's VariableType before and after, and the comparison with the matrix row."""
@@ -83,6 +106,7 @@ def step_checkout(tree: str, work: str, release: str) -> dict:
         row["lintrunner_before"] = _versioncounter_lint(notorch, tree, work)
         cm.check_tree(tree, notorch, work, row)
         row["lintrunner_after"] = _versioncounter_lint(notorch, tree, work)
+        row["codegen_tests"] = codegen_tests(tree, work)
     except cm.Failed as e:
         row["failed"] = str(e)
     if "upstream_after" in row:

@@ -45,8 +45,10 @@ def _check(todo: list[str], got: Checked, release: str, json_path: str, seed: st
     """The steps of ``todo`` on a tree unpacked for this run (Refused when it cannot be); returns the
     results merged."""
     head = dict(release=release, tarball=os.path.basename(got.tarball), tarball_sha256=got.sha256)
-    python = release_venv(release)
-    head["torch"] = torch_version(python)
+    python = ""
+    if set(todo) != {"checkout"}:  # the checkout step runs without torch: no venv of the release for it alone
+        python = release_venv(release)
+        head["torch"] = torch_version(python)
     data = save(json_path, seed, head)
     work = source.work_dir()
     tree = source.unpack(got, work)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .checkout import lintrunner_expected
+from .checkout import codegen_tests_pass, lintrunner_expected
 from .config import GROUP_ENV, GROUP_RUNS, MIN_RUNS, TEST_GROUPS, VERDICTS
 from .ranks import GLOO_TEARDOWN_DEADLOCK
 
@@ -103,9 +103,16 @@ def defects(data: dict) -> list[str]:
             out.append("checkout: the fix removes requires-grad checks")
         if not c.get("requires_grad_checks_added_are_the_lint_ops"):
             out.append("checkout: the requires-grad checks the fix adds are not exactly the ops `lint --autograd` lists")
+        if not codegen_tests_pass(c.get("codegen_tests")):
+            out.append("checkout: tools/test/test_codegen.py: the fix's cases do not fail unpatched and pass fixed, or "
+                       "another test's outcome changed" if c.get("codegen_tests") else
+                       "checkout: tools/test/test_codegen.py: not run")
     a = data.get("adapters")
     if a is None:
         out.append("adapters: not run")
+    elif c and c.get("fix_edits") and sorted(a["files"]) != sorted(c["fix_edits"]):
+        out.append("adapters: its results are of the files the fix edited before, not of those it edits now: "
+                   "run it again")
     else:
         for code, e in sorted(a["linters"].items()):
             if e.get("findings") or e.get("failures"):

@@ -11,7 +11,7 @@ import sys
 from ..errors import InputError, printable
 from ..files import STDOUT, check_output_dir, check_output_file, write_output
 from ..sources import Options, resolve
-from ..vocabulary import Format, Gap, plural
+from ..vocabulary import Format, plural
 from .parser import options, qualified
 
 
@@ -453,6 +453,13 @@ def diff(args) -> int:
             raise InputError(None, None, "--pr-body goes with --mode fix, without --check")
         check_output_file(args.pr_body, "description", inputs=_run_inputs(args))
         _needs_torch("--pr-body")
+    if args.instructions and not args.pr_body:
+        raise InputError(None, None, "--instructions goes with --pr-body")
+    if args.issue:
+        if args.check:
+            raise InputError(None, None, "--issue goes without --check")
+        check_output_file(args.issue, "issue", inputs=_run_inputs(args))
+        _needs_torch("--issue")
     source = read_text(os.path.join(args.pytorch_root, up.TARGET), "the autograd codegen")
     applied = up.state(source)
     if args.verbose:
@@ -463,24 +470,16 @@ def diff(args) -> int:
         print(f"{up.TARGET}: " + (f"patched (mode {applied})" if applied else "not patched"))
         return 0 if applied else 1
     text = up.tree_diff(args.pytorch_root, source, args.mode)
-    body = _pr_body(args.pytorch_root) if args.pr_body else None
+    from ..upstream import issue, pr_body
+
+    issue_text = issue.measured() if args.issue else None  # first: the description installs the kernels
+    body = pr_body.measured(args.pytorch_root, args.instructions) if args.pr_body else None
     _emit(args, text, "diff")
-    if body is not None:
-        write_output(args.pr_body, body.encode(), "description", inputs=_run_inputs(args))
+    for path, made, what in ((args.pr_body, body, "description"), (args.issue, issue_text, "issue")):
+        if made is not None:
+            write_output(path, made.encode(), what, inputs=_run_inputs(args))
     return 0
 
-
-def _pr_body(root: str) -> str:
-    from .. import pipeline
-    from ..upstream import pr_body
-
-    checkout = pipeline.inputs(Options(pytorch_root=root, no_overlay=True))
-    _, plan = pipeline.plan(Options())
-    from ..errors import require_torch
-
-    devices = ["cpu"] + (["cuda"] if require_torch("--pr-body").cuda.is_available() else [])
-    return pr_body.render(pr_body.missing_by_kind(checkout.scan), checkout.sources.torch_version,
-                          [pr_body.measure(plan, d) for d in devices], len(checkout.scan.with_gap(Gap.OUT)))
 
 COMMANDS = {"scan": scan, "lint": lint, "gen": gen, "build": build, "install": install, "verify": verify,
             "run": run, "diff": diff, "wheel": wheel,

@@ -407,6 +407,11 @@ def _diff_command(sub) -> None:
     _output(d, "FILE write the diff here (default: stdout)")
     d.add_argument("--pr-body", metavar="FILE", help="with --mode fix: also write a pull-request description "
                                                      "(markdown), measured with this machine's torch")
+    d.add_argument("--instructions", metavar="JSON", help="with --pr-body: the per-call instruction counts to "
+                                                          "report (what bench/bench_callgrind.py --json writes)")
+    d.add_argument("--issue", metavar="FILE", help="also write a minimal upstream issue about the fused optimizers "
+                                                   "(markdown): its repro and the versions of what they write, "
+                                                   "measured with this machine's torch")
 
 
 def parser() -> _Parser:

@@ -29,17 +29,13 @@ no ruff or mypy finding (tests/test_upstream_patch.py).
 from __future__ import annotations
 
 import ast
-import difflib
 import os
-from dataclasses import dataclass
 
 from ..errors import InputError
-
-
-def _inject(name: str) -> str:
-    """Code to inject into the upstream codegen, kept as files under upstream/inject/."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject", name), encoding="utf-8") as fh:
-        return fh.read()
+from . import codegen_test
+from .edits import Insertion, apply_edits, new_file_diff
+from .edits import inject as _inject
+from .edits import unified_diff as _unified_diff
 
 
 TARGET = "tools/autograd/gen_inplace_or_view_type.py"
@@ -75,13 +71,6 @@ VT_NAMES = {"is_out_fn", "returns_void", "requires_derivative", "differentiable_
 
 # The `if` test (as ast.unparse prints it) that drops ops with no returns.
 DROP_TEST = "get_view_info(f) is None and (not modifies_arguments(f) or len(f.func.returns) == 0)"
-
-
-@dataclass(frozen=True)
-class Insertion:
-    line: int  # 1-based line before which the text goes
-    text: str
-    replaces: int = 0  # how many lines, from `line` on, the text replaces
 
 
 def _function(tree: ast.Module, name: str, path: str) -> ast.FunctionDef:
@@ -175,13 +164,6 @@ def plan_vt_edits(source: str, mode: str, path: str = VT_TARGET) -> list[Inserti
     return edits
 
 
-def apply_edits(source: str, edits: list[Insertion]) -> str:
-    lines = source.splitlines(keepends=True)
-    for e in sorted(edits, key=lambda e: e.line, reverse=True):
-        lines[e.line - 1:e.line - 1 + e.replaces] = [e.text]
-    return "".join(lines)
-
-
 def state(source: str) -> str | None:
     """'fix' or 'error' when the file carries this patch, else None."""
     if "# torchgen-patch (fix)" in source:
@@ -199,14 +181,7 @@ def patched(source: str, mode: str, path: str = TARGET) -> str:
 
 
 def unified_diff(old: str, new: str, rel: str = TARGET) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{rel}", tofile=f"b/{rel}"))
-
-
-def new_file_diff(text: str, rel: str) -> str:
-    """A diff that creates ``rel`` with ``text`` (what `git apply` and `patch -p1` take)."""
-    lines = text.splitlines(keepends=True)
-    return f"--- /dev/null\n+++ b/{rel}\n@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + line for line in lines)
+    return _unified_diff(old, new, rel)
 
 
 def vt_patched(source: str, mode: str, path: str = VT_TARGET) -> str:
@@ -217,14 +192,15 @@ def vt_patched(source: str, mode: str, path: str = VT_TARGET) -> str:
 
 def tree_diff(root: str, source: str, mode: str) -> str:
     """The whole diff for the checkout at ``root`` whose codegen reads ``source``: the codegen
-    edits (gen_inplace_or_view_type.py, then gen_variable_type.py) and, in mode fix, the
-    regression test it adds."""
+    edits (gen_inplace_or_view_type.py, then gen_variable_type.py), the cases added to the
+    codegen's own tests (tools/test/test_codegen.py) and, in mode fix, the regression test it adds."""
     from ..files import read_text
 
     text = unified_diff(source, patched(source, mode, os.path.join(root, TARGET)))
     vt_path = os.path.join(root, VT_TARGET)
     vt = read_text(vt_path, "the autograd codegen")
     text += unified_diff(vt, vt_patched(vt, mode, vt_path), VT_TARGET)
+    text += codegen_test.diff(root, mode)
     if mode != "fix":
         return text
     test_path = os.path.join(root, TEST_FILE)

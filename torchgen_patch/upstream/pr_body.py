@@ -14,11 +14,17 @@ from dataclasses import dataclass
 
 from ..checks import verify as v
 from ..checks.render import count_text
+from ..errors import InputError
 from ..vocabulary import Backend, Kind, Verdict
+from .codegen_test import CODEGEN_TEST
 from .patch import TARGET, TEST_FILE, VT_TARGET
 
 ISSUE = "https://github.com/pytorch/pytorch/issues/132014"
 EARLIER_PR = "https://github.com/pytorch/pytorch/pull/133044"
+BOXED = "https://github.com/pytorch/pytorch/issues/64407"
+SUBCLASS_FIX = "https://github.com/pytorch/pytorch/issues/191154"
+# The calls bench/bench_callgrind.py measures, by name, and the fields the description reads of each.
+CALLGRIND_CALLS = ("unpatched", "pytorch-shaped", "ours", "generated in-place")
 
 # Calls shown one by one in the table, when the plan has them: the original report's op and
 # one of each family.
@@ -92,9 +98,10 @@ def _table(m: Measurement) -> list[str]:
 
 
 def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: list[Measurement],
-           unchecked: int = 0) -> str:
+           unchecked: int = 0, instructions: dict | None = None) -> str:
     """The markdown body. ``missing_kinds``: kernels the patched codegen adds, by kind; ``unchecked``:
-    out= operators whose VariableType kernels gain the requires-grad refusal."""
+    out= operators whose VariableType kernels gain the requires-grad refusal; ``instructions``: the
+    per-call instruction counts (bench/bench_callgrind.py's json)."""
     total = sum(missing_kinds.values())
     kinds = ", ".join(f"{n} {KIND_WORDS.get(k, k)}" for k, n in sorted(missing_kinds.items(), key=lambda kv: -kv[1]))
     out = _problem() + _change(total, checkout_version, kinds, unchecked) + [
@@ -106,7 +113,79 @@ def render(missing_kinds: dict[Kind, int], checkout_version: str, measurements: 
     ]
     for m in measurements:
         out += _table(m) + [""]
+    out += _instructions(instructions) + _subclasses()
     return "\n".join(out + _testing(total, unchecked))
+
+
+def instructions_ok(data) -> str:
+    """'' when ``data`` is instruction counts the description can read, else what is wrong."""
+    if not isinstance(data, dict) or not isinstance(data.get("torch"), str):
+        return "no `torch` version"
+    if "not_run" in data:
+        return "" if isinstance(data["not_run"], str) else "`not_run` is not a reason"
+    calls = data.get("calls")
+    if not isinstance(calls, list) or not isinstance(data.get("number"), int):
+        return "no `calls` list or no `number`"
+    names = [c.get("name") for c in calls if isinstance(c, dict) and isinstance(c.get("instructions"), int)]
+    missing = [n for n in CALLGRIND_CALLS if n not in names]
+    return f"no instruction count for {', '.join(missing)}" if missing else ""
+
+
+def load_instructions(path: str) -> dict:
+    """``--instructions``: the json, checked for what the description reads (InputError when it is not)."""
+    import json
+
+    from ..files import read_text
+
+    try:
+        data = json.loads(read_text(path, "the instruction counts"))
+    except ValueError as e:
+        raise InputError(path, None, f"not JSON: {e}") from None
+    why = instructions_ok(data)
+    if why:
+        raise InputError(path, None, f"not instruction counts: {why}", "give what bench/bench_callgrind.py "
+                         "--json writes")
+    return data
+
+
+def _instructions(data: dict | None) -> list[str]:
+    """The per-call cost in instructions, in the form the boxed-kernel issue used."""
+    out = ["## Per-call cost in instructions", ""]
+    if data is None:
+        return out + ["Not measured for this description (`diff --pr-body` without `--instructions`).", ""]
+    if "not_run" in data:
+        return out + [f"Not run: {data['not_run']}.", ""]
+    c = {x["name"]: x["instructions"] for x in data["calls"]}
+    before, after = c["unpatched"], c["pytorch-shaped"]
+    return out + [
+        f"Callgrind through `torch.utils.benchmark.Timer.collect_callgrind` (`denoise=True`), torch {data['torch']}, "
+        f"CPU, one thread; instruction count per call, mean over {data['number']} calls in one valgrind run, as "
+        f"in {BOXED}:", "",
+        "`torch._foreach_add_(ts, 1.0)`, `ts` one tensor of one element (an operator that mutates and returns "
+        "nothing)",
+        f"Before (no kernel): {before:,}, After (the generated kernel): {after:,} "
+        f"({after - before:+,}, {100 * (after - before) / before:+.1f}%)", "",
+        f"`t.add_(1.0)` on the same tensor, whose `ADInplaceOrView` kernel PyTorch generates today: "
+        f"{c['generated in-place']:,}", "",
+        "The generated kernel is the one this change's codegen emits, cut out of its output and compiled on its own "
+        "against the released torch; the same rule installed at run time by this tool costs "
+        f"{c['ours']:,}.", ""]
+
+
+def _subclasses() -> list[str]:
+    """How the kernels compose with a bump after Python dispatch for tensor subclasses."""
+    return [
+        "## With a subclass fix that bumps after Python dispatch", "",
+        f"A fix of {SUBCLASS_FIX}'s kind bumps the version counters of a tensor subclass's written arguments after "
+        "`__torch_dispatch__` returns. `ADInplaceOrView` sits above the `Python` key: the kernel reads the "
+        "wrapper's versions, redispatches (the subclass's `__torch_dispatch__` runs and calls the operator on its "
+        "inner tensors, and the subclass fix bumps the wrapper), and bumps only the wrapper tensors whose version "
+        "did not move. With both changes, "
+        "every written wrapper advances exactly once per call (with either alone, too), and the tensors inside "
+        "it exactly as under the in-place kernels PyTorch generates today (`add_` on the same wrapper): not at "
+        "all, since the subclass's `__torch_dispatch__` runs below `ADInplaceOrView`; never twice. Tested for "
+        "`DTensor` and for a plain wrapper subclass, with the subclass fix emulated by a `TorchDispatchMode` that "
+        "bumps after dispatch.", ""]
 
 
 def _problem() -> list[str]:
@@ -162,7 +241,7 @@ def _change(total: int, checkout_version: str, kinds: str, unchecked: int) -> li
         "`split_with_sizes_copy.out` under `no_grad`). The in-place operators that return nothing and skip "
         "`check_inplace` (`_fused_*_`, `_amp_foreach_non_finite_check_and_unscale_`) are left as they are.",
         "",
-        f"It also adds `{TEST_FILE}`.",
+        f"It also adds `{TEST_FILE}`, and cases to `{CODEGEN_TEST}`.",
         "",
         "## Exactly one bump per call",
         "",
@@ -196,14 +275,37 @@ def _testing(total: int, unchecked: int) -> list[str]:
         "`no_grad` they work as before.",
         "- The test fails on the released torch (listing the operators without a kernel) and passes with the "
         "kernels installed: the checks of this tool's own CI on CPU, and on CUDA where a GPU was at hand.",
+        f"- `{CODEGEN_TEST}` (`TestGenInplaceOrViewType`, new): a `NativeFunction` built from the schema of a "
+        "zero-returns `out=` operator (`split_with_sizes_copy.out`, `Tensor(a!)[] out) -> ()`), of "
+        "`_foreach_add_.List` and of `_fused_adam_`; each gets a definition and a registration, reads the version "
+        "of every written argument before the redispatch and bumps it after, and touches no argument it only "
+        "reads; a functional operator still gets none. The cases fail on the codegen before this change and pass "
+        "with it (`pytest tools/test/test_codegen.py`, on PyTorch's source tree of a release and on the codegen "
+        "of the newest one).",
         "- The patched codegen's output differs from the unpatched one only in `ADInplaceOrViewType_*.cpp`, which "
         f"gain exactly the {total} kernels, and in `VariableType_*.cpp`, whose kernels of exactly the {unchecked} "
         "`out=` operators gain the two checks (nothing else in them changes).",
-        f"- `ruff check`, `ruff format --check` and `mypy` on `{TARGET}`, `{VT_TARGET}` (no new finding) and "
-        f"`{TEST_FILE}`.",
+        f"- `ruff check`, `ruff format --check` and `mypy` on `{TARGET}`, `{VT_TARGET}`, `{CODEGEN_TEST}` (no new "
+        f"finding) and `{TEST_FILE}`.",
         "",
     ]
 
 
 def missing_by_kind(scan) -> dict[Kind, int]:
     return dict(Counter(r.kind for r in scan.by_verdict(Verdict.MISSING)))
+
+
+def measured(root: str, instructions_path: str | None = None) -> str:
+    """``diff --pr-body``: the description for the checkout at ``root``, measured on this machine's torch
+    (CPU, and CUDA where there is one); the instruction counts read from ``instructions_path``."""
+    from .. import pipeline
+    from ..errors import require_torch
+    from ..sources import Options
+    from ..vocabulary import Gap
+
+    instructions = load_instructions(instructions_path) if instructions_path else None
+    checkout = pipeline.inputs(Options(pytorch_root=root, no_overlay=True))
+    _, plan = pipeline.plan(Options())
+    devices = ["cpu"] + (["cuda"] if require_torch("--pr-body").cuda.is_available() else [])
+    return render(missing_by_kind(checkout.scan), checkout.sources.torch_version,
+                  [measure(plan, d) for d in devices], len(checkout.scan.with_gap(Gap.OUT)), instructions)
