@@ -9,7 +9,7 @@ OUT    ?= build/generated
 # checkout is that folder on purpose, so that one third-party warning is filtered by its text
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs source-build
+.PHONY: setup run test check test-fast durations bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs source-build
 
 # Two steps: what the main job needs (requirements-run.txt), then the test and lint tools on top.
 setup: $(STAMP)
@@ -54,11 +54,22 @@ run: export TORCHGEN_PATCH_EXTRA_CFLAGS := -Werror
 docs: setup
 	$(BIN)/python scripts/cli_reference.py
 
+# The whole suite, as CI runs it (.ci/run): its 25 slowest items in the log, every item's time in
+# build/pytest-junit.xml (`make durations` turns it into tests/durations.json).
 test: setup
-	$(BIN)/python -m pytest -q -ra
+	@mkdir -p build
+	$(BIN)/python -m pytest -q -ra --durations=25 --junitxml=build/pytest-junit.xml
 
-test-fast: setup
-	$(BIN)/python -m pytest -q -ra -m "not build"
+# The short tier: every item but those that compile, make a virtual environment or took over 5 s in
+# tests/durations.json, the self-check kept (marks set by tests/tiers.py); `make test` runs them all.
+check: setup
+	$(BIN)/python -m pytest -q -ra -m "not build and not venv and (not slow or core)" --durations=10
+
+test-fast: check
+
+# tests/durations.json from the last `make test` (the `slow` mark of `make check` is read from it).
+durations:
+	$(BIN)/python scripts/test_durations.py build/pytest-junit.xml --note "$(NOTE)"
 
 bench: setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

@@ -89,6 +89,17 @@ def deepspeed_ops():
     return build_deepspeed_ops(DEEPSPEED_OPS)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Each item's marks from what it uses and how long it took (tests/tiers.py): `make check` leaves
+    out the build, venv and slow ones by them."""
+    from tests.tiers import load_durations, marks_for
+
+    durations = load_durations()
+    for item in items:
+        for name in marks_for(item, durations):
+            item.add_marker(name)
+
+
 def pytest_collection_finish(session):
     """DeepSpeed's ops start building as soon as the session knows that a test of it needs them
     (deepspeed_ops), so that they compile beside the tests that run first (a serial test run leaves
