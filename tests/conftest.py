@@ -90,13 +90,14 @@ def deepspeed_ops():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each item's marks from what it uses and how long it took (tests/tiers.py): `make check` leaves
-    out the build, venv and slow ones by them."""
-    from tests.tiers import load_durations, marks_for
+    """Each item's marks from what it uses, how long it took and whether it is a sampled case
+    (tests/tiers.py): `make check` leaves out the build, venv, sampled and slow ones by them."""
+    from tests.tiers import load_durations, marks_for, sampled
 
     durations = load_durations()
+    left = sampled(item.nodeid for item in items)
     for item in items:
-        for name in marks_for(item, durations):
+        for name in marks_for(item, durations) + (["sampled"] if item.nodeid in left else []):
             item.add_marker(name)
 
 

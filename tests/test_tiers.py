@@ -121,6 +121,16 @@ def test_make_run_installs_the_run_requirements_only_and_make_test_the_rest():
 def test_make_check_leaves_out_by_the_marks_and_make_test_runs_everything_with_its_slowest():
     make = open(f"{ROOT}/Makefile", encoding="utf-8").read()
     _, check = _recipe(make, "check")
-    assert check == ['$(BIN)/python -m pytest -q -ra -m "not build and not venv and (not slow or core)" --durations=10']
+    marks = "not build and not venv and not sampled and (not slow or core)"
+    assert check == [f'$(BIN)/python -m pytest -q -ra -m "{marks}" --durations=10']
     _, test = _recipe(make, "test")
     assert test[-1] == "$(BIN)/python -m pytest -q -ra --durations=25 --junitxml=build/pytest-junit.xml"
+
+
+def test_of_a_sampled_family_the_short_tier_runs_one_case_in_n_and_those_it_always_runs():
+    family = "tests/test_cli_flags.py::test_flag_is_honoured"
+    ids = [f"{family}[{c}-{f}]" for c in ("run", "lint", "verify") for f in ("--a", "--b", "--c", "--d")]
+    ids += ["tests/test_cli_flags.py::test_other[run---a]", "tests/test_x.py::test_y"]
+    # counted across the family, lint's (always run) left out of the count
+    assert tiers.sampled(ids) == {f"{family}[run---b]", f"{family}[run---c]", f"{family}[verify---a]",
+                                  f"{family}[verify---b]", f"{family}[verify---d]"}

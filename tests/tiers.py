@@ -6,12 +6,14 @@ what costs time and say what it left out:
 - ``venv``: makes a virtual environment (and installs a wheel into it);
 - ``program``: starts another process (a Python program, the CLI as a user runs it, a compiler);
 - ``slow``: took more than SLOW_S seconds, setup included, in the measurement committed in
-  tests/durations.json (``make durations`` rewrites it from the log of a whole run).
+  tests/durations.json (``make durations`` rewrites it from the log of a whole run);
+- ``core``: what the short tier runs whatever it takes (the package's self-check: ruff and mypy);
+- ``sampled``: a case of a large family of like cases of which the short tier runs one in N
+  (SAMPLES: the hostile yaml, bitsandbytes' optimizers, the flags of commands other than scan, lint
+  and gen).
 
-- ``core``: what the short tier runs whatever it takes (the package's self-check: ruff and mypy).
-
-``make check`` leaves out ``build``, ``venv`` and ``slow`` items but ``core`` ones; ``make test`` runs
-them all."""
+``make check`` leaves out ``build``, ``venv``, ``sampled`` and ``slow`` items but ``core`` ones;
+``make test`` runs them all."""
 
 from __future__ import annotations
 
@@ -25,6 +27,14 @@ SLOW_S = 5.0
 DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
 
 CORE_FILES = frozenset({"tests/test_selfcheck.py"})
+# test function -> (one case in how many the short tier runs, cases it always runs)
+SAMPLES = {
+    "tests/test_adversarial_yaml.py::test_hostile_input_is_bounded_and_clean": (4, None),
+    "tests/test_optim.py::test_a_shipped_bitsandbytes_entry_makes_a_step_before_backward_raise_and_changes_no_result":
+        (8, None),
+    "tests/test_cli_flags.py::test_flag_is_honoured": (3, re.compile(r"\[(scan|lint|gen)-")),
+    "tests/test_cli_flags.py::test_input_flag_reaches_the_pipeline": (3, re.compile(r"\[(scan|lint|gen)-")),
+}
 # fixtures (and what they need) that compile something
 # (item.fixturenames holds every fixture an item needs, those its fixtures need too)
 BUILD_FIXTURES = frozenset({"library", "deepspeed_ops", "native_module", "native_hooks", "fused_ops", "wheel_run"})
@@ -72,3 +82,21 @@ def marks_for(item, durations: dict[str, float]) -> list[str]:
     if item.nodeid.split("::")[0] in CORE_FILES:
         marks.append("core")
     return marks
+
+
+def sampled(node_ids) -> set[str]:
+    """The ids (in collection order) of the cases SAMPLES leaves to the whole run: of each family's
+    cases not always run, all but the first of every N."""
+    seen: dict[str, int] = {}
+    out = set()
+    for node_id in node_ids:
+        family = node_id.split("[", 1)[0]
+        if family not in SAMPLES:
+            continue
+        n, always = SAMPLES[family]
+        if always is not None and always.search(node_id):
+            continue
+        if seen.get(family, 0) % n:
+            out.add(node_id)
+        seen[family] = seen.get(family, 0) + 1
+    return out
