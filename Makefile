@@ -60,11 +60,11 @@ test: setup
 	@mkdir -p build
 	$(BIN)/python -m pytest -q -ra --durations=25 --junitxml=build/pytest-junit.xml
 
-# The short tier: every item but those that compile, make a virtual environment or took over 5 s in
+# The short tier: every item but those that compile, make a virtual environment or took over 2 s in
 # tests/durations.json (the self-check kept), and one case in N of a few large families of like cases
 # (marks set by tests/tiers.py); `make test` runs them all.
 check: setup
-	$(BIN)/python -m pytest -q -ra -m "not build and not venv and not sampled and (not slow or core)" --durations=10
+	$(BIN)/python -m pytest -q -ra -m "not build and not venv and not sampled and (not long or core)" --durations=10
 
 test-fast: check
 

@@ -42,12 +42,13 @@ def _starts_python():
     ({"fixtures": ["user_venv"]}, ["venv"]),
     ({"function": _starts_python}, ["program"]),
     ({"function": _in_process}, []),
-    ({"nodeid": "tests/test_x.py::test_slow"}, ["slow"]),
-    ({"nodeid": "tests/test_x.py::test_five"}, []),  # over 5 s, not 5 s itself
-    ({"nodeid": "tests/test_selfcheck.py::test_mypy_finds_nothing"}, ["slow", "core"]),
+    ({"nodeid": "tests/test_x.py::test_slow"}, ["long", "slow"]),
+    ({"nodeid": "tests/test_x.py::test_five"}, ["long"]),  # over 5 s, not 5 s itself
+    ({"nodeid": "tests/test_x.py::test_two"}, []),  # over 2 s, not 2 s itself
+    ({"nodeid": "tests/test_selfcheck.py::test_mypy_finds_nothing"}, ["long", "slow", "core"]),
 ])
 def test_an_items_marks_come_from_what_it_uses_and_how_long_it_took(kw, want):
-    durations = {"tests/test_x.py::test_slow": 5.2, "tests/test_x.py::test_five": 5.0,
+    durations = {"tests/test_x.py::test_slow": 5.2, "tests/test_x.py::test_five": 5.0, "tests/test_x.py::test_two": 2.0,
                  "tests/test_selfcheck.py::test_mypy_finds_nothing": 28.0}
     assert tiers.marks_for(_item(**kw), durations) == want
 
@@ -119,9 +120,10 @@ def test_make_run_installs_the_run_requirements_only_and_make_test_the_rest():
 
 
 def test_make_check_leaves_out_by_the_marks_and_make_test_runs_everything_with_its_slowest():
+    """`make check`'s items each took at most 2 s (LONG_S), but the self-check; `make test` runs all."""
     make = open(f"{ROOT}/Makefile", encoding="utf-8").read()
     _, check = _recipe(make, "check")
-    marks = "not build and not venv and not sampled and (not slow or core)"
+    marks = "not build and not venv and not sampled and (not long or core)"
     assert check == [f'$(BIN)/python -m pytest -q -ra -m "{marks}" --durations=10']
     _, test = _recipe(make, "test")
     assert test[-1] == "$(BIN)/python -m pytest -q -ra --durations=25 --junitxml=build/pytest-junit.xml"

@@ -5,14 +5,15 @@ what costs time and say what it left out:
   extension): it asks for a fixture that builds, or carries the mark itself;
 - ``venv``: makes a virtual environment (and installs a wheel into it);
 - ``program``: starts another process (a Python program, the CLI as a user runs it, a compiler);
-- ``slow``: took more than SLOW_S seconds, setup included, in the measurement committed in
-  tests/durations.json (``make durations`` rewrites it from the log of a whole run);
+- ``slow``: took more than SLOW_S (5) seconds, setup included, in the measurement committed in
+  tests/durations.json (``make durations`` rewrites it from the log of a whole run); ``long``: more
+  than LONG_S (2), which the short tier leaves out to stay under 3 minutes on 2 cores;
 - ``core``: what the short tier runs whatever it takes (the package's self-check: ruff and mypy);
 - ``sampled``: a case of a large family of like cases of which the short tier runs one in N
   (SAMPLES: the hostile yaml, bitsandbytes' optimizers, the flags of commands other than scan, lint
   and gen).
 
-``make check`` leaves out ``build``, ``venv``, ``sampled`` and ``slow`` items but ``core`` ones;
+``make check`` leaves out ``build``, ``venv``, ``sampled`` and ``long`` items but ``core`` ones;
 ``make test`` runs them all."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import re
 
 SLOW_S = 5.0
+LONG_S = 2.0
 DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
 
 CORE_FILES = frozenset({"tests/test_selfcheck.py"})
@@ -77,8 +79,9 @@ def marks_for(item, durations: dict[str, float]) -> list[str]:
         marks.append("venv")
     if _STARTS_A_PROCESS.search(_source(getattr(item, "function", None))):
         marks.append("program")
-    if durations.get(item.nodeid, 0.0) > SLOW_S:
-        marks.append("slow")
+    took = durations.get(item.nodeid, 0.0)
+    marks += ["long"] if took > LONG_S else []
+    marks += ["slow"] if took > SLOW_S else []
     if item.nodeid.split("::")[0] in CORE_FILES:
         marks.append("core")
     return marks
