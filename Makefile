@@ -2,28 +2,34 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+RUN_STAMP := $(VENV)/.torchgen-patch-run
 STAMP  := $(VENV)/.torchgen-patch-installed
 OUT    ?= build/generated
 # setuptools warns at every editable install that a folder named like the package may shadow it; this
 # checkout is that folder on purpose, so that one third-party warning is filtered by its text
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup run test test-fast bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs source-build
+.PHONY: setup run test check test-fast durations bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs source-build
 
+# Two steps: what the main job needs (requirements-run.txt), then the test and lint tools on top.
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(RUN_STAMP): pyproject.toml requirements-run.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-run.txt
 	$(EDITABLE) $(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+$(STAMP): $(RUN_STAMP) requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	touch $@
 
 # The main job on the embedded default (the installed torch's own native_functions.yaml):
 # find the ops, generate their kernels, build them and check every op before/after.
 # Each step prints one summary line on stdout (progress and notes go to stderr, so
 # `make run > log` keeps the summary); the full reports land in build/.
-run: setup
+run: $(RUN_STAMP)
 	@mkdir -p build
 	@$(BIN)/torchgen-patch lint --requires-grad --against-runtime -o build/lint.txt || [ $$? -eq 1 ]
 	@$(BIN)/torchgen-patch gen --strict -o $(OUT) --output-dependencies $(OUT).cmake
@@ -38,15 +44,33 @@ run: setup
 	@echo "  maintain PyTorch/fork:  torchgen-patch lint --pytorch-root ~/pytorch --requires-grad   (docs/checkout-and-ci.md)"
 	@echo "  write an extension:     torchgen-patch lint --runtime --import YOURLIB --namespace YOURLIB   (docs/guide.md)"
 
+# The checkout's own builds: `make run` and the tests (tests/conftest.py) share one kernel cache, the
+# checkout's, so the tests reuse what `make run` compiled; every warning is an error in both (a user's
+# install never adds -Werror).
+run: export TORCHGEN_PATCH_CACHE := $(CURDIR)/.cache/torchgen-patch
+run: export TORCHGEN_PATCH_EXTRA_CFLAGS := -Werror
+
 # docs/cli.md, generated from the parser (tests/test_docs.py checks it is current).
 docs: setup
 	$(BIN)/python scripts/cli_reference.py
 
+# The whole suite, as CI runs it (.ci/run): its 25 slowest items in the log, every item's time in
+# build/pytest-junit.xml (`make durations` turns it into tests/durations.json).
 test: setup
-	$(BIN)/python -m pytest -q -ra
+	@mkdir -p build
+	$(BIN)/python -m pytest -q -ra --durations=25 --junitxml=build/pytest-junit.xml
 
-test-fast: setup
-	$(BIN)/python -m pytest -q -ra -m "not build"
+# The short tier: every item but those that compile, make a virtual environment or took over 2 s in
+# tests/durations.json (the self-check kept), and one case in N of a few large families of like cases
+# (marks set by tests/tiers.py); `make test` runs them all.
+check: setup
+	$(BIN)/python -m pytest -q -ra -m "not build and not venv and not sampled and (not long or core)" --durations=10
+
+test-fast: check
+
+# tests/durations.json from the last `make test` (the `slow` mark of `make check` is read from it).
+durations:
+	$(BIN)/python scripts/test_durations.py build/pytest-junit.xml --note "$(NOTE)"
 
 # Every benchmark; the per-call instruction counts (callgrind) need valgrind on PATH (else "not run").
 bench: setup

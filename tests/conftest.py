@@ -89,6 +89,18 @@ def deepspeed_ops():
     return build_deepspeed_ops(DEEPSPEED_OPS)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Each item's marks from what it uses, how long it took and whether it is a sampled case
+    (tests/tiers.py): `make check` leaves out the build, venv, sampled and slow ones by them."""
+    from tests.tiers import load_durations, marks_for, sampled
+
+    durations = load_durations()
+    left = sampled(item.nodeid for item in items)
+    for item in items:
+        for name in marks_for(item, durations) + (["sampled"] if item.nodeid in left else []):
+            item.add_marker(name)
+
+
 def pytest_collection_finish(session):
     """DeepSpeed's ops start building as soon as the session knows that a test of it needs them
     (deepspeed_ops), so that they compile beside the tests that run first (a serial test run leaves

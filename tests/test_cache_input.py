@@ -16,6 +16,7 @@ import pytest
 
 import torchgen_patch
 from tests.conftest import ROOT
+from tests.yaml_fixtures import GOLDEN_FUNCS, subset_yaml
 from torchgen_patch import cache
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
@@ -29,16 +30,29 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another acco
 INJECTED = 'int64_t dim) { std::system("touch PWNED"); } static void unused(int64_t'
 
 
+# What the cache reader does with an entry holds for an entry of any yaml: the tests scan a small one
+# (the goldens' ops and the _foreach_add_.List one test edits), not the installed torch's 3,101 functions.
+FUNCS = [*GOLDEN_FUNCS, "_foreach_add_.List"]
+
+
 def _cli(*argv, cache_dir, cwd=ROOT, env=None):
+    """The CLI in a process of its own; gen and lint read the small yaml that ``warm`` put beside
+    ``cache_dir`` (in yaml/), where there is one."""
     e = dict(os.environ, PYTHONPATH=ROOT, TORCHGEN_PATCH_CACHE=str(cache_dir), **(env or {}))
+    small = os.path.join(os.path.dirname(str(cache_dir)), "yaml")
+    if argv[0] in ("gen", "lint") and os.path.isdir(small):
+        argv = (argv[0], "--native-functions", os.path.join(small, "native_functions.yaml"),
+                "--tags", os.path.join(small, "tags.yaml"), *argv[1:])
     return subprocess.run([sys.executable, "-m", "torchgen_patch", *map(str, argv)], capture_output=True,
                           text=True, env=e, cwd=cwd)
 
 
 @pytest.fixture
 def warm(tmp_path):
-    """A private cache with the default scan and overlay in it, and the gen output from it."""
+    """A private cache with the scan and overlay of a small yaml in it, and the gen output from it."""
     c = tmp_path / "cache"
+    os.mkdir(tmp_path / "yaml")
+    subset_yaml(str(tmp_path / "yaml"), FUNCS)
     r = _cli("gen", "-o", tmp_path / "clean", cache_dir=c)
     assert r.returncode == 0, r.stderr
     [entry] = glob.glob(str(c / "scan-*.json"))
