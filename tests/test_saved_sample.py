@@ -369,22 +369,10 @@ def test_install_sampled_at_the_default_finds_a_recurring_write_within_300_steps
     assert "of 300 draws hit)" in lines[-1] and " 0 changed" not in lines[-1], lines[-1]
 
 
-class _Scale(torch.autograd.Function):
-    """Keeps its weight as a ctx attribute, not through save_for_backward."""
-
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.w = w
-        return x * w
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * ctx.w, None
-
-
 def test_a_step_not_drawn_wraps_no_custom_function_and_a_drawn_one_finds_a_ctx_attribute_written():
     """The ctx attributes of custom Functions are kept on the drawn steps only: on the others torch's own
     Function.apply runs, unwrapped."""
+    from tests.test_saved import _Scale  # a custom Function keeping its weight on ctx
     from torchgen_patch.saved import ctxattr
 
     drawn = (False, False, True, False, True)
