@@ -23,6 +23,11 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from testbed import ranks as ranks_  # noqa: E402
+
 MODES = ("foreach", "fused")
 STEPS = 5
 
@@ -109,17 +114,12 @@ def launch(device: str, patched: bool, tmp: str, timeout: int, check: str = "") 
     return runs
 
 
-# What a rank prints when a C++ thread object is destroyed unjoined: torch's gloo teardown does that now and
-# then on CPU, unpatched and patched alike, once training is over (torchrun then ends the other rank: SIGTERM)
-ABORT_AT_EXIT = "terminate called without an active exception"
-
-
 def aborted_at_exit(stderr: str, outputs: list[str]) -> bool:
     """Every rank wrote its results (after training, before the process group's teardown), and the ranks
     that failed were ended by SIGABRT with the unjoined-thread message, or by torchrun's SIGTERM after
     another did: the training ran whole; its teardown crashed."""
     codes = re.findall(r"exitcode\s*:\s*(-?\d+)", stderr)
-    return (all(os.path.isfile(o) for o in outputs) and ABORT_AT_EXIT in stderr and "-6" in codes
+    return (all(os.path.isfile(o) for o in outputs) and ranks_.ABORT_AT_EXIT in stderr and "-6" in codes
             and set(codes) <= {"-6", "-15"})
 
 

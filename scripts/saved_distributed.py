@@ -24,6 +24,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from testbed import ranks as ranks_  # noqa: E402
+
 WRAPS = ("ddp", "fsdp2")
 CASES = ("off", "on", "step between")
 
@@ -118,9 +123,9 @@ def rank_main(out: str, steps: int) -> None:
     else:
         torch.set_num_threads(1)  # two ranks on one machine: one thread each
     results = {wrap: {case: _run(torch, wrap, case, device, steps) for case in CASES} for wrap in WRAPS}
-    dist.destroy_process_group()
-    with open(out, "w") as f:
+    with open(out, "w") as f:  # before the teardown: written, the rank ran whole (testbed/ranks.py)
         json.dump({"rank": rank, "results": results}, f)
+    dist.destroy_process_group()
 
 
 def _port() -> int:
@@ -142,7 +147,7 @@ def launch(backend: str, steps: int, timeout: int = 900) -> list[dict]:
         outs = []
         for out, p in procs:
             _, err = p.communicate(timeout=timeout)
-            if p.returncode:
+            if not ranks_.ran_whole(p.returncode, out, err):
                 raise SystemExit(f"error: a rank failed (exit {p.returncode}):\n{err[-3000:]}")
             with open(out) as f:
                 outs.append(json.load(f))

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from testbed.ranks import ran_whole
 from tests.conftest import ROOT
 
 
@@ -78,9 +79,6 @@ with open(out, "w") as f:
 dist.destroy_process_group()
 """.replace("ROOT", repr(ROOT))
 
-# what a rank may print when gloo's teardown destroys a thread unjoined, once its results are written
-ABORT_AT_EXIT = "terminate called without an active exception"
-
 
 def _two_ranks(script: str, args: list[str], tmp_path) -> list[dict]:
     import socket
@@ -98,7 +96,7 @@ def _two_ranks(script: str, args: list[str], tmp_path) -> list[dict]:
     ranks = []
     for out, p in procs:
         _, err = p.communicate(timeout=600)
-        assert p.returncode == 0 or (out.exists() and ABORT_AT_EXIT in err), err[-3000:]
+        assert ran_whole(p.returncode, str(out), err), err[-3000:]
         ranks.append(json.loads(out.read_text()))
     return ranks
 
@@ -126,3 +124,13 @@ def test_fsdp2_resharded_an_adamw_step_between_forward_and_backward_is_named_wit
                 assert f["optimizer"] == "torch.optim.adamw.AdamW" and f["writers"] == ["optimizer"], f
                 assert f["optimizer_step"] == {"file": "<string>", "line": line, "function": "<module>"}, f
                 assert f["rank"] == r["rank"] and f"at <string>:{line} (<module>) after the backward" in f["fix"]
+
+
+def test_a_rank_ran_whole_only_with_its_results_and_the_teardown_line(tmp_path):
+    results = tmp_path / "rank0.json"
+    line = "...\nterminate called without an active exception\n"
+    assert ran_whole(0, str(results), "") and not ran_whole(1, str(results), line)
+    assert not ran_whole(-6, str(results), line)  # no results: it died before its last act
+    results.write_text("{}")
+    assert ran_whole(-6, str(results), line)
+    assert not ran_whole(-6, str(results), "Segmentation fault") and not ran_whole(-11, str(results), line)
