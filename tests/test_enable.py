@@ -19,6 +19,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.build
 PROBE = "import torch, torchgen_patch; print('active', len(torchgen_patch.installed_ops()))"
+BACKWARD = "; torch.ones(1, requires_grad=True).exp().sum().backward()"  # the sampled check starts at its end
 LINE = re.compile(r"^torchgen-patch: (\d+) kernels active \(cpp\), 0 refused, from the cached build; \d+ optimizer entries active, in pid \d+ "
                   r"\(python -c, enabled\)$", re.M)
 
@@ -86,14 +87,16 @@ def test_every_process_of_an_enabled_environment_is_patched_whatever_starts_it(e
                                                      "that imports torch gets the kernels (cpp: "), r.stderr
     assert "`pip uninstall torchgen-patch` undoes it" in r.stdout
     launcher = tmp_path / "launch.sh"  # a launcher of its own: a clean environment, then python -E
-    launcher.write_text(f"#!/bin/sh\nexec env -i {env.python} -E -c \"{PROBE}\"\n")
+    launcher.write_text(f"#!/bin/sh\nexec env -i {env.python} -E -c \"{PROBE}{BACKWARD}\"\n")
     launcher.chmod(0o755)
-    for r in (env.run("-I", "-c", PROBE), subprocess.run([str(launcher)], capture_output=True, text=True)):
+    for r in (env.run("-I", "-c", PROBE + BACKWARD), subprocess.run([str(launcher)], capture_output=True, text=True)):
         assert r.returncode == 0 and r.stdout == f"active {LINE.search(r.stderr).group(1)}\n", r.stderr
         assert int(r.stdout.split()[1]) > 100 and len(r.stderr.splitlines()) == 2, r.stderr
         # the check, on by default, sampled, on the native hooks enable made (nothing compiled in the process)
         assert re.search(r"^torchgen-patch: saved-tensor check on \(warn, 1 step in 32\) in pid \d+ \(python -c\): "
                          r"native hooks", r.stderr, re.M), r.stderr
+    r = env.run("-I", "-c", PROBE)  # no backward pass: the check never starts, and says nothing
+    assert r.returncode == 0 and len(r.stderr.splitlines()) == 1 and "kernels active" in r.stderr, r.stderr
     r = env.tool("run", "--", env.python, "-c", PROBE)  # run's own hook and the environment's: one install
     assert r.returncode == 0 and len(re.findall("kernels active", r.stderr)) == 1 and "enabled" not in r.stderr
     assert env.tool("enable", "-q").returncode == 0

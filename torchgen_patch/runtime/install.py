@@ -10,10 +10,9 @@ library, the default: ``runtime.library`` builds it, ``load.register`` registers
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
-from ..errors import InputError, descriptors_said, say
+from ..errors import InputError, descriptors_said
 from ..sources import Options
 from ..vocabulary import Backend, CheckMode
 from .load import (REGISTRY, Candidate, InstallReport, check,  # noqa: F401 (re-exported: the package's API)
@@ -92,20 +91,20 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
 
 def _start_check(saved, mode, every: int, how: InstallOptions):
     """The saved-tensor check on for the rest of the process; its mode. A sampled check (``every`` > 1, as
-    run and enable turn it on by default) never compiles the native hooks in the program's process (where
-    none are built, its drawn steps run the Python hooks) and never stops the program: where it cannot start,
-    one line says why, and the kernels stay (None)."""
-    from .checklib import prepare
+    run and enable turn it on by default) starts at the end of the first backward pass (``saved/later.py``:
+    a process that runs none pays for nothing else), never compiles the native hooks in the program's
+    process (where none are built, its drawn steps run the Python hooks) and never stops the program: where
+    it cannot start, one line says why then, and the kernels stay."""
+    def ready(build: bool) -> None:
+        from .checklib import prepare  # here: a process that never runs backward never imports it
+
+        prepare(library=how.saved_library, build=build)
 
     if every == 1:
-        prepare(library=how.saved_library, build=how.build)
+        ready(how.build)
         return saved.enable(mode, every=every, quiet=how.check_quiet).mode
-    try:
-        prepare(library=how.saved_library, build=False)
-        return saved.enable(mode, every=every, quiet=how.check_quiet).mode
-    except Exception as e:  # noqa: BLE001 — a check on by default fails open, whatever the cause
-        say(f"torchgen-patch: saved-tensor check NOT on in pid {os.getpid()}: {type(e).__name__}: {e}")
-        return None
+    saved.enable_at_first_backward(mode, every, how.check_quiet, lambda: ready(False))
+    return mode
 
 
 def _merged(kind, value, name: str, keywords: dict):

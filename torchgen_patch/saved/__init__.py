@@ -17,7 +17,8 @@ The stage's modules: ``hooks.py`` (the hooks and their composition with the prog
 ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names, optimizer steps, rank), ``writer.py``
 (whether a stepped optimizer holds a tensor), ``finding.py`` (the value), ``render.py`` (its renderers),
 ``fleet.py`` (each finding also a line in a folder the processes of a job share), ``sample.py`` (the check
-sampled by step) and ``engine.py`` (the one module that talks to autograd's engine)."""
+sampled by step), ``later.py`` (a sampled check started at the end of the first backward pass) and
+``engine.py`` (the one module that talks to autograd's engine)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .finding import Finding, Frame, SavedTensorChanged
 from .sample import DEFAULT_EVERY, every_of
 
 __all__ = ["DEFAULT_EVERY", "CheckMode", "Finding", "Frame", "SavedTensorChanged", "check_saved", "disable", "enable",
-           "every_of", "mode_of"]
+           "enable_at_first_backward", "every_of", "findings_to", "mode_of"]
 
 
 def mode_of(mode) -> CheckMode:
@@ -66,8 +67,36 @@ def enable(mode="warn", path=None, every=1, findings=None, quiet=False):
     return check
 
 
-def disable() -> None:
-    """Turn off what ``enable`` turned on."""
-    from .hooks import disable as off
+def enable_at_first_backward(mode, every: int, quiet=False, prepare=lambda: None) -> None:
+    """``enable(mode, every=every, quiet=quiet)`` at the end of the first backward pass this thread runs, after
+    ``prepare()`` (``later.py``): for a sampled check (``every`` > 1), whose first draw is made there anyway;
+    until then the process carries one callback on the return of each backward pass and nothing else. Where
+    ``prepare`` or the start fails, one line says why and the program goes on."""
+    from .later import arm
 
+    arm(mode_of(mode), every_of(every), quiet, prepare)
+
+
+def findings_to(folder) -> None:
+    """The whole-process check's findings, from now on, also as lines of a file in ``folder`` (``fleet.py``),
+    whether it is on already or armed to start at the first backward pass."""
+    from . import fleet, later
+
+    start = later.pending()
+    if start is not None:
+        start.findings = folder
+        return
+    from .hooks import current
+
+    check = current()
+    if check is not None:
+        fleet.attach(check, folder)
+
+
+def disable() -> None:
+    """Turn off what ``enable`` turned on, and a start armed by ``enable_at_first_backward``."""
+    from .hooks import disable as off
+    from .later import call_off
+
+    call_off()
     off()

@@ -450,6 +450,11 @@ class _Facts:
 _PROCESS: Check | None = None  # the check install() and run turned on, for the whole process
 
 
+def current() -> Check | None:
+    """The whole-process check, while it is on."""
+    return _PROCESS if _PROCESS is not None and _PROCESS.active else None
+
+
 def enable(mode: CheckMode, path: str | None = None, every: int = 1, quiet: bool = False) -> Check:
     """Turn the check on for the rest of the process (on this thread, the one that imports torch) and
     say so once, on stderr (``quiet``: not); a second call returns the check already on (in its mode and

@@ -274,9 +274,9 @@ def _install(spec: LaunchSpec, name: str, mode: str, program_import) -> str | No
                            options=spec.options, check_saved=spec.check_saved, check_every=spec.check_every,
                            check_quiet=spec.quiet, saved_library=spec.saved_library)
         if spec.findings is not None and spec.check_saved is not None:  # --findings: the check writes there too
-            from ...saved import enable
+            from ...saved import findings_to
 
-            enable(spec.check_saved, findings=spec.findings)
+            findings_to(spec.findings)
         line = kernels_line(len(rep.registered) + len(rep.already), spec.backend, len(rep.refused), origin,
                             len(rep.optimizers))
         refused = bool(rep.refused)

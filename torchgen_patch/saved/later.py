@@ -1,0 +1,71 @@
+"""A sampled check that starts at the end of the program's first backward pass, not at its start.
+
+A sampled check never draws a program's first step (``sample.py``): its first draw is made at the end of
+the first backward pass. Until then it needs nothing but a way to hear of that pass, so ``install()`` (what
+``run`` and ``enable`` give every process) arms one here instead of starting it: one callback on the
+return of each backward pass (``engine.after_each_backward``), which, the first time it runs on the thread
+that armed it, makes the check ready (``prepare``: the native hooks found and loaded, or not), turns it on
+(its line is said then), makes the first draw, and takes itself off. A process that runs no backward pass
+(inference, a tool, a DataLoader worker) loads, renders and hashes nothing of the check and says nothing
+of it; where the check cannot start, one line says why and the program goes on (it fails open)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable
+
+from ..errors import say
+from . import engine
+
+_PENDING: list = []  # the one start armed in this process, until it runs or is called off
+
+
+class Start:
+    """The check's start, armed: ``mode``, ``every``, ``quiet`` as ``enable`` takes them; ``prepare`` runs
+    first (it may raise: the check then stays off, said in one line); ``findings``: a folder for them."""
+
+    def __init__(self, mode, every: int, quiet: bool, prepare: Callable[[], Any]):
+        self.mode, self.every, self.quiet, self.prepare = mode, every, quiet, prepare
+        self.findings: str | None = None
+        self.thread = threading.get_ident()
+
+    def __call__(self) -> None:
+        if threading.get_ident() != self.thread or self not in _PENDING:
+            return  # another thread's pass: the check is this thread's, as enable's is
+        _PENDING.remove(self)
+        from . import fleet
+        from .hooks import enable
+
+        try:
+            self.prepare()
+            check = enable(self.mode, None, self.every, self.quiet)
+            fleet.attach(check, self.findings)
+        except Exception as e:  # noqa: BLE001 — a check on by default fails open, whatever the cause
+            say(f"torchgen-patch: saved-tensor check NOT on in pid {os.getpid()}: {type(e).__name__}: {e}")
+            return
+        finally:
+            engine.stop_after_each_backward(self)  # after enable: the engine's wrapper stays in place
+        check.sampler.boundary()  # the draw due at the end of this pass, the program's first
+
+
+def arm(mode, every: int, quiet: bool, prepare: Callable[[], Any]) -> None:
+    """Start the check (sampled: ``every`` > 1) at the end of the first backward pass this thread runs;
+    armed already, or on already, nothing changes."""
+    if _PENDING:
+        return
+    start = Start(mode, every, quiet, prepare)
+    _PENDING.append(start)
+    engine.after_each_backward(start)
+
+
+def pending() -> Start | None:
+    """The start armed and not yet run, if any."""
+    return _PENDING[0] if _PENDING else None
+
+
+def call_off() -> None:
+    """A start armed and not yet run never runs (``disable``)."""
+    for start in list(_PENDING):
+        _PENDING.remove(start)
+        engine.stop_after_each_backward(start)
