@@ -160,10 +160,10 @@ def signature_problems(fn) -> list[str]:
     return out + [f"{p.name} undocumented" for p in params if f"``{p.name}``" not in doc]
 
 
-def test_install_has_an_honest_signature_and_registration_takes_an_artifact():
-    """``install()`` names every keyword it takes (none hidden behind ``**keywords``), each documented:
-    the inputs (``Options``'s fields), how it works (``InstallOptions``'s fields), or those two values
-    whole; ``torchgen_patch.install`` is that very function."""
+def test_install_is_a_facade_of_six_parameters_whose_keyword_forms_are_documented():
+    """``install()`` takes at most 6 parameters: ops, backend, the two values (``options``, ``how``), the
+    plan, and the keyword forms of those values' fields, read in one place (``keyword_forms``), each named
+    in the docstring; any other keyword is a TypeError. ``torchgen_patch.install`` is that very function."""
     import dataclasses
     import inspect
 
@@ -172,10 +172,17 @@ def test_install_has_an_honest_signature_and_registration_takes_an_artifact():
     from torchgen_patch.sources import Options
 
     assert torchgen_patch.install is inst.install
-    assert signature_problems(inst.install) == []
-    keywords = {p.name for p in inspect.signature(inst.install).parameters.values() if p.kind is p.KEYWORD_ONLY}
-    assert keywords == {"options", "plan", "how"} | {f.name for f in dataclasses.fields(inst.InstallOptions)} \
-        | {f.name for f in dataclasses.fields(Options)} - {"pytorch_root"}
+    params = inspect.signature(inst.install).parameters
+    assert list(params) == ["ops", "backend", "options", "plan", "how", "keywords"]
+    assert set(inst.OPTION_KEYWORDS) | set(inst.HOW_KEYWORDS) == \
+        {f.name for f in dataclasses.fields(inst.InstallOptions)} | {f.name for f in dataclasses.fields(Options)} - \
+        {"pytorch_root"}
+    doc = inspect.getdoc(inst.install) or ""
+    assert [k for k in (*params, *inst.OPTION_KEYWORDS, *inst.HOW_KEYWORDS) if f"``{k}``" not in doc] == []
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pytorch_root'"):
+        inst.install(pytorch_root="/")
+    with pytest.raises(TypeError, match="give them in how= or as keywords, not both"):
+        inst.install(how=inst.InstallOptions(), check_every=4)
     assert list(inspect.signature(inst.register).parameters) == ["artifact", "ops", "backend"]
     # live-registry operators are planned in the plan stage, not decided in the runtime
     assert _sources_matching(r"already has an ADInplaceOrView kernel\"") == {"plan/__init__.py"}

@@ -274,7 +274,8 @@ def _python_names_exist(tree: ast.AST) -> None:
     import torchgen_patch
     from torchgen_patch.runtime import install as install_module
 
-    install_kwargs = set(inspect.signature(install_module.install).parameters)
+    install_kwargs = set(inspect.signature(install_module.install).parameters) | set(install_module.OPTION_KEYWORDS) \
+        | set(install_module.HOW_KEYWORDS)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torchgen_patch":
             assert hasattr(torchgen_patch, node.attr), f"torchgen_patch.{node.attr}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InputError, descriptors_said
 from ..sources import Options
@@ -36,15 +37,12 @@ class InstallOptions:
 
 
 def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, options: Options | None = None,
-            plan=None, how: InstallOptions | None = None,
-            native_functions: str | None = None, tags: str | None = None, overlay: str | None = None,
-            no_overlay: bool = False, no_cache: bool = False, requires_grad_check: bool = True,
-            library: str | None = None, runtime_ops: tuple[str, ...] | list[str] | None = None,
-            verbose: bool = False, evidence: bool = False, boxed_library: str | None = None, build: bool = True,
-            check_saved: CheckMode | str | None = None, check_every: int = 1, check_quiet: bool = False,
-            saved_library: str | None = None) -> InstallReport:
+            plan=None, how: InstallOptions | None = None, **keywords: Any) -> InstallReport:
     """Register ADInplaceOrView kernels for the plan's ops (or ``ops``, a subset), with ``backend``
     (``"cpp"``: the compiled library; ``"python"``: torch.library kernels, no compiler needed).
+
+    ``keywords``: the fields of the two values below, each as a keyword of its own (``keyword_forms``);
+    any other keyword is refused (TypeError), as Python refuses one.
 
     The inputs: ``options`` (sources.Options), or its fields as keywords: ``native_functions``,
     ``tags`` (the yaml files), ``overlay`` / ``no_overlay`` (another overlay, or none),
@@ -73,10 +71,7 @@ def install(ops: list[str] | None = None, backend: Backend = Backend.CPP, *, opt
     entries (``optimizers:``) are applied too, through PyTorch's global optimizer step hooks
     (runtime/optim.py); the report lists them (``optimizers``).
     """
-    given = locals()
-    opts = _merged(Options, options, "options", {f.name: given[f.name] for f in dataclasses.fields(Options)
-                                                 if f.name in given})
-    how = _merged(InstallOptions, how, "how", {f.name: given[f.name] for f in dataclasses.fields(InstallOptions)})
+    opts, how = keyword_forms(options, how, keywords)
     with descriptors_said():  # no free descriptor, at an open or at a lazy import: one line, exit 3
         saved = None
         if how.check_saved is not None:  # the stage imported only for it (a plain install() stays light)
@@ -105,6 +100,22 @@ def _start_check(saved, mode, every: int, how: InstallOptions):
         return saved.enable(mode, every=every, quiet=how.check_quiet).mode
     saved.enable_at_first_backward(mode, every, how.check_quiet, lambda: ready(False))
     return mode
+
+
+OPTION_KEYWORDS = tuple(f.name for f in dataclasses.fields(Options) if f.name != "pytorch_root")  # install() reads the
+HOW_KEYWORDS = tuple(f.name for f in dataclasses.fields(InstallOptions))  # installed torch's yaml, never a checkout's
+
+
+def keyword_forms(options: Options | None, how: InstallOptions | None,
+                  keywords: dict) -> tuple[Options, InstallOptions]:
+    """``install()``'s keyword forms, in one place: each keyword a field of ``Options`` (``pytorch_root``
+    aside) or of ``InstallOptions``, made into those two values (``options`` and ``how`` where given,
+    never both a value and its fields: TypeError); any other keyword is refused (TypeError)."""
+    unknown = sorted(set(keywords) - set(OPTION_KEYWORDS) - set(HOW_KEYWORDS))
+    if unknown:
+        raise TypeError(f"install() got an unexpected keyword argument {unknown[0]!r}")
+    return (_merged(Options, options, "options", {k: keywords[k] for k in OPTION_KEYWORDS if k in keywords}),
+            _merged(InstallOptions, how, "how", {k: keywords[k] for k in HOW_KEYWORDS if k in keywords}))
 
 
 def _merged(kind, value, name: str, keywords: dict):
