@@ -218,6 +218,23 @@ def test_a_write_every_step_sampled_is_found_exactly_on_the_steps_drawn_where_it
     assert [found for _, found in seen] == [laid and kind in KEPT for laid, _ in seen], seen
 
 
+@pytest.mark.parametrize("kind", sorted(HOOKS))
+def test_hooks_pushed_before_the_check_started_are_judged_the_same(kind):
+    """The check started inside the program's block (``run`` turning it on under hooks already pushed): the
+    same outcome as hooks pushed over it."""
+    plain = _step(_model(), HOOKS[kind], "weight")
+    model, x = _model(), X.clone().requires_grad_()
+    with HOOKS[kind]():
+        with check_saved("warn") as c:
+            loss = model(x).pow(2).sum()
+            model[2].weight.data.mul_(2)
+            loss.backward()
+    assert c.unpacked == SAVED and _whole(c)
+    assert bool(c.findings) == (kind in KEPT)
+    if kind not in KEPT:
+        assert _same([x.grad] + [p.grad for p in model.parameters()], plain)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on a GPU machine")
 @pytest.mark.parametrize("pinned", [False, True], ids=["save_on_cpu", "pinned"])
 def test_on_cuda_offloading_to_cpu_is_a_copy_and_a_write_since_is_harmless(pinned):
@@ -229,6 +246,50 @@ def test_on_cuda_offloading_to_cpu_is_a_copy_and_a_write_since_is_harmless(pinne
     with check_saved("raise") as c:
         with torch.autograd.graph.save_on_cpu(pin_memory=pinned):
             loss = model(x).pow(2).sum()
+        model[2].weight.data.mul_(2)
+        loss.backward()
+    assert c.findings == [] and c.checked == c.unpacked > 0
+
+
+class _Streamed(torch.autograd.graph.saved_tensors_hooks):
+    """torchtune's ``OffloadActivations`` with streams: pack copies to pinned CPU memory on a side stream,
+    unpack brings the copy back on another and has the compute stream wait for it."""
+
+    def __init__(self):
+        self.table: dict[int, tuple] = {}
+        self.ids = 0
+        side, back = torch.cuda.Stream(), torch.cuda.Stream()
+
+        def pack(t):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                kept = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                kept.copy_(t, non_blocking=True)
+            i = self.ids = self.ids + 1
+            self.table[i] = (kept, side.record_event(), t)  # t: alive until the copy has run
+            return i
+
+        def unpack(i):
+            kept, copied, _ = self.table.pop(i)
+            back.wait_event(copied)
+            with torch.cuda.stream(back):
+                t = kept.to("cuda", non_blocking=True)
+            torch.cuda.current_stream().wait_stream(back)
+            t.record_stream(torch.cuda.current_stream())
+            return t
+
+        super().__init__(pack, unpack)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on a GPU machine")
+def test_on_cuda_offloading_on_streams_as_torchtune_does_is_checked_and_a_write_since_harmless():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).cuda()
+    x = X.cuda()
+    with check_saved("raise") as c:
+        with _Streamed():
+            loss = model(x).pow(2).sum()
+        torch.cuda.synchronize()
         model[2].weight.data.mul_(2)
         loss.backward()
     assert c.findings == [] and c.checked == c.unpacked > 0
