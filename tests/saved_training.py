@@ -1,12 +1,14 @@
 """Training runs for the saved-tensor check's no-false-findings tests, in one fresh process:
 
-    python tests/saved_training.py CHECK(off|warn|raise) CASE[,CASE...]|all [DEVICE]
+    python tests/saved_training.py CHECK(off|warn|raise|default) CASE[,CASE...]|all [DEVICE]
 
 installs the kernels (the library at $TORCHGEN_PATCH_LIBRARY, else the cached build), turns the
 check on in that mode when asked, trains each case a few steps from fixed seeds and prints one
-JSON object: case -> {"losses": [...], "findings": n, "checked": n}. Every case runs on DEVICE
-(default cpu; on cuda AMP is bf16 autocast there, with PyTorch's deterministic algorithms where it
-has them) with tiny configurations built in code (no download): small GPT-2, BERT and Llama models
+JSON object: case -> {"losses": [...], "findings": n, "checked": n}. ``default``: the check the
+process already has (``torchgen-patch run`` with no flag: warn, sampled), else that default turned on
+here, one check for all the cases; each case also says its draws (drawn, draws, every) so far. Every
+case runs on DEVICE (default cpu; on cuda AMP is bf16 autocast there, with PyTorch's deterministic
+algorithms where it has them) with tiny configurations built in code (no download): small GPT-2, BERT and Llama models
 of transformers, and a ResNet-18 written here (torchvision does not import beside torch 2.13).
 tests/test_saved_training.py runs it with the check off and on and compares; so does
 scripts/unseen_writes.py on CUDA."""
@@ -139,6 +141,18 @@ def train(case: str, device: str = "cpu") -> list[float]:
     return losses
 
 
+def _under_the_default(case: str, device: str) -> dict:
+    """``case`` under the check the process has (``run``'s default, else turned on here as run would): what
+    it found and compared while the case ran, and its draws so far."""
+    from torchgen_patch.saved import DEFAULT_EVERY, enable
+
+    check = enable("warn", every=DEFAULT_EVERY, quiet=True)  # the check already on, if one is
+    findings, checked = len(check.findings), check.checked
+    losses = train(case, device)
+    return {"losses": losses, "findings": len(check.findings) - findings, "checked": check.checked - checked,
+            "skipped": check.skipped, "mode": str(check.mode), "draws": check.sampler.counts()}
+
+
 def main() -> None:
     mode, cases = sys.argv[1], sys.argv[2].split(",") if sys.argv[2] != "all" else sorted(CASES)
     device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
@@ -154,11 +168,13 @@ def main() -> None:
         torch._dynamo.reset()
         if mode == "off":
             out[case] = {"losses": train(case, device), "findings": 0, "checked": 0}
-            continue
-        with torchgen_patch.check_saved(mode) as check:
-            losses = train(case, device)
-        out[case] = {"losses": losses, "findings": len(check.findings), "checked": check.checked,
-                     "skipped": check.skipped}
+        elif mode == "default":
+            out[case] = _under_the_default(case, device)
+        else:
+            with torchgen_patch.check_saved(mode) as check:
+                losses = train(case, device)
+            out[case] = {"losses": losses, "findings": len(check.findings), "checked": check.checked,
+                         "skipped": check.skipped}
     print(json.dumps(out, sort_keys=True))
 
 

@@ -984,7 +984,7 @@ def test_activation_checkpointing_keeps_working_and_being_checked(reentrant):
         grads("raise", lambda m, x: m[2].weight.data.mul_(2))
 
 
-def test_save_on_cpu_keeps_offloading_and_a_write_to_a_live_saved_tensor_is_found():
+def test_copying_hooks_keep_offloading_and_a_write_to_the_original_is_harmless():
     calls = {"pack": 0, "unpack": 0}
 
     class Counting(torch.autograd.graph.saved_tensors_hooks):
@@ -1018,11 +1018,11 @@ def test_save_on_cpu_keeps_offloading_and_a_write_to_a_live_saved_tensor_is_foun
     g0, calls0, _ = train(None)
     g1, calls1, c = train("raise")
     assert torch.equal(g0, g1) and calls0 == calls1 and calls0["pack"] >= 2 and c.findings == []
-    # the copy is what backward uses: a write to the live parameter does not change the gradient, and is
-    # found all the same (autograd's rule for saved tensors, whoever packs them)
+    # the copy is what backward uses: a write to the live parameter does not change the gradient, and is no
+    # finding (the copy is compared with what was saved: the same bits, checked)
     assert torch.equal(train(None, lambda w: w.data.mul_(2))[0], g0)
-    with pytest.raises(SavedTensorChanged):
-        train("raise", lambda w: w.data.mul_(2))
+    g2, _, c2 = train("raise", lambda w: w.data.mul_(2))
+    assert torch.equal(g2, g0) and c2.findings == [] and c2.checked == c.checked >= 2
     with check_saved("raise") as c:
         with torch.autograd.graph.save_on_cpu():
             holder, x = Holder(), _x()
@@ -1379,17 +1379,17 @@ def test_lossy_hooks_of_the_program_give_no_finding_on_a_correct_program():
     assert c.findings == [] and c.skipped.get(hooks.LOSSY, 0) >= 1
 
 
-def test_lossy_hooks_of_the_program_and_a_write_to_a_live_original_is_found():
+def test_lossy_hooks_of_the_program_and_a_write_to_a_live_original_is_no_finding():
+    """Backward uses the compressed copy, not the weight: a write to the weight since changes nothing."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     x = torch.randn(5, 8, requires_grad=True)
-    with check_saved("raise"):
+    with check_saved("raise") as c:
         with _Compressing():
             loss = model(x).pow(2).sum()
-        model[2].weight.data.mul_(2)  # the weight itself lives: the check looks at it, not at the copy
-        with pytest.raises(SavedTensorChanged) as e:
-            loss.backward()
-    assert e.value.finding.name == "2.weight"
+        model[2].weight.data.mul_(2)
+        loss.backward()
+    assert c.findings == [] and c.skipped.get(hooks.LOSSY, 0) >= 1
 
 
 class _Scale(torch.autograd.Function):

@@ -1,7 +1,8 @@
 """The saved-tensor check in real training, on CPU: no false findings and results unchanged (small
 GPT-2, BERT and Llama configurations of transformers, a ResNet-18, fused and foreach AdamW, AMP,
 clipping, gradient checkpointing, torch.compile, Trainer, ``accelerate launch``), every loss
-bit-identical with the check on and off, the kernels installed; and DeepSpeed's CPU optimizers,
+bit-identical with the check on and off, the kernels installed (on every step, and as ``torchgen-patch
+run`` gives it with no flag: sampled, seeded so that steps are drawn); and DeepSpeed's CPU optimizers,
 which write outside the dispatcher, are silent stepped between forward and backward without the
 check and a finding naming the optimizer with it."""
 
@@ -51,6 +52,35 @@ def test_training_small_models_gives_no_finding_and_the_same_losses(library, tmp
     # batch norm writes its running statistics after saving them: its own write, said so, no finding
     assert set(on["resnet18-foreach"]["skipped"]) == {"written by the op that saved it (batch norm's running "
                                                       "statistics)"}
+    _under_the_default_check(env, script, off)
+
+
+# run's default check (warn, 1 step in 32) draws 1 step in 32: seeded so that of the first draws, the 1st, 2nd
+# and 4th hit (steps 2 and 3 of the first case, 2 of the second: Draw's generator seeded with this string)
+DEFAULT_SEED = "5052"
+DEFAULT_CASES = ("gpt2-fused-clip", "llama-foreach-checkpointing-clip")  # checkpointing's hooks compose with it
+
+
+def _under_the_default_check(env: dict, script: str, off: dict) -> None:
+    """Two of the cases under ``torchgen-patch run`` with no flag, the check the product gives a program
+    (sampled, warn): steps drawn and checked, no finding, the same losses bit for bit as without the check."""
+    from torchgen_patch.saved import DEFAULT_EVERY
+
+    proc = subprocess.Popen([sys.executable, "-m", "torchgen_patch", "run", "--", sys.executable, script, "default",
+                             ",".join(DEFAULT_CASES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(env, TORCHGEN_PATCH_CHECK_SEED=DEFAULT_SEED))
+    out, err = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, err[-3000:]
+    sampled = json.loads(out.strip().splitlines()[-1])
+    assert f"saved-tensor check on (warn, 1 step in {DEFAULT_EVERY})" in err, err[-3000:]
+    for case in DEFAULT_CASES:
+        assert sampled[case]["losses"] == off[case]["losses"], case  # bit for bit
+        assert sampled[case]["findings"] == 0 and sampled[case]["mode"] == "warn", case
+        assert sampled[case]["draws"][2] == DEFAULT_EVERY, sampled[case]
+    drawn, draws, _ = sampled[DEFAULT_CASES[-1]]["draws"]
+    assert 1 <= drawn < draws and sum(sampled[c]["checked"] for c in DEFAULT_CASES) > 0, sampled  # steps checked
+    count = rf": 0 changed saved tensors \(0 distinct\) in [1-9]\d* checked \(sampled at 1/{DEFAULT_EVERY}: [1-9]"
+    assert re.search(count, err), err[-3000:]  # the count at exit: steps checked, nothing found
 
 
 TRAINER = textwrap.dedent("""

@@ -35,6 +35,38 @@ def _same_layout(t, layout) -> bool:
         return False
 
 
+def _shares(t, saved) -> bool:
+    """Whether ``t``, what the program's hooks gave back, is the memory that was saved (``saved``, alive:
+    the tensor itself or its base): hooks that kept it by reference, or an alias of it. False: a copy
+    (offloading to CPU and back, compression, a recomputation). Where a storage cannot be read (a wrapper
+    subclass), the same memory is assumed, as a tensor that lives is what to look at."""
+    if t is saved:
+        return True
+    try:
+        return t.device == saved.device and t.untyped_storage().data_ptr() == saved.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 — a wrapper subclass has no storage of its own
+        return True
+
+
+def _as_saved(t, layout):
+    """``t`` in the layout that was saved, for its fingerprint to be compared: itself, or a copy of it into
+    that layout where the hooks gave it back in another (``save_on_cpu`` keeps a transposed weight as a
+    contiguous copy); None where it cannot be (another shape, dtype or device, an overlapping layout)."""
+    if _same_layout(t, layout):
+        return t
+    shape, stride, _, dtype, device = layout
+    try:
+        if (tuple(t.shape), t.dtype, t.device) != (shape, dtype, device):
+            return None
+        import torch
+
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        out.copy_(t)
+    except Exception:  # noqa: BLE001 — not a strided tensor, or an overlapping layout copy_ refuses
+        return None
+    return out
+
+
 def _alive(ref):
     return ref() if ref is not None else None
 
@@ -74,17 +106,26 @@ class _Layer:
             return t
         hooks = c._python
         original, base = _alive(s.original), _alive(s.base)
-        if original is not None:  # alive: the tensor itself is what to look at
+        if original is not None and _shares(t, original):  # the hooks gave back what was saved: look at it
             hooks.verify(s, original, original)
-        elif base is not None:  # a view that died, of a base that lives (a transposed weight): the same view
-            shape, stride, offset = s.layout[:3]
+        elif original is None and base is not None and _shares(t, base):  # a view that died, of a base that
+            shape, stride, offset = s.layout[:3]  # lives (a transposed weight): the same view
             hooks.verify(s, base.detach().as_strided(shape, stride, offset), None)
-        elif _same_layout(t, s.layout):  # gone: what the program's hooks returned, if it is what was saved
-            hooks.verify(s, t, None, returned=True, judged=self.recomputes)
-        else:
+        else:  # a copy: what backward uses is it, not the original (a write to that since is harmless)
+            self._compare_copy(s, t, original)
+        return t
+
+    def _compare_copy(self, s, t, original) -> None:
+        """What the program's hooks gave back is a copy (offloaded and brought back, decompressed,
+        recomputed): compared with what was saved; other contents are a finding only where giving back
+        the very bits is the hooks' contract (``recomputes``), else not judged (lossy compression)."""
+        hooks = self.check._python
+        same = _as_saved(t, s.layout)
+        if same is None:
             hooks.unpacked += 1
             hooks.skip("returned by the program's own hooks in another layout")
-        return t
+            return
+        hooks.verify(s, same, original, returned=True, judged=self.recomputes)
 
 
 class _Passed:

@@ -19,11 +19,13 @@ Two implementations of the same hooks, one suite of tests run on both (``native.
 Both call back into the ``Check`` for what is rare: a moved version, a changed tensor, a tensor not
 judged. The hooks compose with the program's own. A program pushing hooks of its own while the
 check is on (activation checkpointing, ``save_on_cpu``, tensor parallelism's input resharding) gets
-them wrapped: its pack runs inside the check's, and at unpack the check looks at the original
-tensor, through a weak reference, when it is still alive (what its hooks return may be a copy, a
-compressed copy or a recomputation); when the original died, what its hooks returned is compared
-only if it came back with the layout and the very bits that were saved; other contents there are not
-judged (lossy hooks, bf16 or fp8 activation compression, give a correct program such contents).
+them wrapped: its pack runs inside the check's, and at unpack the check looks at what backward uses.
+Where its hooks give back the memory that was saved (kept by reference), the original tensor (through
+a weak reference) or its base is checked as without hooks; where they give back a copy (offloaded and
+brought back, compressed, recomputed), a write to the original since is harmless, and the copy is
+compared with what was saved (``compose.py``): other bits are a finding only where the very bits are
+the hooks' contract (activation checkpointing's recomputation), else not judged (lossy hooks, bf16 or
+fp8 activation compression, give a correct program such contents).
 Hooks already on the stack when the check starts are wrapped the same way. torch.func transforms,
 which refuse any saved-tensor hooks, run with the check's own hooks lifted for their duration
 (autograd's own version check is in force there).
@@ -48,7 +50,7 @@ from .render import line, message, summary
 from .sample import Sampler
 
 SAVER = "written by the op that saved it (batch norm's running statistics)"
-LOSSY = "returned by the program's own hooks with other contents than were saved, the original gone"
+LOSSY = "returned by the program's own hooks as a copy with other contents than were saved (lossy compression)"
 
 
 class Check:
