@@ -49,7 +49,7 @@ def test_a_compiler_that_fails_is_one_line_exit_3(tmp_path, argv):
 
 def test_no_ninja_is_said_before_compiling(tmp_path, monkeypatch):
     files = _files(tmp_path)
-    monkeypatch.setattr(build, "_ninja", lambda: (_ for _ in ()).throw(
+    monkeypatch.setattr(build, "ninja_path", lambda: (_ for _ in ()).throw(
         EnvironmentProblem("ninja is not installed (the kernels are built with it)", "pip install ninja")))
     log = open(tmp_path / "log", "w")
     with pytest.raises(EnvironmentProblem, match="ninja is not installed"):
@@ -352,10 +352,10 @@ def test_only_a_process_without_path_builds_with_the_toolchain_enable_recorded(m
 
     table = {"cxx": sys.executable, "path": "/recorded/bin", "cflags": "-g"}  # any executable file will do
     with tc.recorded(table):
-        assert tc._compiler() != sys.executable and tc.driver_path() == os.environ["PATH"]
+        assert tc.compiler_path() != sys.executable and tc.driver_path() == os.environ["PATH"]
     monkeypatch.delenv("PATH")
     with tc.recorded(table):
-        assert (tc._compiler(), tc.driver_path(), tc.default_flags()) == (sys.executable, "/recorded/bin",
+        assert (tc.compiler_path(), tc.driver_path(), tc.default_flags()) == (sys.executable, "/recorded/bin",
                                                                             build.CFLAGS + ("-g",))
         assert tc.driver_env()["PATH"] == "/recorded/bin"
     with tc.recorded(dict(table, cxx="/nonexistent/c++")):  # gone: the process's own (the default path)

@@ -289,6 +289,8 @@ def _small_files(tmp_path):
 @pytest.mark.build
 def test_a_planted_lock_symlink_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
     from torchgen_patch.runtime import build
+    from torchgen_patch.runtime.build.key import build_key
+    from torchgen_patch.runtime.build.toolchain import compiler_path, default_flags
 
     files = _small_files(tmp_path)
     root = tmp_path / "builds"
@@ -296,7 +298,7 @@ def test_a_planted_lock_symlink_is_refused_and_its_target_untouched(tmp_path, mo
     victim = tmp_path / "victim"
     victim.write_text("precious")
     os.chmod(victim, 0o600)
-    key = build._key(files, build.default_flags(), build._compiler())
+    key = build_key(files, default_flags(), compiler_path())
     os.symlink(victim, root / f"build-{key[:24]}.lock")
     with pytest.raises(EnvironmentProblem) as e:
         build.build(files, [], 1, root=str(root))

@@ -247,7 +247,7 @@ def test_two_gens_into_a_shared_directory_still_serialize_and_leave_no_lock_ther
     said, done = [], []
     fd = os.open(sticky, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with output._locked(fd, "out", str(sticky / "out")):  # a gen into sticky/out, running
+        with output.output_lock(fd, "out", str(sticky / "out")):  # a gen into sticky/out, running
             assert os.listdir(sticky) == []
             t = threading.Thread(target=lambda: done.append(write_all(str(sticky / "out"), render(small_plan, 1),
                                                                       said.append)), daemon=True)

@@ -35,7 +35,7 @@ from .fs.dirs import Dir, check_path, open_dir, open_under, subdir  # noqa: F401
 from .fs.load import loadable, private_copy  # noqa: F401 (re-exported: the old place)
 from .fs.protected import Missing, cache_refusal, inside, library_refusal, problem, trusted_uids  # noqa: F401 (re-exported: the old place)
 from .fs.protected import may_follow, owner_name  # noqa: F401 (re-exported: the old place)
-from .fs.root import ENV, OWNERS_ENV, _base, directory, key, note, notes_to  # noqa: F401 (re-exported: the old place)
+from .fs.root import ENV, OWNERS_ENV, cache_base, directory, key, note, notes_to  # noqa: F401 (re-exported: the old place)
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ def bytecode_dir(identity: str) -> str | None:
     """Where a checkout's torchgen keeps its bytecode: beside the result cache, not in it (emptying the
     result cache does not make the checkout's torchgen compile again), and only when it is private
     (bytecode is code). Python itself writes there by name (``sys.pycache_prefix``)."""
-    d = os.path.join(_base(), "torchgen-patch-bytecode")
+    d = os.path.join(cache_base(), "torchgen-patch-bytecode")
     try:
         with open_dir(d, cache_refusal(d), create=True) as b:
             st = os.fstat(b.fd)

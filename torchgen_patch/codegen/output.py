@@ -12,7 +12,7 @@ from .. import files as _files
 from ..errors import EnvironmentProblem, InputError
 from ..fs.atomic import RENAME_EXCHANGE, renameat2
 from ..fs.walk import refuse_foreign_dir
-from ..fs.locks import LOCK, WAIT_S, _locked  # noqa: F401 (LOCK, WAIT_S re-exported: the old place)
+from ..fs.locks import LOCK, WAIT_S, output_lock  # noqa: F401 (LOCK, WAIT_S re-exported: the old place)
 from .render import MANIFEST
 
 
@@ -40,7 +40,7 @@ def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
     Everything is done through descriptors of the directories found once (``files.find``: a
     symlinked ``out_dir`` is followed only where the kernel's protected-symlinks rule would, and
     stays a link; neither ``out_dir`` nor the directory that holds it may be one another account
-    controls). A lock no other account can make or hold serializes concurrent runs (``_locked``);
+    controls). A lock no other account can make or hold serializes concurrent runs (``output_lock``);
     ``log(line)`` (default: stderr) hears when one waits for another. Returns the names whose
     content changed."""
     with _files.find(out_dir, "output directory") as f:
@@ -62,7 +62,7 @@ def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
                 raise InputError(out_dir, None, "gen replaces its output directory whole, and this one is "
                                  + ("a mount point" if mount else "the current directory"),
                                  "give a directory inside it")
-        with _locked(f.dir_fd, f.name, f.path, log):
+        with output_lock(f.dir_fd, f.name, f.path, log):
             return _write(f.dir_fd, f.name, out_dir, files)
 
 
@@ -326,7 +326,7 @@ def snapshot(directory: str, log=None) -> dict[str, bytes]:
     (where this account can take it: its own, beside the directory), so a gen that renames files
     in one by one (no directory exchange) is never seen half-way."""
     with _files.find(directory, "generated directory", write=False) as f:
-        with _locked(f.dir_fd, f.name, f.path, log, required=False):
+        with output_lock(f.dir_fd, f.name, f.path, log, required=False):
             return _read_through(f.dir_fd, f.name, f.path, None)
 
 

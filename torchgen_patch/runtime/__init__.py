@@ -104,7 +104,7 @@ def _inputs_key(opts: Options, shards: int) -> str:
     from ..files import read_bytes
     from ..scan import key_of
     from ..sources import resolve
-    from .build import _compiler, default_flags
+    from .build.toolchain import compiler_path, default_flags
 
     torch = require_torch("building the kernels")
     src = resolve(opts)
@@ -112,8 +112,8 @@ def _inputs_key(opts: Options, shards: int) -> str:
     templates = [n.encode() + b"\0" + read_bytes(os.path.join(d, n), "template") for n in sorted(os.listdir(d))
                  if n.endswith(".j2")]
     overlay = read_bytes(src.overlay, "overlay") if src.overlay else b""
-    return cache.key(key_of(src), overlay, *templates, str(shards), *default_flags(), _compiler(), torch.__version__,
-                     torch.__file__, f"requires_grad_check={opts.requires_grad_check}")
+    return cache.key(key_of(src), overlay, *templates, str(shards), *default_flags(), compiler_path(),
+                     torch.__version__, torch.__file__, f"requires_grad_check={opts.requires_grad_check}")
 
 
 def _indexed(index: str) -> Artifact | None:

@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING
 
 from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
-from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, _key, build_problem, identity_source, torch_identity
+from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, build_key, build_problem, identity_source, torch_identity
 from .record import (FAILED_FOR, LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, failure_name, remember,
                      remembered, remembering, remove_stale)
-from .toolchain import CFLAGS, _compiler, _compiler_runs, _ninja, default_flags, driver_path, python_flags, recorded
+from .toolchain import (CFLAGS, check_compiler_runs, compiler_path, default_flags, driver_path, ninja_path,
+                        python_flags, recorded)
 
 if TYPE_CHECKING:
     from .build_time import estimate
@@ -100,9 +101,9 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
     log = sys.stderr if log is None else log
     torch = require_torch("building the kernels")
 
-    compiler = _compiler()
+    compiler = compiler_path()
     flags = default_flags() if flags is None else flags
-    key = _key(files, flags + tuple(links), compiler)
+    key = build_key(files, flags + tuple(links), compiler)
     final = f"build-{key[:24]}"
     name = f"{prefix}_{key[:12]}"
     with _builds_root(root) as builds:
@@ -113,8 +114,8 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
             raise InputError(None, None, f"{what} are not built, and building was ruled out")
         failed = failure_name(key, driver_path())  # this build in this toolchain, failed before?
         _not_again(failed, what)
-        _compiler_runs(compiler)
-        ninja = _ninja()  # said before "compiling ... with ninja", never after
+        check_compiler_runs(compiler)
+        ninja = ninja_path()  # said before "compiling ... with ninja", never after
         with contextlib.ExitStack() as held:
             try:  # a concurrent build of the key waits here
                 held.enter_context(builds.lock(f"{final}.lock",

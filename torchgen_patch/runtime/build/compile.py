@@ -19,7 +19,7 @@ from .ninja import build_ninja, ninja_times
 from .processes import run_in_group
 from .progress import Progress
 from .record import RECORD, RECORD_FORMAT, complete, sha256_of
-from .toolchain import _toolchain_flags, driver_env
+from .toolchain import toolchain_flags, driver_env
 
 
 def compile_into(builds: cache.Dir, files, units, flags, name, key, final, compiler, ninja, verbose, log,
@@ -57,7 +57,7 @@ def _stage(tmp: cache.Dir, files, units: list[str], flags, key, compiler, librar
             src.create(fname, data)
         src.create(IDENTITY_SOURCE, identity_source(key))
     units = units + [IDENTITY_SOURCE]
-    cflags, ldflags = _toolchain_flags()
+    cflags, ldflags = toolchain_flags()
     ldflags += list(links)
     tmp.create("build.ninja", build_ninja(compiler, cflags + list(flags), ldflags, units, library).encode())
     return units, {u: len(files[u]) if u in files else len(identity_source(key)) for u in units}

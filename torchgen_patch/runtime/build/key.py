@@ -22,7 +22,7 @@ def torch_identity() -> dict:
             "cxx11_abi": bool(torch.compiled_with_cxx11_abi()), "cuda": torch.version.cuda}
 
 
-def _key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
+def build_key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
     torch = require_torch("building the kernels")
 
     h = hashlib.sha256()

@@ -44,7 +44,7 @@ def check_program(program: list[str], env: dict[str, str] | None = None) -> None
     """Refuse a command line that would run the program unpatched: a Python interpreter with -I, -E
     or -S (named directly, through ``env``, or on a script's first line) or, with ``env`` (the
     environment run gives it), one whose environment drops the hook (``env -i python ...``)."""
-    why = dropped(program, env, check_env=env is not None, std=hook._std)  # the standard library's shlex
+    why = dropped(program, env, check_env=env is not None, std=hook.std_module)  # the standard library's shlex
     if why is not None:
         import re
 
