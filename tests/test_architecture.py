@@ -325,7 +325,8 @@ BY_NAME = {"open", "io.open", "os.open", "os.mkdir", "os.makedirs", "os.rename",
            "shutil.rmtree", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree", "shutil.move",
            "tempfile.mkdtemp", "tempfile.mkstemp", "tempfile.NamedTemporaryFile", "tempfile.TemporaryDirectory",
            "tempfile.TemporaryFile", "files.read_bytes", "files.read_text", "files.atomic_write",
-           "files.write_if_changed", "files.private_dirs", "files.write_output"}
+           "files.write_if_changed", "files.private_dirs", "files.write_output", "fs.atomic.atomic_write",
+           "fs.atomic.replace_at"}
 # whole modules whose every path is one the user names (inputs, outputs, checkouts, programs) or the
 # package's own data; none of them is handed a cache or build path. The runtime's modules and the
 # CLI, which are handed such paths, are listed function by function in ALLOWED instead.
@@ -359,7 +360,7 @@ ALLOWED = {
                                                 "by its name, as a compiler found on PATH does)",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",
-    ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by files.find)",
+    ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by fs.walk.find)",
     ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
     ("runtime/launch/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
     ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",
@@ -394,7 +395,8 @@ def _aliases(tree) -> dict[str, str]:
             for a in node.names:
                 out[a.asname or a.name] = a.name
         elif isinstance(node, ast.ImportFrom):
-            base = "files" if (node.module or "").split(".")[-1] == "files" else node.module or ""
+            module = (node.module or "").removeprefix("torchgen_patch.")
+            base = "files" if module.split(".")[-1] == "files" else module
             for a in node.names:
                 out[a.asname or a.name] = f"{base}.{a.name}"
     return out

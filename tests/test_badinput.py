@@ -134,7 +134,7 @@ def test_output_path_is_a_file(run_cli, tmp_path):
 
 def test_write_failure_leaves_output_as_it_was(run_cli, tmp_path, monkeypatch):
     """A failure injected in the file layer (a full disk, say) on the third file."""
-    from torchgen_patch import files as write
+    from torchgen_patch.fs import atomic as write
 
     out = tmp_path / "out"
     rc, _, _ = run_cli("gen", "--out", out)

@@ -261,11 +261,11 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
 
 
 def test_build_progress_is_for_terminals_only(tmp_path, monkeypatch):
-    from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import open_dir
     from torchgen_patch.runtime.build import Progress
 
     (tmp_path / ".ninja_log").write_text("# ninja log v5\n0\t1000\t0\ta.o\t0\n")
-    with cache.open_dir(str(tmp_path)) as d:
+    with open_dir(str(tmp_path)) as d:
         log = io.StringIO()  # a pipe or a file: CI logs get the start and end lines only
         with Progress(d, ["src/a.cpp"], log):
             pass

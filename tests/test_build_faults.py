@@ -284,11 +284,12 @@ def test_a_failed_build_is_remembered_where_programs_build_and_tried_again_where
     import glob
 
     from torchgen_patch import cache
+    from torchgen_patch.fs import root as cache_root
     from torchgen_patch.runtime.build import FAILED_FOR, record, remembering
 
     cxx, log = _broken_compiler(tmp_path)
     monkeypatch.setenv("CXX", cxx)
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache_root.ENV, str(tmp_path / "cache"))
 
     def attempt(remember=True):
         before = open(log).read().count("\n")
@@ -332,11 +333,11 @@ def test_without_path_the_compilers_driver_gets_the_path_it_was_found_on(tmp_pat
     """No PATH at all (a cleared environment): the compiler is found on the system's default path, and its
     driver runs with that path (where it finds the assembler and the linker), not with none. Before, the
     driver ran without PATH and could not find ld."""
-    from torchgen_patch import cache
+    from torchgen_patch.fs import root as cache_root
 
     cxx, log = _broken_compiler(tmp_path)
     monkeypatch.setenv("CXX", cxx)
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache_root.ENV, str(tmp_path / "cache"))
     monkeypatch.delenv("PATH")
     with pytest.raises(InputError):
         build.build({"a.cpp": b"int a;\n"}, [], 0, root=str(tmp_path / "builds"), sources=["a.cpp"])

@@ -18,6 +18,7 @@ import torchgen_patch
 from tests.conftest import ROOT
 from tests.yaml_fixtures import GOLDEN_FUNCS, subset_yaml
 from torchgen_patch import cache
+from torchgen_patch.fs import root as cache_root
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
 from torchgen_patch.runtime import install as installer
@@ -210,9 +211,9 @@ def test_a_cache_root_owned_by_another_account_is_refused(warm, tmp_path, cmd):
 def test_a_relative_cache_path_is_made_absolute_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", "rel-cache-x")
-    first = cache.directory()
+    first = cache_root.directory()
     monkeypatch.chdir("/")
-    assert first == str(tmp_path / "rel-cache-x") == cache.directory()
+    assert first == str(tmp_path / "rel-cache-x") == cache_root.directory()
 
 
 # ---- libraries: load what was checked ---------------------------------------------------------------
@@ -337,7 +338,7 @@ def test_a_no_change_build_renders_nothing_and_a_damaged_index_costs_only_time(l
     build()
     assert "jinja2" not in build()
     for _ in range(3):  # other test processes sharing the cache may write the entry again before this build
-        for entry in glob.glob(os.path.join(cache.directory(), "library-*.json")):  # reads it (pytest -n)
+        for entry in glob.glob(os.path.join(cache_root.directory(), "library-*.json")):  # reads it (pytest -n)
             with open(entry, "w") as fh:
                 json.dump({"library": "/etc/passwd"}, fh)
         replanned = "jinja2" in build()

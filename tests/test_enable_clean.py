@@ -56,9 +56,9 @@ def test_clean_starts_of_an_enabled_environment_compile_nothing(enabled):
     by the recorded toolchain's keys: its compiler, its PATH, its flags), nothing compiled, each as fast as
     a start that imports torch. Before, each start compiled the check's hooks with /bin/c++ and no PATH
     (another key), failed to link (no ld), and said so with no reason: 17 to 35 s a start."""
-    from torchgen_patch import cache
+    from torchgen_patch.fs import root as cache_root
 
-    root = cache.directory()
+    root = cache_root.directory()
     before = _builds(root)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", PROG], check=True, capture_output=True)

@@ -355,7 +355,7 @@ def test_another_account_holding_a_lock_on_the_shared_parent_does_not_stall_gen(
 
 def test_a_gen_that_waits_for_another_says_so_after_a_second(small_plan, tmp_path):
     from torchgen_patch.codegen import render, write_all
-    from torchgen_patch.codegen.output import LOCK
+    from torchgen_patch.fs.locks import LOCK
 
     lock = os.open(tmp_path / f".out{LOCK}", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)  # another gen into the same directory, running
@@ -375,7 +375,7 @@ def test_a_gen_that_waits_for_another_says_so_after_a_second(small_plan, tmp_pat
 
 @needs_root
 def test_a_lock_file_another_account_owns_is_refused(ctx, run_cli):
-    from torchgen_patch.codegen.output import LOCK
+    from torchgen_patch.fs.locks import LOCK
 
     lock = ctx["tmp"] / f".g{LOCK}"
     lock.write_text("")

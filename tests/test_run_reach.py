@@ -325,6 +325,7 @@ def test_a_cached_runtime_op_verdict_is_used_only_while_the_builds_it_names_are_
     """The verdict's libraries are looked at through the cache: one naming a file outside the cache's
     builds, or a build since removed, is checked again; one naming a build that is there is the verdict."""
     from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import subdir
     from torchgen_patch.runtime.launch import launcher as launch  # its internals
     from torchgen_patch.sources import Options
 
@@ -335,7 +336,7 @@ def test_a_cached_runtime_op_verdict_is_used_only_while_the_builds_it_names_are_
     monkeypatch.setattr(launch, "_checked_elsewhere", lambda s: checked.append(s) or (["tgp_test::fresh"], None, None))
     outside = tmp_path / "lib.so"  # a file that is there, but no build of this cache
     outside.write_bytes(b"")
-    with cache.subdir("builds") as builds, builds.sub("build-0", create=True) as b:
+    with subdir("builds") as builds, builds.sub("build-0", create=True) as b:
         b.create("lib.so", b"")
         built = b.join("lib.so")
     for boxed, used in ((str(outside), False), (built, True), (os.path.join(os.path.dirname(built), "gone.so"), False)):

@@ -102,11 +102,11 @@ def _progress(args, what: str):
 
 def notes(args):
     """-v: the cache's notes (an entry ignored and rebuilt, a stale build removed) on stderr."""
-    from .. import cache
+    from ..fs import root as cache_root
 
     if not getattr(args, "verbose", False):
         return contextlib.nullcontext()
-    return cache.notes_to(lambda text: print(f"note: {text}", file=sys.stderr, flush=True))
+    return cache_root.notes_to(lambda text: print(f"note: {text}", file=sys.stderr, flush=True))
 
 
 def needs_torch(what: str) -> None:

@@ -30,8 +30,10 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
+from ...fs import root as cache_root
+from ...fs.dirs import Dir, open_dir, subdir
+from ...fs.protected import cache_refusal
 from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, build_key, build_problem, identity_source, torch_identity
 from .record import (FAILED_FOR, LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, failure_name, remember,
                      remembered, remembering, remove_stale)
@@ -73,20 +75,20 @@ class Library:
     built: bool  # False when the cache already had it
 
 
-def _builds_root(root: str | None) -> cache.Dir:
+def _builds_root(root: str | None) -> Dir:
     """The checked directory builds go in (created private; nothing is compiled for, or written into,
     a directory another account could write)."""
     if root is None:
-        return cache.subdir("builds")
+        return subdir("builds")
     try:
-        return cache.open_dir(root, cache.cache_refusal(root), create=True)
+        return open_dir(root, cache_refusal(root), create=True)
     except InputError as e:  # could not be made (what this machine lacks, EnvironmentProblem, goes on)
         raise _not_writable(root, e.cause or e.message) from None
 
 
 def _not_writable(root: str, why: str) -> InputError:
     return InputError(root, None, f"build directory is not writable: {why}",
-                      f"set {cache.ENV} to a cache of your own (a directory you can write)")
+                      f"set {cache_root.ENV} to a cache of your own (a directory you can write)")
 
 
 def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
