@@ -23,7 +23,8 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT, torch_is
+from tests.conftest import ROOT
+from tests.support import torch_is
 
 pytestmark = pytest.mark.build
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchgen_patch
-from tests.conftest import torch_is
+from tests.support import torch_is
 from torchgen_patch.checks import subclass as sc
 from torchgen_patch.checks import verify
 

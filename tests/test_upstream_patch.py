@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, torch_is
+from tests.conftest import ROOT
+from tests.support import torch_is
 from testbed.upstream_tree import failed_tests, kernels_tu, make_tree, registrations, run_codegen, run_test_file
 from torchgen_patch.upstream import patch as up
 from torchgen_patch.upstream.codegen_test import CODEGEN_TEST
