@@ -28,7 +28,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from torchgen_patch.errors import InputError, ToolError
+from torchgen_patch.errors import ToolError
 from torchgen_patch.fs.dirs import Dir, open_dir
 from torchgen_patch.fs.protected import Missing, problem, trusted_uids
 
@@ -153,7 +153,7 @@ def digest(fh: BinaryIO, size: int, path: str) -> str:
     h, got = hashlib.sha256(), 0
     try:
         fh.seek(0)
-        for block in iter(lambda: fh.read(min(1 << 20, size + 1 - got)), b""):
+        for block in iter(lambda: fh.read(min(1 << 20, size + 1 - got)), b""):  # noqa: B023 — got as the loop counts it
             h.update(block)
             got += len(block)
             if got > size:

@@ -17,7 +17,8 @@ from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
 # Each stage may import only the stages before it.
-ORDER = ["errors", "fs", "files", "version", "vocabulary", "cache", "sources", "scan", "plan", "codegen", "pipeline", "saved",
+ORDER = ["errors", "fs", "files", "version", "vocabulary", "cache", "sources", "scan", "plan", "codegen", "pipeline",
+         "saved",
          "runtime", "diagnostics", "checks", "upstream", "cli", "(top)", "__main__"]
 
 
@@ -81,14 +82,16 @@ def test_no_import_cycles_and_imports_only_go_down_the_pipeline():
 
 def test_every_module_imports_in_a_fresh_interpreter_in_dependency_order():
     order = list(graphlib.TopologicalSorter(_imports(_modules())).static_order())
-    code = "import importlib\nfor m in %r:\n    importlib.import_module(m)\n" % [m for m in order if m != "torchgen_patch.__main__"]
+    code = "import importlib\nfor m in %r:\n    importlib.import_module(m)\n" % [m for m in order
+                                                                             if m != "torchgen_patch.__main__"]
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr
 
 
 def test_starting_the_cli_imports_neither_torch_nor_torchgen():
-    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torchgen_patch.cli, torchgen_patch.cli.parser"],
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c",
+                        "import torchgen_patch.cli, torchgen_patch.cli.parser"],
                        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr
     imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
@@ -360,15 +363,18 @@ ALLOWED = {
                                                 "by its name, as a compiler found on PATH does)",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",
-    ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by fs.walk.find)",
+    ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by "
+                                         "fs.walk.find)",
     ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
     ("runtime/launch/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
     ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",
-    ("runtime/launch/launcher.py", "_read"): "the installed torch's version file and the overlay, hashed into the check's key",
+    ("runtime/launch/launcher.py", "_read"): "the installed torch's version file and the overlay, hashed into the "
+                                             "check's key",
     ("runtime/launch/launcher.py", "_stamp"): "the files of the --import modules, stamped into the check's key",
     ("runtime/launch/launcher.py", "_silenced"): "the null device, for what the --import modules print",
     ("cli/__init__.py", "_silence_stdout"): "the null device, in place of a standard output that failed",
-    ("runtime/launch/enable.py", "_is_dir"): "the data file's name in site-packages, looked at before disable removes anything",
+    ("runtime/launch/enable.py", "_is_dir"): "the data file's name in site-packages, looked at before disable "
+                                             "removes anything",
     ("runtime/launch/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
     ("runtime/launch/enable.py", "check_writable"): "the environment's site-packages",
     ("runtime/launch/enable.py", "state"): "enable's output files, and the hook of this install they name",
@@ -734,7 +740,8 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 def _long_functions(source: str, limit: int) -> list[str]:
     """The functions and methods of ``source`` (nested ones too) longer than ``limit`` lines, each from its
     ``def`` to its last line."""
-    return [f"{node.name}:{node.lineno}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
+    return [f"{node.name}:{node.lineno}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(ast.parse(source))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
 
 

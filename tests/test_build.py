@@ -160,7 +160,8 @@ def test_no_compiler(tmp_path, monkeypatch):
     with pytest.raises(EnvironmentProblem) as e:  # what the machine lacks: exit 3, no bad input
         build.build(files, [], 1, root=str(tmp_path / "b"))
     assert e.value.render() == ("torchgen-patch: error: no C++ compiler: 'no-such-compiler-xyz' is not on PATH "
-                                "(hint: install g++ (or set CXX), or use --backend python (install(backend='python') in "
+                                "(hint: install g++ (or set CXX), or use --backend python (install(backend='python') "
+                                "in "
                                 "Python))")
 
 
@@ -254,7 +255,8 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     estimating = importlib.import_module("torchgen_patch.runtime.build.build_time")  # the module, not its function
 
     monkeypatch.setattr(estimating, "load_now", lambda: record["load"])  # as busy as during that build
-    guess = estimate(str(tmp_path), {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
+    guess = estimate(str(tmp_path),
+                     {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
     m = re.fullmatch(r"about (\d+) s, going by 1 earlier build here", guess)
     assert m and int(m.group(1)) <= round(record["seconds"]) + 1, (guess, record)
     assert estimate(str(tmp_path / "elsewhere"), {"a.cpp": 1}) is None

@@ -8,7 +8,6 @@ import glob
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 
@@ -21,10 +20,8 @@ from torchgen_patch import cache
 from torchgen_patch.fs import root as cache_root
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
-from torchgen_patch.runtime import install as installer
 from torchgen_patch.runtime.load import loader
-from torchgen_patch.runtime.load import trust
-from tests.test_trust import _sha, cached  # noqa: F401  (the fixture: a private cache holding the session's build)
+from tests.test_trust import _sha, cached
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another account needs root")
@@ -175,7 +172,7 @@ def test_an_entry_others_can_write_or_a_symlink_is_not_read(warm, tmp_path):
     _edit(entry, lambda d: d["cpp"]["aten::_cummax_helper"].update(root_name="evil"))
     os.chmod(entry, 0o666)
     r = _cli("gen", "-v", "-o", tmp_path / "out", cache_dir=c)
-    assert r.returncode == 0 and f"is writable by group and others (mode 0666)" in r.stderr, r.stderr
+    assert r.returncode == 0 and "is writable by group and others (mode 0666)" in r.stderr, r.stderr
     assert _same_tree(tmp_path / "out", clean)
     elsewhere = tmp_path / "planted.json"
     shutil.copy(entry, elsewhere)
@@ -390,7 +387,7 @@ def test_a_cache_another_account_prepared_is_refused_and_not_written_through(war
                 with open(os.path.join(theirs, os.path.basename(entry)), "w") as fh:
                     json.dump(planted, fh)
                 os._exit(0)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 — the forked child's sink: its exit status says it
                 os._exit(1)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
         assert os.stat(theirs).st_uid == uid

@@ -24,8 +24,8 @@ import time
 import pytest
 
 from tests.test_cache_input import _second_account
-from tests.test_output_trust import small_plan, sticky  # noqa: F401  (fixtures)
-from tests.test_outputs import FUNCS, ctx, tmpfs, tree  # noqa: F401  (fixtures)
+from tests.test_output_trust import small_plan, sticky
+from tests.test_outputs import FUNCS, ctx, tmpfs, tree
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second account needs root")
 THEIRS = b"the other account's\n"
@@ -505,6 +505,7 @@ def test_an_output_on_a_full_disk_is_the_environments_problem(ctx, full_fs, run_
     out = full_fs / "report.txt"
     rc, _, err = run_cli("lint", ctx["native"], "-o", out)
     assert rc == 3 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith(f"{os.path.relpath(out)}: error: cannot write lint report: ") and "No space left on device (hint: free space" in err, err
+    assert err.startswith(f"{os.path.relpath(out)}: error: cannot write lint report: "), err
+    assert "No space left on device (hint: free space" in err, err
     assert out.read_text() == "the old report\n"
     assert sorted(os.listdir(full_fs)) == ["filler", "report.txt"]

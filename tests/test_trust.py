@@ -197,6 +197,6 @@ def test_a_fresh_build_is_private_and_records_its_hash(library):
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
     info = json.load(open(os.path.join(d, "build-info.json")))
     assert info["sha256"] == _sha(library.path)
-    for base, dirs, names in os.walk(d):
+    for base, _, names in os.walk(d):
         for p in [base] + [os.path.join(base, n) for n in names]:
             assert not os.lstat(p).st_mode & 0o022, p

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -145,7 +144,8 @@ def test_a_cache_path_swapped_after_its_check_changes_nothing_the_build_does(tmp
     assert r.stderr.splitlines()[-1].startswith(f"torchgen-patch: error: {victim} is owned by {SECOND} (uid {uid})")
     assert _owned_by(theirs, 0) == []
     [built] = [n for n in os.listdir(os.path.join(away, "builds")) if not n.endswith(".lock")]
-    assert built.startswith("build-") and any(n.endswith(".so") for n in os.listdir(os.path.join(away, "builds", built)))
+    assert built.startswith("build-")
+    assert any(n.endswith(".so") for n in os.listdir(os.path.join(away, "builds", built)))
 
 
 # ---- leases, namespaces, forks ----------------------------------------------------------------------------
@@ -553,7 +553,7 @@ def _covered(data):
     from torchgen_patch.scan.classify import verdict_of
     from torchgen_patch.sources.facts import Facts, WrittenArg
 
-    for row, facts in zip(data["records"], data["facts"]):
+    for row, facts in zip(data["records"], data["facts"], strict=True):
         if row[6] == "missing":
             facts[1] = True
             f = Facts(row[0], row[1], "", row[2], row[3], tuple(WrittenArg(*w) for w in row[4]), row[5], facts[0],
@@ -618,7 +618,8 @@ def _fake_dist(tmp_path, digest_of=b"\x7fELF not really a library"):
 
     rec = {"format": prebuilt.FORMAT, "torchgen_patch": __version__, "torch": torch_identity(),
            "library": "lib.so", "sha256": hashlib.sha256(digest_of).hexdigest(), "key": "0" * 64,
-           "overlay_sha256": prebuilt.overlay_sha256(__import__("torchgen_patch.sources", fromlist=["Options"]).Options()),
+           "overlay_sha256": prebuilt.overlay_sha256(__import__("torchgen_patch.sources",
+                                                                fromlist=["Options"]).Options()),
            "plan": {"kernels": []}}
     (pkg / prebuilt.RECORD).write_text(json.dumps(rec))
     for p in (site, pkg, info):
