@@ -68,9 +68,11 @@ check: setup
 
 test-fast: check
 
-# tests/durations.json from the last `make test` (the `slow` mark of `make check` is read from it).
+# tests/durations.json from the last `make test` (the `slow` mark of `make check` is read from it), and
+# reports/test-durations-cpu-torch<release>.md: the seconds of each test file and the 25 slowest items.
 durations:
 	$(BIN)/python scripts/test_durations.py build/pytest-junit.xml --note "$(NOTE)"
+	$(BIN)/python scripts/durations_report.py build/pytest-junit.xml
 
 # git's commit-msg hook that refuses a subject of 72 characters or more (scripts/commit-msg), linked into this
 # clone's hooks directory (core.hooksPath, or .git/hooks; a worktree's too).
