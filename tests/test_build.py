@@ -238,7 +238,8 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     """On a terminal: a line per translation unit with its own compile time (not the time since the
     start), plurals right; no estimate before anything was built here (none could be honest), and
     after one build an estimate made from that build's units."""
-    from torchgen_patch.runtime.build import build_boxed, estimate
+    from torchgen_patch.runtime.build import build_boxed
+    from torchgen_patch.runtime.build.build_time import estimate
 
     monkeypatch.delenv("CI", raising=False)
     log = _Terminal()
@@ -264,7 +265,7 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
 
 def test_build_progress_is_for_terminals_only(tmp_path, monkeypatch):
     from torchgen_patch.fs.dirs import open_dir
-    from torchgen_patch.runtime.build import Progress
+    from torchgen_patch.runtime.build.progress import Progress
 
     (tmp_path / ".ninja_log").write_text("# ninja log v5\n0\t1000\t0\ta.o\t0\n")
     with open_dir(str(tmp_path)) as d:

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...errors import EnvironmentProblem, InputError, require_torch
 from ...fs import root as cache_root
@@ -40,29 +38,13 @@ from .record import (FAILED_FOR, LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, c
 from .toolchain import (CFLAGS, check_compiler_runs, compiler_path, default_flags, driver_path, ninja_path,
                         python_flags, recorded)
 
-if TYPE_CHECKING:
-    from .build_time import estimate
-    from .compiler_errors import explain
-    from .ninja import build_ninja, ninja_times
-    from .processes import own_process_group
-    from .progress import Progress
+# What only a compile uses (build_time, compiler_errors, ninja, processes, progress, compile) is imported where
+# a compile starts: a cached install() finds its library through key.py, record.py and toolchain.py, and never
+# loads the compile's modules (nor codegen).
 
-# What only a compile uses is imported when it is first named: a cached install() finds its library
-# through key.py, record.py and toolchain.py, and never loads the compile's modules (nor codegen).
-_COMPILE_PARTS = {"estimate": ".build_time", "explain": ".compiler_errors", "build_ninja": ".ninja",
-                  "ninja_times": ".ninja", "own_process_group": ".processes", "Progress": ".progress"}
-
-
-def __getattr__(name: str):
-    if name in _COMPILE_PARTS:
-        return getattr(importlib.import_module(_COMPILE_PARTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["CFLAGS", "FAILED_FOR", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "Progress", "RECORD",
-           "RECORD_FORMAT", "TEMPORARY", "build", "build_boxed", "build_ninja", "build_problem", "build_saved",
-           "default_flags", "estimate", "explain", "identity_source", "ninja_times", "own_process_group",
-           "python_flags", "recorded", "remembering", "remove_stale", "torch_identity"]
+__all__ = ["CFLAGS", "FAILED_FOR", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "RECORD",
+           "RECORD_FORMAT", "TEMPORARY", "build", "build_boxed", "build_problem", "build_saved", "default_flags",
+           "identity_source", "python_flags", "recorded", "remembering", "remove_stale", "torch_identity"]
 
 
 @dataclass(frozen=True)
