@@ -9,7 +9,7 @@ OUT    ?= build/generated
 # checkout is that folder on purpose, so that one third-party warning is filtered by its text
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup run test check test-fast durations bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs source-build
+.PHONY: setup run test check test-fast durations hooks bench goldens patches clean test-torch2.14 audit matrix test-torch pytorch-check docs source-build
 
 # Two steps: what the main job needs (requirements-run.txt), then the test and lint tools on top.
 setup: $(STAMP)
@@ -68,9 +68,17 @@ check: setup
 
 test-fast: check
 
-# tests/durations.json from the last `make test` (the `slow` mark of `make check` is read from it).
+# tests/durations.json from the last `make test` (the `slow` mark of `make check` is read from it), and
+# reports/test-durations-cpu-torch<release>.md: the seconds of each test file and the 25 slowest items.
 durations:
 	$(BIN)/python scripts/test_durations.py build/pytest-junit.xml --note "$(NOTE)"
+	$(BIN)/python scripts/durations_report.py build/pytest-junit.xml
+
+# git's commit-msg hook that refuses a subject of 72 characters or more (scripts/commit-msg), linked into this
+# clone's hooks directory (core.hooksPath, or .git/hooks; a worktree's too).
+hooks:
+	@d=$$(git rev-parse --git-path hooks) && mkdir -p "$$d" && ln -sf "$(CURDIR)/scripts/commit-msg" "$$d/commit-msg" \
+		&& echo "installed $$d/commit-msg"
 
 # Every benchmark; the per-call instruction counts (callgrind) need valgrind on PATH (else "not run").
 bench: setup

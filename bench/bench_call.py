@@ -133,13 +133,14 @@ def main() -> int:
         for i in range(args.rounds):
             for which in orders[i % len(orders)] + ("python", "boxed"):
                 t[which].append(timed(which, op, fn, n))
-        ratio = {"ours_vs_pytorch": [o / p for o, p in zip(t["ours"], t["pytorch"])],
-                 "ours_vs_unpatched": [o / b for o, b in zip(t["ours"], t["unpatched"])],
-                 "pytorch_vs_unpatched": [p / b for p, b in zip(t["pytorch"], t["unpatched"])],
-                 "python_vs_unpatched": [p / b for p, b in zip(t["python"], t["unpatched"])],
-                 "boxed_vs_unpatched": [p / b for p, b in zip(t["boxed"], t["unpatched"])]}
+        ratio = {"ours_vs_pytorch": [o / p for o, p in zip(t["ours"], t["pytorch"], strict=True)],
+                 "ours_vs_unpatched": [o / b for o, b in zip(t["ours"], t["unpatched"], strict=True)],
+                 "pytorch_vs_unpatched": [p / b for p, b in zip(t["pytorch"], t["unpatched"], strict=True)],
+                 "python_vs_unpatched": [p / b for p, b in zip(t["python"], t["unpatched"], strict=True)],
+                 "boxed_vs_unpatched": [p / b for p, b in zip(t["boxed"], t["unpatched"], strict=True)]}
         row = {"case": name, "op": op, "device": args.device, "torch": torch.__version__, "rounds": args.rounds,
-               "calls_per_block": n, "threads": torch.get_num_threads(), **{f"{c}_us": statistics.median(v) * 1e6 for c, v in t.items()},
+               "calls_per_block": n, "threads": torch.get_num_threads(),
+               **{f"{c}_us": statistics.median(v) * 1e6 for c, v in t.items()},
                **{k: spread(v) for k, v in ratio.items()}, "target": TARGET, "equal_within": EQUAL}
         row["met"] = row["ours_vs_pytorch"]["median"] <= TARGET + EQUAL
         results.append(row)

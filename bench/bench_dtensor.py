@@ -58,7 +58,7 @@ def main() -> int:
                     torchgen_patch.uninstall()
                 else:
                     base.append(per_call(fn, args.calls, sync))
-    ratio = statistics.median(c / b for c, b in zip(cpp, base))
+    ratio = statistics.median(c / b for c, b in zip(cpp, base, strict=True))
     row = {"case": "DTensor _foreach_add_.List, 8 parameters of 64x64, Shard(0), one rank",
            "device": args.device, "torch": torch.__version__, "rounds": args.rounds, "calls": args.calls,
            "unpatched_us": statistics.median(base) * 1e6, "cpp_us": statistics.median(cpp) * 1e6,

@@ -54,16 +54,16 @@ def main(n: int = 7) -> list[dict]:
                 ("installed", [], [src.native, src.tags], None),
                 ("checkout", ["--pytorch-root", tree],
                  [os.path.join(tyaml, "native_functions.yaml"), os.path.join(tyaml, "tags.yaml")], tree)):
-            def cold():
+            def cold(lint_args=lint_args):
                 return run_py(LINT, {"TORCHGEN_PATCH_CACHE": tempfile.mkdtemp(prefix="c-", dir=work)}, lint_args)
 
             warm_dir = tempfile.mkdtemp(prefix="w-", dir=work)
             run_py(LINT, {"TORCHGEN_PATCH_CACHE": warm_dir}, lint_args)  # fill the cache once
 
-            def warm():
+            def warm(warm_dir=warm_dir, lint_args=lint_args):
                 return run_py(LINT, {"TORCHGEN_PATCH_CACHE": warm_dir}, lint_args)
 
-            def parse():
+            def parse(parse_args=parse_args, parse_path=parse_path):
                 return run_py(PARSE, None, parse_args, pythonpath=parse_path)
 
             xs, ys = paired(cold, parse, n)

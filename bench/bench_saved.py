@@ -342,8 +342,8 @@ def timing(name: str, device: str, rounds: int, path: str | None, not_drawn_us: 
     reads = b.two_reads(nbytes)
     peaks = {mode: b.peak(mode) for mode in ("off", "on", "identity")}
     off = statistics.median(runs["off"])
-    ratios = [on / o for on, o in zip(runs["on"], runs["off"])]
-    hooks = [i / o for i, o in zip(runs["identity"], runs["off"])]
+    ratios = [on / o for on, o in zip(runs["on"], runs["off"], strict=True)]
+    hooks = [i / o for i, o in zip(runs["identity"], runs["off"], strict=True)]
     ratio = statistics.median(ratios)
     q = statistics.quantiles(ratios, n=4) if rounds >= 4 else [ratio, ratio, ratio]
     hooks_ratio = statistics.median(hooks)
@@ -745,7 +745,8 @@ def _where_it_goes(results: dict) -> list[str]:
 def render(results: dict, rounds: int, device: str) -> str:
     clock = "wall time (the device synchronised at both ends of each block of steps)" if device == "cuda" else \
         "CPU time (torch on one thread: the work done)"
-    lines = [f"# The saved-tensor check's cost: a training step with the check on / off, and its floor, {device.upper()}",
+    lines = [f"# The saved-tensor check's cost: a training step with the check on / off, and its floor, "
+             f"{device.upper()}",
              "", f"- {results['device']}, torch `{results['torch']}`, "
              f"Python {results.get('python', platform.python_version())}"
              + (f", {os.cpu_count()} CPU cores" if device == "cpu" else ""),
@@ -768,9 +769,9 @@ def render(results: dict, rounds: int, device: str) -> str:
                            "a fresh process per mode, the peak resident size of three steps above the size before "
                            "the first (best of 3)"),
              "- with the check off: " + ", ".join(f"{k}: `{v}`" for k, v in results["off"].items()),
-             "- what one saved tensor costs the host (a chain of 1,000 products of 4 x 4 tensors, forward and backward, "
-             "each saving both inputs): {identity_us:.2f} us with identity hooks, {check_us:.2f} us with the check; one "
-             "op of that chain costs {op_us:.1f} us itself".format(**results["hook_cost"]), "",
+             "- what one saved tensor costs the host (a chain of 1,000 products of 4 x 4 tensors, forward and "
+             "backward, each saving both inputs): {identity_us:.2f} us with identity hooks, {check_us:.2f} us with "
+             "the check; one op of that chain costs {op_us:.1f} us itself".format(**results["hook_cost"]), "",
              "| model | saved a step | off | on | on / off (p25-p75) | target | sampled at the default N, mean "
              "(expected) | a step not drawn: off + its host cost (the rounds: median, p25-p75) | floor (identity "
              "hooks + two reads) | peak off / on | findings |",

@@ -201,8 +201,8 @@ def main(rounds: int = 7) -> list[dict]:
                     anchor.append(_wall(python, ANCHOR, env, anchor_cpu))
     rows = []
     for name, (ours, anchor, ours_cpu, anchor_cpu) in times.items():
-        ratios = sorted(o / a for o, a in zip(ours, anchor))
-        cpu_ratio = statistics.median(o / a for o, a in zip(ours_cpu, anchor_cpu))
+        ratios = sorted(o / a for o, a in zip(ours, anchor, strict=True))
+        cpu_ratio = statistics.median(o / a for o, a in zip(ours_cpu, anchor_cpu, strict=True))
         row = {"name": f"start-up, {name}, vs import torch", "median_s": statistics.median(ours),
                "anchor_median_s": statistics.median(anchor), "ratio": statistics.median(ratios),
                "ratio_min": ratios[0], "ratio_max": ratios[-1], "runs": rounds,
@@ -253,13 +253,13 @@ def _pairs(pairs: dict, rounds: int) -> list[dict]:
                 p.append(timed(entry, 1, pc))
     rows = []
     for name, (o, p, oc, pc) in times.items():
-        ratios = sorted(a / b for a, b in zip(o, p))
-        cpu_ratio = statistics.median(a / b for a, b in zip(oc, pc)) if min(pc) > 0 else None
+        ratios = sorted(a / b for a, b in zip(o, p, strict=True))
+        cpu_ratio = statistics.median(a / b for a, b in zip(oc, pc, strict=True)) if min(pc) > 0 else None
         target, extra_target = _targets(name)
         row = {"name": f"launcher, {name}, vs the plain program", "median_s": statistics.median(o),
                "anchor_median_s": statistics.median(p), "ratio": statistics.median(ratios),
                "ratio_min": ratios[0], "ratio_max": ratios[-1], "runs": rounds, "target": target,
-               "extra_s": statistics.median(a - b for a, b in zip(o, p)), "cpu_s": statistics.median(oc),
+               "extra_s": statistics.median(a - b for a, b in zip(o, p, strict=True)), "cpu_s": statistics.median(oc),
                "anchor_cpu_s": statistics.median(pc), "cpu_ratio": cpu_ratio, "best_s": min(o),
                "anchor_best_s": min(p), "best_ratio": min(o) / min(p), "best_extra_s": min(o) - min(p)}
         best = name.startswith("enabled environment") or "--runtime-op" in name  # judged on the best of each side

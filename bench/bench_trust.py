@@ -117,7 +117,7 @@ def main(rounds: int = 7, baseline: str = ANCHOR, target: float = 1.05, launcher
             new_side(code)
             old_side(code)
         for what, code in measured:
-            xs, ys = paired(lambda: new_side(code), lambda: old_side(code), rounds)
+            xs, ys = paired(lambda code=code: new_side(code), lambda code=code: old_side(code), rounds)
             result = ratio_line(f"{what} with every check vs the same at {baseline}", xs, ys, target)
             result["anchor"] = baseline
             out.append(result)

@@ -44,7 +44,8 @@ def _callgrind(report: bool) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "callgrind", "trust", "startup", "optim", "saved"),
+    ap.add_argument("--only", choices=("lint", "gen", "build", "call", "callgrind", "trust", "startup", "optim",
+                                       "saved"),
                     action="append")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15, help="paired rounds of the per-call benchmark")
@@ -84,7 +85,8 @@ def main() -> int:
               "fixed codegen emits | with this project's | a generated in-place op (CPU)", flush=True)
         results["callgrind"] = _callgrind(args.report)
     if "optim" in only:
-        print("== an optimizer step with the overlay's optimizer entries active vs not: torch's AdamW, DeepSpeedCPUAdam",
+        print("== an optimizer step with the overlay's optimizer entries active vs not: torch's AdamW, "
+              "DeepSpeedCPUAdam",
               flush=True)
         out = os.path.join(ROOT, "build", "bench-optim.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)

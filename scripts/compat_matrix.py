@@ -252,8 +252,8 @@ def failed_files(text: str) -> set[str]:
 
 
 def combined(text: str) -> tuple[dict[str, int] | None, set[str], int]:
-    """(counts, files with failures, tests that failed in the full run) of a report: a full run, then optionally sections
-    headed `# rerun ...` that rerun the tests that failed before them (after a fix): their
+    """(counts, files with failures, tests that failed in the full run) of a report: a full run, then optionally
+    sections headed `# rerun ...` that rerun the tests that failed before them (after a fix): their
     results replace those of the failed tests."""
     parts = re.split(r"^# rerun\b.*$", text, flags=re.M)
     counts, bad, rerun = pytest_summary(parts[0]), failed_files(parts[0]), 0
@@ -464,7 +464,8 @@ def read_source_build(folder: str, data: dict) -> dict:
         "same_as_wheel": (wheel.get("counts") == lint["counts"] and wheel.get("total") == lint["total"])
         if "counts" in wheel else None,
         "autograd_same_as_wheel": (sorted(rules.get("out-requires-grad-unchecked", []))
-                                   == wheel["autograd"]["out-requires-grad-unchecked"]) if "autograd" in wheel else None,
+                                   == wheel["autograd"]["out-requires-grad-unchecked"])
+                                  if "autograd" in wheel else None,
         "build_says": text("build.err").strip().splitlines()[-1],
         "run_says": re.sub(r"\bpid \d+", "pid N", text("program-run.err").strip()),  # the same in every run
         "verify": {name: r["counts"] for name, r in sorted(verify["runs"].items())},
@@ -497,7 +498,8 @@ def source_build_row(sb: dict, wheel_row: dict | None) -> str:
     """The summary's row for one build from source."""
     ok = _source_build_ok(sb)
     name = SOURCE_BUILD.format(**sb)
-    same = {True: "; the same counts as the wheel", False: "; **not** the wheel's counts", None: ""}[sb["same_as_wheel"]]
+    same = {True: "; the same counts as the wheel", False: "; **not** the wheel's counts",
+            None: ""}[sb["same_as_wheel"]]
     static = (f"lint: {sb['counts']['missing']} missing, {sb['findings'].get('out-requires-grad-unchecked', 0)} "
               f"out= unchecked{same}")
     build = f"{_mark(ok['build'])} ({sb['steps']['build']['seconds']:.0f} s from an empty cache)"
@@ -524,7 +526,8 @@ def source_build_md(sb: dict) -> str:
            "## The world", "",
            "| what | value |", "|---|---|",
            f"| packages | {', '.join(f'`{p}`' for p in sb['packages'])} |",
-           f"| `torch.__version__` | `{sb['torch']}` (git version: {sb['git_version']}; CUDA: {sb['cuda'] or 'none'}) |",
+           f"| `torch.__version__` | `{sb['torch']}` (git version: {sb['git_version']}; "
+           f"CUDA: {sb['cuda'] or 'none'}) |",
            f"| C++ ABI | {'C++11 (`_GLIBCXX_USE_CXX11_ABI=1`)' if sb['cxx11_abi'] else 'pre-C++11'} |",
            f"| compiler | {sb['gxx']}; ninja {sb['ninja']} |",
            f"| Python | {sb['python']} |",
@@ -596,7 +599,8 @@ def _write(path: str, text: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", help="comma-separated releases to (re)check, merged into the existing results")
-    ap.add_argument("--report", action="store_true", help="write reports/ and the table of docs/compatibility.md (default: build/)")
+    ap.add_argument("--report", action="store_true",
+                    help="write reports/ and the table of docs/compatibility.md (default: build/)")
     ap.add_argument("--render-only", action="store_true", help="check nothing; render the existing json again")
     ap.add_argument("--source-build", metavar="DIR",
                     help="check nothing: add the results scripts/check_source_build.sh wrote in DIR, render again")

@@ -138,13 +138,13 @@ def report(device: str, runs: dict[str, list[dict]]) -> tuple[str, bool]:
                 f"{sum(c['findings'] for c in checks)} findings, {sum(c['checked'] for c in checks)} saved tensors "
                 "checked"] if checks[0] else []),
              *[f"- {side}: the ranks wrote their losses, then a rank aborted in the process group's teardown "
-               f"(SIGABRT, \"{ABORT_AT_EXIT}\")" for side in ("unpatched", "patched")
+               f"(SIGABRT, \"{ranks_.ABORT_AT_EXIT}\")" for side in ("unpatched", "patched")
                if runs[side][0].get("aborted_at_exit")],
              "", "| rank | optimizer | step | unpatched | patched |", "|---|---|---|---|---|"]
     for rank in (0, 1):
         for mode in MODES:
             for i, (a, b) in enumerate(zip(runs["unpatched"][rank]["losses"][mode],
-                                           runs["patched"][rank]["losses"][mode])):
+                                           runs["patched"][rank]["losses"][mode], strict=False)):
                 lines.append(f"| {rank} | AdamW {mode}=True | {i} | {a!r} | {b!r} |")
     return "\n".join(lines) + "\n", same
 

@@ -47,6 +47,6 @@ for _ in range(40):
             torchgen_patch.uninstall()
 base = res["unpatched"]
 for name, xs in res.items():
-    ratios = [x / b for x, b in zip(xs, base)]
+    ratios = [x / b for x, b in zip(xs, base, strict=True)]
     print(f"{dev} _foreach_add_ 2x1: {name}: median {statistics.median(xs):.3f} us, "
           f"paired ratio {statistics.median(ratios):.3f}")

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--changes", type=int, default=20000)
     a = p.parse_args(argv)
     sys.path.insert(0, ROOT)
-    for path, size, what in (("numpy", 256, "one NH block (1 KiB), numpy"), ("numpy", 8192, "32 NH blocks (32 KiB), numpy"),
+    for path, size, what in (("numpy", 256, "one NH block (1 KiB), numpy"),
+                             ("numpy", 8192, "32 NH blocks (32 KiB), numpy"),
                              ("device", 8192, "32 NH blocks, torch's ops (run on CPU)")):
         n = misses(path, size, a.changes)
         print(f"{what}: {n} misses in {a.changes} changes, mod 1021 (a uniform hash: {a.changes / 1021:.1f})")

@@ -53,7 +53,8 @@ MODES = {"unpatched": "unpatched", "check": "unpatched, `check_saved(\"warn\")`"
 FINDING = "torchgen-patch: saved tensor changed without a version bump"
 SUMMARY = re.compile(r"saved-tensor check in pid \d+(?: \(rank \d+\))?: (\d+) changed saved tensors? \((\d+) "
                      r"distinct\) in (\d+) checked")
-PATCHED = re.compile(r"torchgen-patch: (\d+) kernels active \((\w+)\), (\d+) refused[^;\n]*; (\d+) optimizer entries active")
+PATCHED = re.compile(r"torchgen-patch: (\d+) kernels active \((\w+)\), (\d+) refused[^;\n]*; (\d+) optimizer entries "
+                     r"active")
 LINT_MODULES = ("deepspeed.ops.adam", "deepspeed.ops.lamb", "deepspeed.ops.lion")
 # DeepSpeed's ops the parts load, by the op builder that makes each: the fused optimizers' (CUDA's;
 # FusedAdam has a CPU build too), and the CPU optimizers' the lint probes without an overlay
@@ -127,7 +128,8 @@ def prepare(runner: Runner, device: str, parts: set[str], names: list[str]) -> d
 
     fused = ["fused_adam"] if device == "cpu" else ["fused_adam", "fused_lamb", "fused_lion"]  # CPU: FusedAdam's only
     ops = []
-    if any((cases.CASES[n].optimizer or "").startswith("deepspeed.") for n in names) and {"cases", "optimizers"} & parts:
+    deepspeed = any((cases.CASES[n].optimizer or "").startswith("deepspeed.") for n in names)
+    if deepspeed and {"cases", "optimizers"} & parts:
         ops += fused
     if "lint" in parts:  # the probe constructs each class the overlay does not cover (ZenFlowCPUAdam: cpu_adam)
         ops += ["cpu_adam", "cpu_lion"] + fused
@@ -255,7 +257,8 @@ def run_optimizers(runner: Runner, device: str, names: list[str], tmp: str) -> d
         a, b = got["train-unpatched"], got["train-run"]
         if a["outcome"] == b["outcome"] == "trained":
             got["identical"] = a["losses"] == b["losses"] and a["digest"] == b["digest"]
-            got["bumps_per_step"] = sorted({(v - u) / cases.TRAIN_STEPS for u, v in zip(a["versions"], b["versions"])})
+            got["bumps_per_step"] = sorted({(v - u) / cases.TRAIN_STEPS
+                                            for u, v in zip(a["versions"], b["versions"], strict=False)})
         out[n] = got
     return out
 
@@ -411,7 +414,8 @@ def _lint_cell(f: dict) -> str:
     """A lint finding on an optimizer class, short: what its probe found."""
     text = f["message"].split(": ", 1)[-1]
     if f["rule"] == "optimizer-step-unseen":
-        return "**unseen**: " + text.split("cannot see the write: ", 1)[-1].split("; an optimizer entry in the overlay")[0]
+        unseen = text.split("cannot see the write: ", 1)[-1]
+        return "**unseen**: " + unseen.split("; an optimizer entry in the overlay")[0]
     return text
 
 
@@ -444,9 +448,10 @@ def render(res: dict) -> str:
             for k, v in sorted(res["prepare"].items())))
     notes: list[str] = []
     if res.get("cases"):
-        lines += ["", "## The writes", "", "| write between forward and backward | " + " | ".join(MODES.values()) + " |",
+        lines += ["", "## The writes", "",
+                  "| write between forward and backward | " + " | ".join(MODES.values()) + " |",
                   "|---|" + "---|" * len(MODES)]
-        for name, c in res["cases"].items():
+        for c in res["cases"].values():
             lines.append(f"| {c['what']} | " + " | ".join(cell(c["modes"][m], notes) for m in MODES) + " |")
         missing = [n for lib, n in NOT_HERE.items() if not any(k.startswith(lib.replace("_", "-")) and v
                                                                for k, v in env["libraries"].items())]
@@ -454,9 +459,10 @@ def render(res: dict) -> str:
             lines += ["", f"Not measured here: {', '.join(missing)} (not installed on this machine)."]
     if res.get("optimizers"):
         lines += ["", "## The optimizer entries", "",
-                  "| optimizer | entry | `run` without an entry | `run` with it | training, unpatched vs `run` with it |",
+                  "| optimizer | entry | `run` without an entry | `run` with it | training, unpatched vs `run` with "
+                  "it |",
                   "|---|---|---|---|---|"]
-        for name, o in res["optimizers"].items():
+        for o in res["optimizers"].values():
             a, b = o["train-unpatched"], o["train-run"]
             if "identical" in o:
                 train = (("bit-identical" if o["identical"] else "**different**") +

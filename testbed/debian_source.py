@@ -25,7 +25,7 @@ import tempfile
 
 from testbed.release_inputs import (PACKAGE, REFUSAL, Checked, Refused, Unavailable, cache_dir, checked_dir,
                                     checked_source, copy_checked, index_pins, vouched)
-from torchgen_patch.cache import Dir
+from torchgen_patch.fs.dirs import Dir
 
 SUITE = "trixie"
 SOURCES = ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")) + \

@@ -8,7 +8,7 @@ never wins over the pinned one. The upstream tarball is used only when its size 
 the checked ``.dsc``'s Checksums-Sha256 gives it.
 
 Every file is opened ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC`` relative to a checked directory
-descriptor (the cache's: torchgen-patch's own rules, ``torchgen_patch.cache.open_dir``: owned by you
+descriptor (the cache's: torchgen-patch's own rules, ``torchgen_patch.fs.dirs.open_dir``: owned by you
 or root and writable by nobody else, as is every file in it), checked on its own descriptor as a
 regular file of the size its pin gives, then read, hashed and unpacked from that descriptor alone. A
 FIFO, a device or a symlink is refused at once: never waited on, never followed.
@@ -28,8 +28,9 @@ import stat
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from torchgen_patch.cache import Dir, Missing, open_dir, problem, trusted_uids
-from torchgen_patch.errors import InputError, ToolError
+from torchgen_patch.errors import ToolError
+from torchgen_patch.fs.dirs import Dir, open_dir
+from torchgen_patch.fs.protected import Missing, problem, trusted_uids
 
 PACKAGE = "pytorch"
 # .dsc name -> (SHA-256, size) of trixie's source package, as its signed Sources index gives them; the
@@ -152,7 +153,7 @@ def digest(fh: BinaryIO, size: int, path: str) -> str:
     h, got = hashlib.sha256(), 0
     try:
         fh.seek(0)
-        for block in iter(lambda: fh.read(min(1 << 20, size + 1 - got)), b""):
+        for block in iter(lambda: fh.read(min(1 << 20, size + 1 - got)), b""):  # noqa: B023 — got as the loop counts it
             h.update(block)
             got += len(block)
             if got > size:

@@ -58,7 +58,8 @@ def cases() -> list[Case]:
         out.append(_native(f"laughs-list-{f}", OK_ENTRY + head + body))
         if f != "func":
             out.append(_native(f"laughs-map-{f}", OK_ENTRY + head + f"  {f}: {laughs_map()}\n"))
-    out.append(_native("laughs-unknown-field", OK_ENTRY + f"- func: tp_a(Tensor self) -> Tensor\n  extra: {laughs()}\n"))
+    out.append(_native("laughs-unknown-field",
+                       OK_ENTRY + f"- func: tp_a(Tensor self) -> Tensor\n  extra: {laughs()}\n"))
     out.append(_native("laughs-merge-key", OK_ENTRY + f"- func: tp_a(Tensor self) -> Tensor\n  <<: {laughs_map()}\n"))
     out.append(_native("laughs-whole-entry", f"- &e {{func: 'tp_e(Tensor self) -> Tensor', x: {laughs()}}}\n"
                                              + "".join("- *e\n" for _ in range(50))))

@@ -20,7 +20,7 @@ from torchgen_patch.plan import make_plan  # noqa: E402
 from torchgen_patch.plan import overlay as ov  # noqa: E402
 from torchgen_patch.scan import scan  # noqa: E402
 from torchgen_patch.sources import Options, resolve  # noqa: E402
-from tests.support import deepspeed_arch_list, torch_is  # noqa: E402,F401
+from tests.support import deepspeed_arch_list  # noqa: E402
 
 # DeepSpeed reads TORCH_CUDA_ARCH_LIST in every process that loads one of its ops, the tests' own too
 os.environ.update(deepspeed_arch_list())

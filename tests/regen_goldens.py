@@ -72,14 +72,14 @@ def format_goldens() -> dict[str, bytes]:
                                                   ("out",), Location(None, None)))]
     runtime_summary = Summary(source="runtime", left_out=1)
     # lint --runtime --import's optimizer rule: an unseen write each way, a class not probed, one covered
-    S, O = StepProbe, StepOutcome
+    S, Out = StepProbe, StepOutcome
     optim = sorted([rules.optimizer_probe(p) for p in (
-        S("ext.optim.PybindAdam", Location("ext/optim.py", 10), O.UNSEEN,
+        S("ext.optim.PybindAdam", Location("ext/optim.py", 10), Out.UNSEEN,
           "it writes the parameter outside the dispatcher (C++ bound with pybind, data_ptr, numpy)"),
-        S("ext.optim.OpAdam", Location("ext/optim.py", 40), O.UNSEEN,
+        S("ext.optim.OpAdam", Location("ext/optim.py", 40), Out.UNSEEN,
           "it writes the parameter through ext::adam_update, which has no ADInplaceOrView kernel",
           ("ext::adam_update",)),
-        S("ext.optim.ShardedAdam", Location("ext/optim.py", 70), O.NOT_RUN,
+        S("ext.optim.ShardedAdam", Location("ext/optim.py", 70), Out.NOT_RUN,
           "its step raised RuntimeError: Default process group has not been initialized"))], key=Finding.sort_key)
     optim_summary = Summary(source="runtime", probed=5, covered=("ext.optim.CoveredAdam",))
     out = {"formats/scan.text": scan_table}  # the scan's JSON names this machine's paths: tests/test_lint.py
@@ -89,9 +89,11 @@ def format_goldens() -> dict[str, bytes]:
         out[f"formats/lint-optimizers.{fmt}"] = render(optim, optim_summary).encode()
     T = v.TensorResult
     runs = {
-        "without patch": [v.OpResult("aten::_cummax_helper", "cpu", False, v.MISS, [T("values", 0, 0), T("indices", 0, 0)]),
+        "without patch": [v.OpResult("aten::_cummax_helper", "cpu", False, v.MISS,
+                                     [T("values", 0, 0), T("indices", 0, 0)]),
                           v.OpResult("aten::_fused_adam_", "cpu", False, v.NOT_RUN, message="no sample on cpu")],
-        "with patch (cpp)": [v.OpResult("aten::_cummax_helper", "cpu", True, v.PASS, [T("values", 0, 1), T("indices", 0, 1)]),
+        "with patch (cpp)": [v.OpResult("aten::_cummax_helper", "cpu", True, v.PASS,
+                                        [T("values", 0, 1), T("indices", 0, 1)]),
                              v.OpResult("aten::_fused_adam_", "cpu", True, v.XFAIL, [T("self[0]", 0, 2)],
                                         "expected to fail on cpu: bumps twice | once per step")],
     }

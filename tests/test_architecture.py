@@ -17,7 +17,8 @@ from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
 # Each stage may import only the stages before it.
-ORDER = ["errors", "fs", "files", "version", "vocabulary", "cache", "sources", "scan", "plan", "codegen", "pipeline", "saved",
+ORDER = ["errors", "fs", "files", "version", "vocabulary", "cache", "sources", "scan", "plan", "codegen", "pipeline",
+         "saved",
          "runtime", "diagnostics", "checks", "upstream", "cli", "(top)", "__main__"]
 
 
@@ -32,20 +33,22 @@ def _modules() -> dict[str, str]:
     return out
 
 
+def _absolute(module: str, package: bool, node: ast.ImportFrom) -> str:
+    """The absolute name of what ``node`` (in ``module``, a package's ``__init__`` when ``package``) imports from."""
+    if node.level == 0:
+        return node.module or ""
+    parts = module.split(".")[:None if package else -1]
+    parts = parts[:len(parts) - node.level + 1]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
 def _imports(mods: dict[str, str]) -> dict[str, set[str]]:
     """Module -> the package modules it imports, at module level or inside functions."""
     edges = {m: set() for m in mods}
     for m, path in mods.items():
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
             if isinstance(node, ast.ImportFrom):
-                if node.level == 0:
-                    base = node.module or ""
-                else:
-                    parts = m.split(".")
-                    if not path.endswith("__init__.py"):
-                        parts = parts[:-1]
-                    parts = parts[:len(parts) - node.level + 1]
-                    base = ".".join(parts + ([node.module] if node.module else []))
+                base = _absolute(m, path.endswith("__init__.py"), node)
                 for a in node.names:
                     target = f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
                     if target in mods and target != m:
@@ -79,14 +82,16 @@ def test_no_import_cycles_and_imports_only_go_down_the_pipeline():
 
 def test_every_module_imports_in_a_fresh_interpreter_in_dependency_order():
     order = list(graphlib.TopologicalSorter(_imports(_modules())).static_order())
-    code = "import importlib\nfor m in %r:\n    importlib.import_module(m)\n" % [m for m in order if m != "torchgen_patch.__main__"]
+    code = "import importlib\nfor m in %r:\n    importlib.import_module(m)\n" % [m for m in order
+                                                                             if m != "torchgen_patch.__main__"]
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr
 
 
 def test_starting_the_cli_imports_neither_torch_nor_torchgen():
-    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torchgen_patch.cli, torchgen_patch.cli.parser"],
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c",
+                        "import torchgen_patch.cli, torchgen_patch.cli.parser"],
                        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr
     imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
@@ -330,7 +335,8 @@ BY_NAME = {"open", "io.open", "os.open", "os.mkdir", "os.makedirs", "os.rename",
            "shutil.rmtree", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree", "shutil.move",
            "tempfile.mkdtemp", "tempfile.mkstemp", "tempfile.NamedTemporaryFile", "tempfile.TemporaryDirectory",
            "tempfile.TemporaryFile", "files.read_bytes", "files.read_text", "files.atomic_write",
-           "files.write_if_changed", "files.private_dirs", "files.write_output"}
+           "files.write_if_changed", "files.private_dirs", "files.write_output", "fs.atomic.atomic_write",
+           "fs.atomic.replace_at"}
 # whole modules whose every path is one the user names (inputs, outputs, checkouts, programs) or the
 # package's own data; none of them is handed a cache or build path. The runtime's modules and the
 # CLI, which are handed such paths, are listed function by function in ALLOWED instead.
@@ -364,15 +370,18 @@ ALLOWED = {
                                                 "by its name, as a compiler found on PATH does)",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",
-    ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by files.find)",
+    ("runtime/prebuilt.py", "_publish"): "the wheel pip made in make_wheel's private directory (-o is reached by "
+                                         "fs.walk.find)",
     ("runtime/prebuilt.py", "overlay_sha256"): "the overlay the user names",
     ("runtime/launch/process.py", "_usable_streams"): "the null device, in place of a closed stderr",
     ("runtime/prebuilt.py", "_installed"): "where pip installed the kernels distribution (compared, not opened)",
-    ("runtime/launch/launcher.py", "_read"): "the installed torch's version file and the overlay, hashed into the check's key",
+    ("runtime/launch/launcher.py", "_read"): "the installed torch's version file and the overlay, hashed into the "
+                                             "check's key",
     ("runtime/launch/launcher.py", "_stamp"): "the files of the --import modules, stamped into the check's key",
     ("runtime/launch/launcher.py", "_silenced"): "the null device, for what the --import modules print",
     ("cli/__init__.py", "_silence_stdout"): "the null device, in place of a standard output that failed",
-    ("runtime/launch/enable.py", "_is_dir"): "the data file's name in site-packages, looked at before disable removes anything",
+    ("runtime/launch/enable.py", "_is_dir"): "the data file's name in site-packages, looked at before disable "
+                                             "removes anything",
     ("runtime/launch/enable.py", "site_dir"): "the environment's site-packages, against those the interpreter reads",
     ("runtime/launch/enable.py", "check_writable"): "the environment's site-packages",
     ("runtime/launch/enable.py", "state"): "enable's output files, and the hook of this install they name",
@@ -399,7 +408,8 @@ def _aliases(tree) -> dict[str, str]:
             for a in node.names:
                 out[a.asname or a.name] = a.name
         elif isinstance(node, ast.ImportFrom):
-            base = "files" if (node.module or "").split(".")[-1] == "files" else node.module or ""
+            module = (node.module or "").removeprefix("torchgen_patch.")
+            base = "files" if module.split(".")[-1] == "files" else module
             for a in node.names:
                 out[a.asname or a.name] = f"{base}.{a.name}"
     return out
@@ -594,6 +604,66 @@ def test_no_module_over_500_lines_and_no_function_over_60():
     assert {k.split(":")[0] for k in OVER_THE_LIMITS} <= {os.path.relpath(p, PKG) for p in _modules().values()}
 
 
+# ---- private names stay in their module ----------------------------------------------------------------
+
+# A module's ``_name`` (a function, class or constant) is for that module alone: another module of the package
+# that takes one, by ``from .x import _y`` or as ``x._y`` of a module it imported, is listed here with why it
+# stays. A submodule whose file name starts with ``_`` (the hook's parts in runtime/site/, named for the
+# site-packages they are copied into) is a module, not a private name: importing it is not counted.
+PRIVATE_CROSSINGS = {
+    **dict.fromkeys([f"saved/hooks.py -> torchgen_patch.saved.compose.{n}" for n in
+                     ("_ACTIVE", "_QUIET", "_Passed", "_alive", "_patch", "_quiet", "_unpatch", "_weak")],
+                    "the saved-tensor hooks and their composition with other hooks, one mechanism in two modules"),
+    "saved/hooks.py -> torchgen_patch.saved.fingerprint._Numpy": "the hooks read arrays the fingerprint reads",
+}
+
+
+def private_names_taken(source: str, module: str, package: bool, mods) -> list[str]:
+    """The private names ``source`` (the module ``module``, a package's ``__init__`` when ``package``) takes
+    from another module of ``mods`` (the package's module names): ``from .x import _y`` and ``x._y`` where
+    ``x`` names a module of the package, each as ``line: module.name``."""
+    tree = ast.parse(source)
+    bound, out = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _absolute(module, package, node)
+            for a in node.names:
+                if f"{base}.{a.name}" in mods:
+                    bound[a.asname or a.name] = f"{base}.{a.name}"
+                elif base in mods and base != module and a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{node.lineno}: {base}.{a.name}")
+        elif isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name in mods})
+            bound.update({a.name: a.name for a in node.names if not a.asname and a.name in mods})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            held = bound.get(ast.unparse(node.value), ast.unparse(node.value))
+            if held in mods and held != module:
+                out.append(f"{node.lineno}: {held}.{node.attr}")
+    return sorted(out, key=lambda hit: int(hit.split(":")[0]))
+
+
+def test_no_module_takes_a_private_name_of_another():
+    """No module of the package imports another's ``_name`` or reads it as ``module._name``, but where
+    PRIVATE_CROSSINGS says why (and every entry there is still one)."""
+    mods = _modules()
+    found = {f"{os.path.relpath(path, PKG)} -> {hit.split(': ', 1)[1]}" for m, path in mods.items()
+             for hit in private_names_taken(open(path, encoding="utf-8").read(), m, path.endswith("__init__.py"), mods)}
+    assert found - set(PRIVATE_CROSSINGS) == set()
+    assert set(PRIVATE_CROSSINGS) - found == set()
+
+
+def test_the_check_of_private_names_taken_finds_them():
+    mods = {"p", "p.a", "p.b", "p.c", "p.c.d", "p._hook"}
+    source = ("from .a import _x, y\nfrom . import b\nimport p.c.d as d\nimport p.c\nfrom ._hook import _z\n"
+              "b._f()\nd._g\np.c._h\nb.__name__\nfrom . import _hook\n_hook.go()\n")
+    assert private_names_taken(source, "p.b", False, mods) == ["1: p.a._x", "5: p._hook._z", "7: p.c.d._g",
+                                                               "8: p.c._h"]
+    assert private_names_taken(source, "p.e", False, mods) == ["1: p.a._x", "5: p._hook._z", "6: p.b._f",
+                                                               "7: p.c.d._g", "8: p.c._h"]
+    assert private_names_taken("from . import _own\nfrom .x import _y\n", "p", True, mods | {"p.x"}) == ["2: p.x._y"]
+
+
 # ---- the file system layer: the trust boundary is one package ----------------------------------------
 
 # what outside torchgen_patch/fs/ still opens with O_NOFOLLOW, by module:function, and why it stays
@@ -677,7 +747,8 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 def _long_functions(source: str, limit: int) -> list[str]:
     """The functions and methods of ``source`` (nested ones too) longer than ``limit`` lines, each from its
     ``def`` to its last line."""
-    return [f"{node.name}:{node.lineno}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
+    return [f"{node.name}:{node.lineno}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(ast.parse(source))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
 
 

@@ -29,7 +29,8 @@ YAML_CASES = {
     "no_func": (FOO + b"- variants: function\n", "N:3: error: entry has no 'func:' schema string"),
     "func_not_string": (b"- func: [1, 2]\n", "N:1: error: entry has no 'func:' schema string"),
     "bad_schema": (b"- func: foo(Tensor self -> Tensor\n  variants: function\n",
-                   "N:1: error: the installed torchgen rejected this file: Invalid function schema: foo(Tensor self -> Tensor "
+                   "N:1: error: the installed torchgen rejected this file: Invalid function schema: foo(Tensor self "
+                   "-> Tensor "
                    "(hint: is the yaml from a torch release this torchgen can read?)"),
     "bad_type": (b"- func: foo(Tensr self) -> Tensor\n",
                  "N:1: error: the installed torchgen rejected this file: unrecognized type Tensr "
@@ -43,7 +44,8 @@ YAML_CASES = {
                     "{'dispatchh': {'CPU': 'foo', '__line__': 3}} "
                     "(hint: is the yaml from a torch release this torchgen can read?)"),
     "inplace_must_return_self": (b"- func: foo_(Tensor(a!) self) -> ()\n",
-                                 "N:1: error: the installed torchgen rejected this file: Inplace op foo_ with Tensor self must "
+                                 "N:1: error: the installed torchgen rejected this file: Inplace op foo_ with Tensor "
+                                 "self must "
                                  "return self (hint: is the yaml from a torch release this torchgen can read?)"),
     "duplicate_key": (FOO + b"  variants: method\n",
                       "N:1: error: malformed YAML: duplicate key 'variants'"),
@@ -51,7 +53,8 @@ YAML_CASES = {
                              "N:1: error: the installed torchgen rejected this file: unknown dispatch key CPUU "
                              "(hint: is the yaml from a torch release this torchgen can read?)"),
     "truncated_mid_schema": (REAL[: REAL.index(b"- func: _cast_Double") + 24],
-                             "N:17: error: the installed torchgen rejected this file: Invalid function schema: _cast_Double(Ten "
+                             "N:17: error: the installed torchgen rejected this file: Invalid function schema: "
+                             "_cast_Double(Ten "
                              "(hint: is the yaml from a torch release this torchgen can read?)"),
     "tab_indent": (b"- func: foo(Tensor self) -> Tensor\n\tvariants: function\n",
                    "N:2: error: malformed YAML: found a tab character that violates indentation"),
@@ -116,7 +119,8 @@ def _installed_torchgen_refusal(schema: str) -> str:
                                           "aten/src/ATen/native/native_functions.yaml is missing "
                                           "(hint: is the checkout complete?)"),
     (["lint", "--overlay", "/nonexistent.yaml"], "/nonexistent.yaml: error: overlay not found"),
-    (["gen", "--out", "/tmp/x", "--shards", "0"], "torchgen-patch: error: --shards must be between 1 and 256, not 0 (hint: PyTorch's own codegen uses 5 "
+    (["gen", "--out", "/tmp/x", "--shards", "0"],
+     "torchgen-patch: error: --shards must be between 1 and 256, not 0 (hint: PyTorch's own codegen uses 5 "
      "shards for ~1,100 kernels)"),
 ])
 def test_bad_arguments(run_cli, argv, expected):
@@ -134,7 +138,7 @@ def test_output_path_is_a_file(run_cli, tmp_path):
 
 def test_write_failure_leaves_output_as_it_was(run_cli, tmp_path, monkeypatch):
     """A failure injected in the file layer (a full disk, say) on the third file."""
-    from torchgen_patch import files as write
+    from torchgen_patch.fs import atomic as write
 
     out = tmp_path / "out"
     rc, _, _ = run_cli("gen", "--out", out)

@@ -160,7 +160,8 @@ def test_no_compiler(tmp_path, monkeypatch):
     with pytest.raises(EnvironmentProblem) as e:  # what the machine lacks: exit 3, no bad input
         build.build(files, [], 1, root=str(tmp_path / "b"))
     assert e.value.render() == ("torchgen-patch: error: no C++ compiler: 'no-such-compiler-xyz' is not on PATH "
-                                "(hint: install g++ (or set CXX), or use --backend python (install(backend='python') in "
+                                "(hint: install g++ (or set CXX), or use --backend python (install(backend='python') "
+                                "in "
                                 "Python))")
 
 
@@ -237,7 +238,8 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     """On a terminal: a line per translation unit with its own compile time (not the time since the
     start), plurals right; no estimate before anything was built here (none could be honest), and
     after one build an estimate made from that build's units."""
-    from torchgen_patch.runtime.build import build_boxed, estimate
+    from torchgen_patch.runtime.build import build_boxed
+    from torchgen_patch.runtime.build.build_time import estimate
 
     monkeypatch.delenv("CI", raising=False)
     log = _Terminal()
@@ -254,18 +256,19 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     estimating = importlib.import_module("torchgen_patch.runtime.build.build_time")  # the module, not its function
 
     monkeypatch.setattr(estimating, "load_now", lambda: record["load"])  # as busy as during that build
-    guess = estimate(str(tmp_path), {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
+    guess = estimate(str(tmp_path),
+                     {"BoxedADInplaceOrView.cpp": record["unit_times"]["BoxedADInplaceOrView.cpp"]["bytes"]})
     m = re.fullmatch(r"about (\d+) s, going by 1 earlier build here", guess)
     assert m and int(m.group(1)) <= round(record["seconds"]) + 1, (guess, record)
     assert estimate(str(tmp_path / "elsewhere"), {"a.cpp": 1}) is None
 
 
 def test_build_progress_is_for_terminals_only(tmp_path, monkeypatch):
-    from torchgen_patch import cache
-    from torchgen_patch.runtime.build import Progress
+    from torchgen_patch.fs.dirs import open_dir
+    from torchgen_patch.runtime.build.progress import Progress
 
     (tmp_path / ".ninja_log").write_text("# ninja log v5\n0\t1000\t0\ta.o\t0\n")
-    with cache.open_dir(str(tmp_path)) as d:
+    with open_dir(str(tmp_path)) as d:
         log = io.StringIO()  # a pipe or a file: CI logs get the start and end lines only
         with Progress(d, ["src/a.cpp"], log):
             pass

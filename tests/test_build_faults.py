@@ -49,7 +49,7 @@ def test_a_compiler_that_fails_is_one_line_exit_3(tmp_path, argv):
 
 def test_no_ninja_is_said_before_compiling(tmp_path, monkeypatch):
     files = _files(tmp_path)
-    monkeypatch.setattr(build, "_ninja", lambda: (_ for _ in ()).throw(
+    monkeypatch.setattr(build, "ninja_path", lambda: (_ for _ in ()).throw(
         EnvironmentProblem("ninja is not installed (the kernels are built with it)", "pip install ninja")))
     log = open(tmp_path / "log", "w")
     with pytest.raises(EnvironmentProblem, match="ninja is not installed"):
@@ -284,11 +284,12 @@ def test_a_failed_build_is_remembered_where_programs_build_and_tried_again_where
     import glob
 
     from torchgen_patch import cache
+    from torchgen_patch.fs import root as cache_root
     from torchgen_patch.runtime.build import FAILED_FOR, record, remembering
 
     cxx, log = _broken_compiler(tmp_path)
     monkeypatch.setenv("CXX", cxx)
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache_root.ENV, str(tmp_path / "cache"))
 
     def attempt(remember=True):
         before = open(log).read().count("\n")
@@ -332,11 +333,11 @@ def test_without_path_the_compilers_driver_gets_the_path_it_was_found_on(tmp_pat
     """No PATH at all (a cleared environment): the compiler is found on the system's default path, and its
     driver runs with that path (where it finds the assembler and the linker), not with none. Before, the
     driver ran without PATH and could not find ld."""
-    from torchgen_patch import cache
+    from torchgen_patch.fs import root as cache_root
 
     cxx, log = _broken_compiler(tmp_path)
     monkeypatch.setenv("CXX", cxx)
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache_root.ENV, str(tmp_path / "cache"))
     monkeypatch.delenv("PATH")
     with pytest.raises(InputError):
         build.build({"a.cpp": b"int a;\n"}, [], 0, root=str(tmp_path / "builds"), sources=["a.cpp"])
@@ -352,10 +353,10 @@ def test_only_a_process_without_path_builds_with_the_toolchain_enable_recorded(m
 
     table = {"cxx": sys.executable, "path": "/recorded/bin", "cflags": "-g"}  # any executable file will do
     with tc.recorded(table):
-        assert tc._compiler() != sys.executable and tc.driver_path() == os.environ["PATH"]
+        assert tc.compiler_path() != sys.executable and tc.driver_path() == os.environ["PATH"]
     monkeypatch.delenv("PATH")
     with tc.recorded(table):
-        assert (tc._compiler(), tc.driver_path(), tc.default_flags()) == (sys.executable, "/recorded/bin",
+        assert (tc.compiler_path(), tc.driver_path(), tc.default_flags()) == (sys.executable, "/recorded/bin",
                                                                             build.CFLAGS + ("-g",))
         assert tc.driver_env()["PATH"] == "/recorded/bin"
     with tc.recorded(dict(table, cxx="/nonexistent/c++")):  # gone: the process's own (the default path)

@@ -8,7 +8,6 @@ import glob
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 
@@ -18,12 +17,11 @@ import torchgen_patch
 from tests.conftest import ROOT
 from tests.yaml_fixtures import GOLDEN_FUNCS, subset_yaml
 from torchgen_patch import cache
+from torchgen_patch.fs import root as cache_root
 from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
-from torchgen_patch.runtime import install as installer
 from torchgen_patch.runtime.load import loader
-from torchgen_patch.runtime.load import trust
-from tests.test_trust import _sha, cached  # noqa: F401  (the fixture: a private cache holding the session's build)
+from tests.test_trust import _sha, cached
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another account needs root")
@@ -174,7 +172,7 @@ def test_an_entry_others_can_write_or_a_symlink_is_not_read(warm, tmp_path):
     _edit(entry, lambda d: d["cpp"]["aten::_cummax_helper"].update(root_name="evil"))
     os.chmod(entry, 0o666)
     r = _cli("gen", "-v", "-o", tmp_path / "out", cache_dir=c)
-    assert r.returncode == 0 and f"is writable by group and others (mode 0666)" in r.stderr, r.stderr
+    assert r.returncode == 0 and "is writable by group and others (mode 0666)" in r.stderr, r.stderr
     assert _same_tree(tmp_path / "out", clean)
     elsewhere = tmp_path / "planted.json"
     shutil.copy(entry, elsewhere)
@@ -210,9 +208,9 @@ def test_a_cache_root_owned_by_another_account_is_refused(warm, tmp_path, cmd):
 def test_a_relative_cache_path_is_made_absolute_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", "rel-cache-x")
-    first = cache.directory()
+    first = cache_root.directory()
     monkeypatch.chdir("/")
-    assert first == str(tmp_path / "rel-cache-x") == cache.directory()
+    assert first == str(tmp_path / "rel-cache-x") == cache_root.directory()
 
 
 # ---- libraries: load what was checked ---------------------------------------------------------------
@@ -289,6 +287,8 @@ def _small_files(tmp_path):
 @pytest.mark.build
 def test_a_planted_lock_symlink_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
     from torchgen_patch.runtime import build
+    from torchgen_patch.runtime.build.key import build_key
+    from torchgen_patch.runtime.build.toolchain import compiler_path, default_flags
 
     files = _small_files(tmp_path)
     root = tmp_path / "builds"
@@ -296,7 +296,7 @@ def test_a_planted_lock_symlink_is_refused_and_its_target_untouched(tmp_path, mo
     victim = tmp_path / "victim"
     victim.write_text("precious")
     os.chmod(victim, 0o600)
-    key = build._key(files, build.default_flags(), build._compiler())
+    key = build_key(files, default_flags(), compiler_path())
     os.symlink(victim, root / f"build-{key[:24]}.lock")
     with pytest.raises(EnvironmentProblem) as e:
         build.build(files, [], 1, root=str(root))
@@ -335,7 +335,7 @@ def test_a_no_change_build_renders_nothing_and_a_damaged_index_costs_only_time(l
     build()
     assert "jinja2" not in build()
     for _ in range(3):  # other test processes sharing the cache may write the entry again before this build
-        for entry in glob.glob(os.path.join(cache.directory(), "library-*.json")):  # reads it (pytest -n)
+        for entry in glob.glob(os.path.join(cache_root.directory(), "library-*.json")):  # reads it (pytest -n)
             with open(entry, "w") as fh:
                 json.dump({"library": "/etc/passwd"}, fh)
         replanned = "jinja2" in build()
@@ -387,7 +387,7 @@ def test_a_cache_another_account_prepared_is_refused_and_not_written_through(war
                 with open(os.path.join(theirs, os.path.basename(entry)), "w") as fh:
                     json.dump(planted, fh)
                 os._exit(0)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 — the forked child's sink: its exit status says it
                 os._exit(1)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
         assert os.stat(theirs).st_uid == uid

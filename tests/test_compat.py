@@ -4,8 +4,8 @@ Every scenario of tests/compat_scenarios.py (torch.compile with inductor, a
 compiled optimizer step, a compiled model trained with fused AdamW,
 FakeTensorMode, meta tensors, functionalize, make_fx, aot_function, vmap,
 inference mode, autocast, torch.jit.trace, non-reentrant checkpointing,
-DTensor, an out= op given an input that requires grad) runs in two fresh processes, unpatched and patched (each with its own
-empty inductor cache), and their outcomes — the value computed, or the
+DTensor, an out= op given an input that requires grad) runs in two fresh processes, unpatched and patched (each
+with its own empty inductor cache), and their outcomes — the value computed, or the
 exception's type and first line — must be identical, except in the INTENDED
 scenarios (an out= op given an input that requires grad: refused patched).
 Version counters may differ only where ALLOWED lists the difference. A third process runs the
@@ -23,13 +23,15 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT, torch_is
+from tests.conftest import ROOT
+from tests.support import torch_is
 
 pytestmark = pytest.mark.build
 
 # (scenario, counter) -> (unpatched on CPU with torch 2.13, patched): every difference the patch makes.
 # The patched value is the rule (+1 per call for every tensor an op writes); the unpatched one is
-# whatever the backend did, checked on CPU with torch 2.13 only (CUDA backends bump differently: see the verify reports).
+# whatever the backend did, checked on CPU with torch 2.13 only (CUDA backends bump differently: see the verify
+# reports).
 ALLOWED = {
     # fused AdamW (_fused_adamw_) did not bump the parameters it writes: one bump per step now (3 steps;
     # the 1 both runs share comes from the compiled model's first call)
@@ -113,7 +115,8 @@ def _report(device, before, after, diffs) -> str:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device")])])
 def test_the_patch_changes_version_counters_and_nothing_else(library, device, tmp_path):
-    procs = [_launch(device, False, tmp_path), _launch(device, True, tmp_path), _launch(device, True, tmp_path, "raise")]
+    procs = [_launch(device, False, tmp_path), _launch(device, True, tmp_path),
+             _launch(device, True, tmp_path, "raise")]
     before, after, checked = [_outcomes(p) for p in procs]
     assert set(before) == set(after) and len(before) == 19
     # the saved-tensor check on, patched: every outcome and counter exactly as patched without it, no finding

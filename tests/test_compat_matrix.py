@@ -88,7 +88,8 @@ def test_torch_lower_bound_is_the_oldest_release_with_evidence(data):
 def test_a_rerun_replaces_the_results_of_the_failed_tests():
     text = ("..F.F.s\nFAILED tests/test_verify.py::a\nFAILED tests/test_build.py::b\n"
             "2 failed, 4 passed, 1 skipped in 9.0s\n"
-            "# rerun of the failed tests above\n.s\nSKIPPED [1] tests/test_build.py:3: why\n1 passed, 1 skipped in 1.0s\n")
+            "# rerun of the failed tests above\n.s\nSKIPPED [1] tests/test_build.py:3: why\n1 passed, 1 skipped in "
+            "1.0s\n")
     assert cm.combined(text) == ({"passed": 5, "skipped": 2}, set(), 2)
     still = text.replace("1 passed, 1 skipped in 1.0s", "FAILED tests/test_verify.py::a\n1 failed, 1 skipped in 1.0s")
     assert cm.combined(still) == ({"failed": 1, "passed": 4, "skipped": 2}, {"tests/test_verify.py"}, 2)

@@ -50,7 +50,7 @@ def test_names_are_mangled(tmp_path, case):
     assert list(k.call_args) == names  # the call passes what the declaration declares
     text = render(plan, 1)["ADInplaceOrViewPatch_0.cpp"].decode()
     decl = text[text.index("void _cummax_helper("):].split("{", 1)[0]
-    for old, new in renamed.items():
+    for new in renamed.values():
         assert f" {new}," in decl or f" {new})" in decl, decl
 
 

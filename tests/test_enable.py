@@ -20,7 +20,8 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.build
 PROBE = "import torch, torchgen_patch; print('active', len(torchgen_patch.installed_ops()))"
 BACKWARD = "; torch.ones(1, requires_grad=True).exp().sum().backward()"  # the sampled check starts at its end
-LINE = re.compile(r"^torchgen-patch: (\d+) kernels active \(cpp\), 0 refused, from the cached build; \d+ optimizer entries active, in pid \d+ "
+LINE = re.compile(r"^torchgen-patch: (\d+) kernels active \(cpp\), 0 refused, from the cached build; \d+ optimizer "
+                  r"entries active, in pid \d+ "
                   r"\(python -c, enabled\)$", re.M)
 
 
@@ -146,10 +147,11 @@ def test_pip_uninstall_removes_it_and_a_tool_gone_or_damaged_does_nothing(env, t
     with open(hook, "w") as fh:  # damaged: no Python at all
         fh.write("this is not Python (\n")
     shutil.rmtree(os.path.join(other.site, "torchgen_patch", "runtime", "site", "__pycache__"), ignore_errors=True)
-    for says in ("SyntaxError: ", f"LookupError: its hook {hook} is gone"):  # damaged, then gone: one line, never a stop
+    for says in ("SyntaxError: ",
+                 f"LookupError: its hook {hook} is gone"):  # damaged, then gone: one line, never a stop
         r = other.run("-c", "import torch; print('started')")
         assert (r.returncode, r.stdout) == (0, "started\n") and r.stderr.count("\n") == 1, r.stderr
-        assert r.stderr.startswith(f"torchgen-patch: NOT active in pid ") and f"{other.pth}: {says}" in r.stderr
+        assert r.stderr.startswith("torchgen-patch: NOT active in pid ") and f"{other.pth}: {says}" in r.stderr
         shutil.rmtree(os.path.join(other.site, "torchgen_patch"))  # then gone (removed by hand), the file left
         os.makedirs(os.path.join(other.site, "torchgen_patch"))
     r = subprocess.run([sys.executable, "-m", "torchgen_patch", "status"], capture_output=True, text=True,
@@ -196,7 +198,8 @@ def test_status_says_what_the_file_is(env):
     assert r.returncode == 0 and r.stdout.startswith(f"enabled: {env.pth} (torchgen-patch 0.1.0; cpp, every op of "
                                                      "the plan; the build it names is there; one line per process; "
                                                      "fail open: a process that cannot have the kernels runs "
-                                                     "unpatched, said in one line; saved-tensor check: warn, 1 step in 32; "
+                                                     "unpatched, said in one line; saved-tensor check: warn, 1 step "
+                                                     "in 32; "
                                                      "pip uninstall torchgen-patch removes it)"), r.stdout
     text, data = open(env.pth).read(), open(env.data).read()
     gone = os.path.join(env.site, "torchgen_patch", ""), "/gone/torchgen_patch/"
@@ -230,8 +233,8 @@ def test_an_environment_of_another_account_or_read_only_is_refused_in_one_line(e
     finally:
         os.chown(env.site, 0, -1)
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and r.stdout == "", r.stderr
-    assert r.stderr.startswith(f"torchgen-patch: error: {env.site} belongs to ") and "(hint: run torchgen-patch " \
-                                                                                      "enable as that account" in r.stderr
+    assert r.stderr.startswith(f"torchgen-patch: error: {env.site} belongs to ")
+    assert "(hint: run torchgen-patch enable as that account" in r.stderr
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not installed: no read-only mount to try")
     ro = f"mount --bind {env.site} {env.site} && mount -o remount,bind,ro {env.site} && " \

@@ -16,17 +16,18 @@ import time
 import pytest
 
 from tests.test_build_faults import _broken_compiler
-from tests.test_enable import Env, wheel  # noqa: F401 — the wheel fixture, shared
+from tests.test_enable import Env, wheel
 
 pytestmark = pytest.mark.build
 PROG = ("import torch\nx = torch.ones(3, requires_grad=True)\ny = torch.ones(3)\nz = (x * y).sum()\n"
         "z.backward()\nprint('backward done')\n")
 NINJA = re.compile(r"^(?:\[\d+/\d+\] |FAILED: |ninja: )|compilation terminated", re.M)
-CHECK_LINE = re.compile(r"^torchgen-patch: saved-tensor check on \(warn, every step\) in pid \d+ \([^)]*\): (.*)$", re.M)
+CHECK_LINE = re.compile(r"^torchgen-patch: saved-tensor check on \(warn, every step\) in pid \d+ \([^)]*\): (.*)$",
+                        re.M)
 
 
 @pytest.fixture(scope="module")
-def enabled(tmp_path_factory, wheel):  # noqa: F811
+def enabled(tmp_path_factory, wheel):
     """One environment enabled with --check-saved=warn, in the tests' cache and toolchain (its builds are
     the ones the other tests made); its data file as enable wrote it."""
     e = Env(tmp_path_factory.mktemp("clean") / "venv", wheel)
@@ -56,9 +57,9 @@ def test_clean_starts_of_an_enabled_environment_compile_nothing(enabled):
     by the recorded toolchain's keys: its compiler, its PATH, its flags), nothing compiled, each as fast as
     a start that imports torch. Before, each start compiled the check's hooks with /bin/c++ and no PATH
     (another key), failed to link (no ld), and said so with no reason: 17 to 35 s a start."""
-    from torchgen_patch import cache
+    from torchgen_patch.fs import root as cache_root
 
-    root = cache.directory()
+    root = cache_root.directory()
     before = _builds(root)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", PROG], check=True, capture_output=True)

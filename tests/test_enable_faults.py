@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_enable import Env, wheel  # noqa: F401 — the wheel fixture, shared
+from tests.test_enable import Env, wheel
 
 END = "import torch; print('end')"
 UNPATCHED = re.compile(r"^torchgen-patch: NOT active in pid \d+ \(python -c, enabled\), running unpatched: (.+) "
@@ -23,7 +22,7 @@ UNPATCHED = re.compile(r"^torchgen-patch: NOT active in pid \d+ \(python -c, ena
 
 
 @pytest.fixture(scope="module")
-def cached(tmp_path_factory, wheel):  # noqa: F811
+def cached(tmp_path_factory, wheel):
     """One environment with a cache of its own (its build is made unusable here, and put back)."""
     d = tmp_path_factory.mktemp("faults")
     cache = d / "cache"

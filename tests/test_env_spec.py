@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_enable import Env, wheel  # noqa: F401 — the wheel fixture, shared
+from tests.test_enable import Env, wheel
 
 PROBE = "import torch, torchgen_patch; print('active', len(torchgen_patch.installed_ops()))"
 NOT_USED = re.compile(r"^torchgen-patch: \$TORCHGEN_PATCH_RUN not used in pid \d+ \(python -c, enabled\): (.+); "
@@ -24,7 +24,7 @@ OTHER = 65534  # another account: nobody
 
 
 @pytest.fixture(scope="module")
-def enabled(tmp_path_factory, wheel):  # noqa: F811
+def enabled(tmp_path_factory, wheel):
     e = Env(tmp_path_factory.mktemp("envspec") / "venv", wheel)
     r = e.tool("enable")
     assert r.returncode == 0, r.stderr

@@ -17,6 +17,7 @@ PKG = os.path.join(ROOT, "torchgen_patch")
 
 def test_a_directory_that_cannot_be_made_says_its_cause_and_errno_as_fields(tmp_path, monkeypatch):
     from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import open_dir
     from torchgen_patch.errors import InputError
 
     def refuse(*_a, **_k):
@@ -24,7 +25,7 @@ def test_a_directory_that_cannot_be_made_says_its_cause_and_errno_as_fields(tmp_
 
     monkeypatch.setattr(cache.os, "mkdir", refuse)
     with pytest.raises(InputError) as e:
-        cache.open_dir(str(tmp_path / "new" / "builds"), create=True)
+        open_dir(str(tmp_path / "new" / "builds"), create=True)
     assert (e.value.cause, e.value.errno) == ("Permission denied", errno.EACCES)
     assert e.value.message == "cannot create the directory: Permission denied"
 
@@ -34,6 +35,7 @@ def test_a_lock_that_cannot_be_opened_says_its_cause_and_errno_as_fields(tmp_pat
     the errno and the cause carried on. Before, the errno was an attribute set on the exception afterwards
     and the cause was cut out of the message."""
     from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import open_dir
     from torchgen_patch.errors import EnvironmentProblem
 
     d = tmp_path / "c"
@@ -47,7 +49,7 @@ def test_a_lock_that_cannot_be_opened_says_its_cause_and_errno_as_fields(tmp_pat
             return real(path, flags, mode, dir_fd=dir_fd)
 
         monkeypatch.setattr(cache.os, "open", failing)
-        with cache.open_dir(str(d)) as here, pytest.raises(EnvironmentProblem) as e:
+        with open_dir(str(d)) as here, pytest.raises(EnvironmentProblem) as e:
             with here.lock("x.lock"):
                 pass
         monkeypatch.setattr(cache.os, "open", real)

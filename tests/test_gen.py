@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, torch_is
+from tests.conftest import ROOT
+from tests.support import torch_is
 from tests.regen_goldens import GOLDEN, render_goldens
 from torchgen_patch.plan import make_plan
 from torchgen_patch.codegen.render import environment, render

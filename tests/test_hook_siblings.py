@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_enable import Env, wheel  # noqa: F401 — the wheel fixture, shared
+from tests.test_enable import Env, wheel
 from tests.test_run import tgp_run
 
 SITE = os.path.join(ROOT, "torchgen_patch", "runtime", "site")
@@ -202,7 +202,7 @@ def test_status_names_a_part_gone(tmp_path, monkeypatch, run_cli, name, undone):
                             "disable` removes it)\n")
 
 
-def test_an_installed_enabled_environment_carries_the_parts_and_says_one_gone(tmp_path, wheel):  # noqa: F811
+def test_an_installed_enabled_environment_carries_the_parts_and_says_one_gone(tmp_path, wheel):
     """pip-installed from the wheel, `enable --strict --backend python`: the parts are beside the installed hook
     and a process is patched; the spec part removed by hand, a process goes on (no exit 3) and says so in one
     line, and status names it (exit 1)."""

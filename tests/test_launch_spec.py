@@ -64,7 +64,8 @@ def test_an_enabled_environments_toolchain_reads_back_and_only_a_whole_one_is_us
 @pytest.mark.parametrize("edit,says", [
     (lambda d: d.update(extra=1), "not a launch spec of torchgen-patch (unknown key 'extra')"),
     (lambda d: d.update(check_saved="loud"), "unknown saved-tensor check mode 'loud'"),
-    (lambda d: d.update(roots={"yaml": "/x"}), "not a launch spec of torchgen-patch ('roots' names no 'torchgen_patch')"),
+    (lambda d: d.update(roots={"yaml": "/x"}),
+     "not a launch spec of torchgen-patch ('roots' names no 'torchgen_patch')"),
     (lambda d: d["roots"].update(yaml=3), "not a launch spec of torchgen-patch ('roots' is not a table of strings)"),
     (lambda d: d.update(backend="pyth0n"), "unknown backend 'pyth0n'"),
     (lambda d: d.pop("strict"), "not a launch spec of torchgen-patch ('strict' is NoneType)"),
@@ -80,8 +81,8 @@ def test_a_spec_with_a_field_no_torchgen_patch_writes_is_one_line_naming_it(edit
     edit(d)
     with pytest.raises(InputError) as e:
         LaunchSpec.parse(json.dumps(d), "$TORCHGEN_PATCH_RUN")
-    assert e.value.render() == f"torchgen-patch: error: $TORCHGEN_PATCH_RUN: {says} (hint: torchgen-patch run sets it: " \
-                               "unset it)"
+    assert e.value.render() == f"torchgen-patch: error: $TORCHGEN_PATCH_RUN: {says} (hint: torchgen-patch run " \
+                               "sets it: unset it)"
 
 
 def test_status_names_a_key_of_the_data_file_no_torchgen_patch_writes(tmp_path):

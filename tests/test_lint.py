@@ -12,8 +12,8 @@ def test_lint_reports_missing_ops_and_exits_1(run_cli, default_scan):
     findings = lines[:-1]
     assert len(findings) == len(default_scan.by_verdict("missing"))
     r = default_scan.get("aten::split_with_sizes_copy.out")
-    assert any(line.endswith(f":{r.loc.line}: error: [VERSIONCOUNTER] aten::split_with_sizes_copy.out: out= op writes "
-                                     "out and returns nothing: no ADInplaceOrView kernel bumps it") for line in findings)
+    assert any(line.endswith(f":{r.loc.line}: error: [VERSIONCOUNTER] aten::split_with_sizes_copy.out: out= op "
+                             "writes out and returns nothing: no ADInplaceOrView kernel bumps it") for line in findings)
     assert lines[-1].startswith(f"{len(findings)} finding(s); covered ")
 
 

@@ -218,9 +218,9 @@ def test_other_optimizers_are_untouched_and_results_bit_identical(entries):
     want = [train(c, **kw) for c, kw in cases]
     entries(NumpyWriter="[params]")
     got = [train(c, **kw) for c, kw in cases]
-    for (wp, wv), (gp, gv) in zip(want, got):
+    for (wp, wv), (gp, gv) in zip(want, got, strict=True):
         assert wv == gv  # no version moved differently: the entry names another class
-        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(wp, gp))
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(wp, gp, strict=True))
 
 
 def test_uninstall_removes_the_hooks(entries):
@@ -473,7 +473,7 @@ def _entry_checks(tmp_path, path, kw):
     (version, raises, (want_losses, want_bits, want_versions)), (version_with, raises_with, (losses, bits, versions)) \
         = seen[False], seen[True]
     assert (version, raises) == (0, False) and (version_with, raises_with) == (1, True)
-    assert losses == want_losses and all(torch.equal(a, b) for a, b in zip(want_bits, bits))
+    assert losses == want_losses and all(torch.equal(a, b) for a, b in zip(want_bits, bits, strict=True))
     assert versions == [v + STEPS for v in want_versions]
 
 

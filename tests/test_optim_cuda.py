@@ -175,7 +175,7 @@ def test_training_with_a_fused_optimizer_is_bit_identical_with_its_entry(fused_o
         losses, bits, versions = _train(cls)
     finally:
         torchgen_patch.uninstall()
-    assert losses == want_losses and all(torch.equal(a, b) for a, b in zip(want_bits, bits))
+    assert losses == want_losses and all(torch.equal(a, b) for a, b in zip(want_bits, bits, strict=True))
     assert versions == [v + STEPS for v in want_versions]  # one bump a step, nothing else
 
 

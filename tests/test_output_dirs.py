@@ -8,14 +8,13 @@ keeps another account's owner or mode. Runs as root with a real second account (
 from __future__ import annotations
 
 import os
-import pathlib
 import stat
 
 import pytest
 
 from tests.test_cache_input import _second_account
-from tests.test_output_trust import sticky  # noqa: F401  (a fixture: a sticky directory of root's, in /tmp)
-from tests.test_outputs import DIR_OUTPUTS, FILE_OUTPUTS, FUNCS, ctx, tree  # noqa: F401  (fixtures)
+from tests.test_output_trust import sticky
+from tests.test_outputs import DIR_OUTPUTS, FILE_OUTPUTS, FUNCS, ctx, tree
 
 PEER = "tgpeer"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="other accounts' directories are made as root")

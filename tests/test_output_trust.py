@@ -22,7 +22,7 @@ import time
 import pytest
 
 from tests.test_cache_input import _second_account
-from tests.test_outputs import FILE_OUTPUTS, FUNCS, ctx, tree  # noqa: F401  (fixtures: a small yaml, a checkout)
+from tests.test_outputs import FILE_OUTPUTS, FUNCS, ctx, tree
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="other owners are made with chown, which needs root")
@@ -282,7 +282,8 @@ def test_enable_refuses_a_site_packages_others_can_write_and_status_names_who_re
     os.chown(pth, os.geteuid(), os.getegid())  # the writer's line, with data nested 100,000 deep
     pth.write_text(enable.render(str(site)))
     (site / enable.DATA).write_text("[" * 100000 + "]" * 100000)
-    assert enable.state(str(site)).problem.endswith("is damaged (not the JSON torchgen-patch writes)")  # no RecursionError
+    # no RecursionError
+    assert enable.state(str(site)).problem.endswith("is damaged (not the JSON torchgen-patch writes)")
 
 
 def test_a_directory_swapped_for_a_link_after_the_lookup_gets_nothing(ctx, run_cli, monkeypatch):
@@ -355,7 +356,7 @@ def test_another_account_holding_a_lock_on_the_shared_parent_does_not_stall_gen(
 
 def test_a_gen_that_waits_for_another_says_so_after_a_second(small_plan, tmp_path):
     from torchgen_patch.codegen import render, write_all
-    from torchgen_patch.codegen.output import LOCK
+    from torchgen_patch.fs.locks import LOCK
 
     lock = os.open(tmp_path / f".out{LOCK}", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)  # another gen into the same directory, running
@@ -375,7 +376,7 @@ def test_a_gen_that_waits_for_another_says_so_after_a_second(small_plan, tmp_pat
 
 @needs_root
 def test_a_lock_file_another_account_owns_is_refused(ctx, run_cli):
-    from torchgen_patch.codegen.output import LOCK
+    from torchgen_patch.fs.locks import LOCK
 
     lock = ctx["tmp"] / f".g{LOCK}"
     lock.write_text("")
@@ -451,7 +452,7 @@ def _in_child(fn, kill_at: int | None = None, each=None) -> int:
                 setattr(os, name, wrap)
             fn()
             os._exit(0)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 — the forked child's sink: its exit status says it
             os._exit(1)
     return os.waitpid(pid, 0)[1]
 
@@ -476,7 +477,7 @@ def test_a_kill_between_any_two_steps_loses_no_directory_and_no_file_of_yours(sm
     for source, target in ((versions[0], versions[1]), (versions[1], versions[0])):  # each way, every step
         for n in range(1, 500):
             write_all(out, source)
-            status = _in_child(lambda: write_all(out, target), kill_at=n)
+            status = _in_child(lambda target=target: write_all(out, target), kill_at=n)
             assert os.path.isdir(out), f"no output directory after a kill at step {n} ({exchange})"
             assert open(os.path.join(out, "notes.txt")).read() == "mine\n", f"the user's file, kill at step {n}"
             if exchange == "exchange":

@@ -102,9 +102,10 @@ def test_wheel_names_the_torch_build_and_records_the_library(wheel, default_plan
     import torch
 
     from torchgen_patch.runtime import prebuilt
+    from torchgen_patch.runtime.build.key import torch_identity
 
     name = os.path.basename(wheel)
-    here = prebuilt.torch_identity()
+    here = torch_identity()
     assert name.startswith(f"torchgen_patch_kernels-{prebuilt.wheel_version(here)}-cp3")
     assert name.endswith("_x86_64.whl") or name.endswith("_aarch64.whl")  # a platform wheel
     variant = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")

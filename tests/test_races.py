@@ -24,8 +24,8 @@ import time
 import pytest
 
 from tests.test_cache_input import _second_account
-from tests.test_output_trust import small_plan, sticky  # noqa: F401  (fixtures)
-from tests.test_outputs import FUNCS, ctx, tmpfs, tree  # noqa: F401  (fixtures)
+from tests.test_output_trust import small_plan, sticky
+from tests.test_outputs import FUNCS, ctx, tmpfs, tree
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second account needs root")
 THEIRS = b"the other account's\n"
@@ -81,6 +81,7 @@ def test_a_file_made_between_the_check_and_the_write_gets_nothing_of_roots(case,
     root's report became theirs (their owner, 0666); now nothing is written, in one line."""
     from torchgen_patch import files
     from torchgen_patch.errors import InputError
+    from torchgen_patch.fs import atomic
 
     uid = _second_account()
     if case == "appears where none was":
@@ -93,7 +94,7 @@ def test_a_file_made_between_the_check_and_the_write_gets_nothing_of_roots(case,
     if case == "replaces the checked file":
         out.write_bytes(b"root's old report\n")
         os.chmod(out, 0o600)
-    real = files.replace_at
+    real = atomic.replace_at
 
     def between(*a, **k):
         def swap():
@@ -105,7 +106,7 @@ def test_a_file_made_between_the_check_and_the_write_gets_nothing_of_roots(case,
         _wait_ok(_as(uid, swap))
         return real(*a, **k)
 
-    monkeypatch.setattr(files, "replace_at", between)
+    monkeypatch.setattr(atomic, "replace_at", between)
     secret = b"root's report\n"
     with _umask(0o077), pytest.raises(InputError, match="not written: .*nothing was written"):
         files.write_output(str(out), secret, "report")
@@ -217,7 +218,7 @@ def test_a_squatted_lock_name_in_a_shared_directory_neither_stops_nor_serves_gen
     twice, and leaves what they made as it was. On the code that kept the lock beside the output,
     the owner of the output could never gen there again."""
     from torchgen_patch.codegen import render, write_all
-    from torchgen_patch.codegen.output import LOCK
+    from torchgen_patch.fs.locks import LOCK
 
     uid = _second_account()
     squats = [f".out{LOCK}", ".out.lock", ".torchgen-patch-lock", f".out{LOCK}.d"]
@@ -242,12 +243,13 @@ def test_a_squatted_lock_name_in_a_shared_directory_neither_stops_nor_serves_gen
 def test_two_gens_into_a_shared_directory_still_serialize_and_leave_no_lock_there(small_plan, sticky):
     """While one gen holds the lock of an output in a shared directory, another waits (and says so),
     then runs; the lock is nowhere in the shared directory (another account could not make it first)."""
-    from torchgen_patch.codegen import output, render, write_all
+    from torchgen_patch.codegen import render, write_all
+    from torchgen_patch.fs.locks import output_lock
 
     said, done = [], []
     fd = os.open(sticky, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with output._locked(fd, "out", str(sticky / "out")):  # a gen into sticky/out, running
+        with output_lock(fd, "out", str(sticky / "out")):  # a gen into sticky/out, running
             assert os.listdir(sticky) == []
             t = threading.Thread(target=lambda: done.append(write_all(str(sticky / "out"), render(small_plan, 1),
                                                                       said.append)), daemon=True)
@@ -272,7 +274,8 @@ def test_a_directory_coming_and_going_at_the_cache_name_is_never_a_traceback(sti
     shared directory, in a tight loop, while the cache is opened hundreds of times: each open gives the
     directory, Missing, or one of the tool's own errors; never another exception (on the code that
     looked at the name twice: FileNotFoundError)."""
-    from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import open_dir
+    from torchgen_patch.fs.protected import Missing
     from torchgen_patch.errors import ToolError
 
     uid = _second_account()
@@ -301,11 +304,11 @@ def test_a_directory_coming_and_going_at_the_cache_name_is_never_a_traceback(sti
                 break
             create = bool(i % 2)
             try:
-                with cache.open_dir(name, create=create) as d:
+                with open_dir(name, create=create) as d:
                     seen["opened"] = seen.get("opened", 0) + 1
                     if os.fstat(d.fd).st_uid == 0:
                         os.rmdir(name)  # root's own, made by create: gone, so the race goes on
-            except cache.Missing:
+            except Missing:
                 assert not create
                 seen["missing"] = seen.get("missing", 0) + 1
             except ToolError as e:  # InputError and EnvironmentProblem: the tool's own, one line
@@ -320,7 +323,8 @@ def test_a_directory_coming_and_going_at_the_cache_name_is_never_a_traceback(sti
 def test_open_dir_answers_a_name_that_changes_between_two_looks_in_one_line(tmp_path, monkeypatch):
     """The cases a churn hits now and then, made certain: the directory made by another process and
     removed right after (create), a symlink removed between the look that finds it and its reading."""
-    from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import open_dir
+    from torchgen_patch.fs.protected import Missing
     from torchgen_patch.errors import EnvironmentProblem
 
     name = tmp_path / "c"
@@ -333,7 +337,7 @@ def test_open_dir_answers_a_name_that_changes_between_two_looks_in_one_line(tmp_
 
     monkeypatch.setattr(os, "mkdir", made_elsewhere)
     with pytest.raises(EnvironmentProblem, match="kept changing"):
-        cache.open_dir(str(name), create=True)
+        open_dir(str(name), create=True)
     monkeypatch.undo()
     os.symlink(tmp_path / "elsewhere", name)
     (tmp_path / "elsewhere").mkdir()
@@ -345,15 +349,15 @@ def test_open_dir_answers_a_name_that_changes_between_two_looks_in_one_line(tmp_
         return real_readlink(p, *a, **k)
 
     monkeypatch.setattr(os, "readlink", gone_first)
-    with pytest.raises(cache.Missing):
-        cache.open_dir(str(name))
+    with pytest.raises(Missing):
+        open_dir(str(name))
 
 
 def test_a_directory_swapped_for_a_symlink_while_it_is_removed_loses_nothing_it_pointed_at(tmp_path, monkeypatch):
     """Dir.remove (the sweep of a stale build) meets a symlink where it found a directory: the link
     goes, what it points at stays, and no exception escapes (on the code that looked first, then
     opened the name: ELOOP)."""
-    from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import open_dir
 
     keep = tmp_path / "keep"
     keep.mkdir()
@@ -369,7 +373,7 @@ def test_a_directory_swapped_for_a_symlink_while_it_is_removed_loses_nothing_it_
             os.symlink(keep, root / "t")
         return real_open(p, *a, **k)
 
-    with cache.open_dir(str(root)) as d:
+    with open_dir(str(root)) as d:
         monkeypatch.setattr(os, "open", swapped)
         d.remove("t")
         monkeypatch.undo()
@@ -377,7 +381,8 @@ def test_a_directory_swapped_for_a_symlink_while_it_is_removed_loses_nothing_it_
 
 
 def test_a_build_the_sweep_cannot_remove_is_left_for_the_next(tmp_path, monkeypatch):
-    from torchgen_patch import cache
+    from torchgen_patch.fs import leases
+    from torchgen_patch.fs.dirs import Dir, open_dir
 
     os.mkdir(tmp_path / "builds", 0o700)
     os.mkdir(tmp_path / "builds" / ".build-x", 0o700)
@@ -386,9 +391,9 @@ def test_a_build_the_sweep_cannot_remove_is_left_for_the_next(tmp_path, monkeypa
     def busy(self, name):
         raise OSError(39, "Directory not empty")
 
-    monkeypatch.setattr(cache.Dir, "remove", busy)
-    with cache.open_dir(str(tmp_path / "builds")) as d:
-        assert cache.sweep(d, (".build-",)) == []
+    monkeypatch.setattr(Dir, "remove", busy)
+    with open_dir(str(tmp_path / "builds")) as d:
+        assert leases.sweep(d, (".build-",)) == []
     assert os.listdir(tmp_path / "builds") == [".build-x"]
 
 
@@ -406,19 +411,19 @@ def _dead_pid() -> int:
 
 @pytest.fixture
 def builds(tmp_path):
-    from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import open_dir
 
     os.mkdir(tmp_path / "builds", 0o700)
-    with cache.open_dir(str(tmp_path / "builds")) as d:
+    with open_dir(str(tmp_path / "builds")) as d:
         yield d
 
 
 def _lease(builds, name: str, info: dict | None = None) -> None:
-    from torchgen_patch import cache
+    from torchgen_patch.fs import leases
 
     with builds.mkdtemp(name) as t:
         if info is not None:
-            fd = os.open(cache.LEASE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=t.fd)
+            fd = os.open(leases.LEASE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=t.fd)
             os.write(fd, json.dumps(info).encode())
             os.close(fd)
 
@@ -427,17 +432,16 @@ def test_a_lease_taken_without_proc_names_no_kernel_and_is_swept_once_its_proces
     """Where /proc cannot be read, a build's lease says it has no boot identity ("boot": null), and the
     next build (there too) removes it as soon as its process is gone, not a day later; one whose
     process lives stays."""
-    from torchgen_patch import cache
     from torchgen_patch.fs import leases
 
-    cache.host_identity.cache_clear()
+    leases.host_identity.cache_clear()
     monkeypatch.setattr(leases, "_proc", lambda *a, **k: None)  # no /proc (where the leases look)
     try:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # a build that takes its lease, then dies
             try:
-                with builds.mkdtemp(".build-dead-") as t, cache.leased(t):
+                with builds.mkdtemp(".build-dead-") as t, leases.leased(t):
                     os.write(w, os.path.basename(t.path).encode())
                     os._exit(0)
             finally:
@@ -447,26 +451,25 @@ def test_a_lease_taken_without_proc_names_no_kernel_and_is_swept_once_its_proces
         os.close(r)
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
         with builds.sub(dead) as t:
-            fd = os.open(cache.LEASE, os.O_RDONLY, dir_fd=t.fd)
+            fd = os.open(leases.LEASE, os.O_RDONLY, dir_fd=t.fd)
             lease = json.loads(os.pread(fd, 4096, 0))
             os.close(fd)
         assert lease["boot"] is None and lease["pidns"] is None and lease["pid"] == pid, lease
         _lease(builds, ".build-alive-", dict(lease, pid=os.getpid()))  # its lock free, its process alive
-        assert cache.sweep(builds, (".build-",)) == [dead]
+        assert leases.sweep(builds, (".build-",)) == [dead]
         assert [n for n in builds.names() if n.startswith(".build-alive-")] == builds.names()
     finally:
         monkeypatch.undo()
-        cache.host_identity.cache_clear()
+        leases.host_identity.cache_clear()
 
 
 def test_a_lease_an_earlier_version_wrote_without_proc_is_not_kept_for_a_day(builds, monkeypatch):
     """Leases that said "boot": "" (written without /proc by earlier versions): removed once their process
     is gone (judged where /proc is missing too: same host, no namespace to tell apart), or, where it
     cannot be judged, after an hour; a lease of another kernel still stays for a day."""
-    from torchgen_patch import cache
     from torchgen_patch.fs import leases
 
-    real = cache.host_identity()
+    real = leases.host_identity()
     host = real["host"]
     old = {"boot": "", "pidns": "", "host": host, "started": time.time()}
     _lease(builds, ".build-gone-", dict(old, pid=_dead_pid()))
@@ -476,7 +479,7 @@ def test_a_lease_an_earlier_version_wrote_without_proc_is_not_kept_for_a_day(bui
     for n in (names["hours"], names["other"]):
         os.utime(n, (time.time() - 2 * 3600,) * 2, dir_fd=builds.fd)
     monkeypatch.setattr(leases, "host_identity", lambda: {"boot": None, "pidns": None, "host": host})
-    assert sorted(cache.sweep(builds, (".build-",))) == sorted([names["gone"], names["hours"]])
+    assert sorted(leases.sweep(builds, (".build-",))) == sorted([names["gone"], names["hours"]])
     assert builds.names() == [names["other"]]
 
 
@@ -502,6 +505,7 @@ def test_an_output_on_a_full_disk_is_the_environments_problem(ctx, full_fs, run_
     out = full_fs / "report.txt"
     rc, _, err = run_cli("lint", ctx["native"], "-o", out)
     assert rc == 3 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith(f"{os.path.relpath(out)}: error: cannot write lint report: ") and "No space left on device (hint: free space" in err, err
+    assert err.startswith(f"{os.path.relpath(out)}: error: cannot write lint report: "), err
+    assert "No space left on device (hint: free space" in err, err
     assert out.read_text() == "the old report\n"
     assert sorted(os.listdir(full_fs)) == ["filler", "report.txt"]

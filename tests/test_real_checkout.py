@@ -92,7 +92,8 @@ def test_outcomes_are_read_test_by_test_and_a_difference_needs_a_verdict(tmp_pat
     cases = [("test_x.TestA", "test_1", "passed"), ("test_x.TestA", "test_2", "failed"),
              ("test_x.TestB", "test_1", "skipped"), ("test_x.TestB", "test_3", "error")]
     xml.write_text("<testsuites><testsuite>" + "".join(
-        f"<testcase classname='{c}' name='{n}'>{_CASE[o]}</testcase>" for c, n, o in cases) + "</testsuite></testsuites>")
+        f"<testcase classname='{c}' name='{n}'>{_CASE[o]}</testcase>" for c, n, o in cases)
+        + "</testsuite></testsuites>")
     assert runner._junit(str(xml)) == {f"{c}.{n}": o for c, n, o in cases}
     assert runner._junit(str(tmp_path / "absent.xml")) == {}
     data = json.load(open(REPORT))
@@ -107,7 +108,8 @@ def test_outcomes_are_read_test_by_test_and_a_difference_needs_a_verdict(tmp_pat
     # passing every time when run alone again is no verdict: the failure may be this project's
     monkeypatch.delitem(config.VERDICTS, "test_x.TestA.test_2")
     d = data["tests"][group]["differ"][0]
-    d["reruns"] = {"unpatched": [{"outcome": "passed"}] * config.RERUNS, "patched": [{"outcome": "passed"}] * config.RERUNS}
+    d["reruns"] = {"unpatched": [{"outcome": "passed"}] * config.RERUNS,
+                   "patched": [{"outcome": "passed"}] * config.RERUNS}
     assert f"{group}: test_x.TestA.test_2: unjudged" in verdicts.defects(data)
 
 
@@ -176,7 +178,8 @@ def _fake_apt(tmp_path, monkeypatch, source: str) -> str:
     bin_dir.mkdir()
     log = tmp_path / "apt.log"
     (bin_dir / "apt-get").write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n"
-                                     f"case \" $* \" in *\" source \"*) stat -c 'owner %U' . >> {log}; {source};; esac\n")
+                                     f"case \" $* \" in *\" source \"*) stat -c 'owner %U' . >> {log}; {source};; "
+                                     f"esac\n")
     (bin_dir / "apt-get").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return str(log)
@@ -311,7 +314,8 @@ def test_a_difference_that_is_pytorchs_own_hang_is_judged_so():
     many = dict(d, reruns={"unpatched": [{"outcome": "passed"}] * 5,
                            "patched": [{"outcome": "failed", "stuck": hang}] * 4 + [{"outcome": "passed"}]})
     t2 = _group(6, 11, runs=66)
-    assert verdicts.more_often_patched(verdicts.hang_rates(t2)) >= verdicts.RATE_P and verdicts.verdict(many, t2)[0] == "unjudged"
+    assert verdicts.more_often_patched(verdicts.hang_rates(t2)) >= verdicts.RATE_P
+    assert verdicts.verdict(many, t2)[0] == "unjudged"
     assert "this test's runs p = 0.0" in verdicts.verdict(many, t2)[1]
     # one failure the stacks do not explain, or none captured: not PyTorch's hang
     d["reruns"]["patched"][0] = {"outcome": "failed", "stuck": {"cause": "unexplained", "stacks": []}}

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.support import torch_is
-from tests.test_checkout import notorch, tree213  # noqa: F401  (fixtures)
+from tests.test_checkout import notorch, tree213
 
 # What torch 2.13's own codegen writes (its VariableType_*.cpp): add.out refuses, these never do.
 SOME_UNCHECKED_OUT = {"aten::split_with_sizes_copy.out", "aten::split_copy.Tensor_out", "aten::unbind_copy.int_out",

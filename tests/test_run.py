@@ -24,7 +24,8 @@ def tgp_run(*args, env=None, cwd=ROOT):
 
 
 def _probes(out: str) -> list[dict]:
-    return [dict(kv.split("=", 1) for kv in m.split()) for m in re.findall(r"probe (rank=\S+ active=\S+ versions=\S+)", out)]
+    return [dict(kv.split("=", 1) for kv in m.split())
+            for m in re.findall(r"probe (rank=\S+ active=\S+ versions=\S+)", out)]
 
 
 def test_a_plain_script_runs_patched_and_its_exit_code_passes_through(default_plan):
@@ -57,7 +58,8 @@ def test_torchrun_every_rank_is_patched_and_the_library_is_built_once(tmp_path):
     assert ranks == ["0", "1"] and all(p["versions"] == "1,1" and int(p["active"]) > 0 for p in _probes(r.stdout))
     assert r.stderr.count("torchgen-patch: compiling") == 1  # built once, by the first process, under the lock
     # each rank says so, and torchrun's own launcher (it imports torch too), each line naming which it is
-    said = sorted(re.findall(r"kernels active \(cpp\), 0 refused, (?:built now|from the cached build); \d+ optimizer entries active, in pid \d+ "
+    said = sorted(re.findall(r"kernels active \(cpp\), 0 refused, (?:built now|from the cached build); \d+ optimizer "
+                             r"entries active, in pid \d+ "
                              r"\((.*)\)$", r.stderr, re.M))
     assert said == ["run_probe.py, rank 0", "run_probe.py, rank 1", "torchrun"], r.stderr
 
@@ -143,7 +145,8 @@ def test_kernels_that_cannot_be_had_stop_the_program_also_from_a_thread(tmp_path
     with the one error line and exit 3 (SystemExit would end that thread only)."""
     prog = ("import threading; t = threading.Thread(target=lambda: __import__('torch')); t.start(); t.join(); "
             "print('went on')")
-    r = tgp_run("--", sys.executable, "-c", prog, env={"CXX": "/bin/false", "TORCHGEN_PATCH_CACHE": str(tmp_path / "c")})
+    r = tgp_run("--", sys.executable, "-c", prog, env={"CXX": "/bin/false",
+                                                       "TORCHGEN_PATCH_CACHE": str(tmp_path / "c")})
     assert r.returncode == 3 and "went on" not in r.stdout, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and r.stderr.splitlines()[-1].startswith("torchgen-patch: error: "), r.stderr
 

@@ -103,7 +103,8 @@ def test_a_program_that_would_drop_the_hook_itself_is_refused_before_it_starts(t
     ("import sys, importlib.machinery as m; sys.meta_path = [m.BuiltinImporter, m.FrozenImporter, m.PathFinder]\n"
      + PROBE, "active 1\n"),
     # a finder of the program's own answers for torch, first on the path: the hook goes before it
-    ("import sys, importlib.machinery as m\nclass Mine:\n    @staticmethod\n    def find_spec(name, path=None, t=None):\n"
+    ("import sys, importlib.machinery as m\nclass Mine:\n    @staticmethod\n    def find_spec(name, path=None, "
+     "t=None):\n"
      "        return m.PathFinder.find_spec(name, path) if name == 'torch' else None\n"
      "sys.meta_path.insert(0, Mine)\n" + PROBE, "active 1\n"),
     # importlib.import_module (no audit event of its own) past a replaced meta_path: installed at the next import
@@ -267,7 +268,8 @@ def test_stderr_redirected_to_a_write_only_sink_during_a_build(tmp_path, default
     assert r.returncode == 0 and r.stderr == "", r.stderr
     ops, last = r.stdout.strip().split("] ", 1)
     assert ops == "['aten::_cummin_helper'" and re.fullmatch(
-        r"'torchgen-patch: 1 kernel active \(cpp\), 0 refused, built now; 0 optimizer entries active, in pid \d+ \(p\.py\)'", last), r.stdout
+        r"'torchgen-patch: 1 kernel active \(cpp\), 0 refused, built now; 0 optimizer entries active, in pid \d+ "
+        r"\(p\.py\)'", last), r.stdout
 
 
 @pytest.mark.parametrize("value,why", [
@@ -325,6 +327,7 @@ def test_a_cached_runtime_op_verdict_is_used_only_while_the_builds_it_names_are_
     """The verdict's libraries are looked at through the cache: one naming a file outside the cache's
     builds, or a build since removed, is checked again; one naming a build that is there is the verdict."""
     from torchgen_patch import cache
+    from torchgen_patch.fs.dirs import subdir
     from torchgen_patch.runtime.launch import launcher as launch  # its internals
     from torchgen_patch.sources import Options
 
@@ -335,7 +338,7 @@ def test_a_cached_runtime_op_verdict_is_used_only_while_the_builds_it_names_are_
     monkeypatch.setattr(launch, "_checked_elsewhere", lambda s: checked.append(s) or (["tgp_test::fresh"], None, None))
     outside = tmp_path / "lib.so"  # a file that is there, but no build of this cache
     outside.write_bytes(b"")
-    with cache.subdir("builds") as builds, builds.sub("build-0", create=True) as b:
+    with subdir("builds") as builds, builds.sub("build-0", create=True) as b:
         b.create("lib.so", b"")
         built = b.join("lib.so")
     for boxed, used in ((str(outside), False), (built, True), (os.path.join(os.path.dirname(built), "gone.so"), False)):

@@ -705,7 +705,7 @@ def _fingerprint(t):
 
 
 def _same(a, b) -> bool:
-    return all(bool(x == y) for x, y in zip(a, b)) and len(a) == len(b)
+    return all(bool(x == y) for x, y in zip(a, b, strict=False)) and len(a) == len(b)
 
 
 def _value(parts) -> int:
@@ -755,7 +755,7 @@ def test_bits_not_values_nan_payloads_and_negative_zero(path):
 def _flip_one_bit(view, cell: int, bit: int) -> None:
     """Flip one bit of element ``cell`` (in logical order) of ``view``, in its storage's memory."""
     idx = np.unravel_index(cell, tuple(view.shape)) if view.dim() else ()
-    offset = view.storage_offset() + sum(int(i) * s for i, s in zip(idx, view.stride()))
+    offset = view.storage_offset() + sum(int(i) * s for i, s in zip(idx, view.stride(), strict=False))
     raw = torch.empty(0, dtype=torch.uint8).set_(view.untyped_storage())
     raw[offset * view.element_size() + bit // 8] ^= 1 << (bit % 8)
 
@@ -905,7 +905,8 @@ def test_a_pair_constructed_to_cancel_a_fixed_weighting_is_seen(path):
 
 def test_the_key_is_drawn_per_process():
     """Two processes fingerprint the same bits differently (no constant to compute pairs against)."""
-    code = "import torch; from torchgen_patch.saved import fingerprint as fp; print(fp.fingerprint(torch.arange(999.0))[0])"
+    code = ("import torch; from torchgen_patch.saved import fingerprint as fp; "
+            "print(fp.fingerprint(torch.arange(999.0))[0])")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p))
     seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                            check=True).stdout.strip() for _ in range(3)}
@@ -964,7 +965,7 @@ def test_activation_checkpointing_keeps_working_and_being_checked(reentrant):
 
     plain = grads(None)
     checked = grads("raise")
-    assert all(torch.equal(a, b) for a, b in zip(plain, checked))
+    assert all(torch.equal(a, b) for a, b in zip(plain, checked, strict=True))
     # a write to the region's input: found (reentrant checkpointing saves its inputs itself)
     with pytest.raises(SavedTensorChanged):
         grads("raise", lambda m, x: x.data.mul_(2))
@@ -1219,7 +1220,7 @@ def test_install_turns_the_check_on_for_the_process(library, tmp_path):
     assert r.stdout.splitlines()[:2] == ["  saved-tensor check: warn", "done"]
     found = [line for line in r.stderr.splitlines() if "saved tensor changed" in line]
     assert len(found) == 1 and "a view of `weight` of Linear" in found[0] and "<string>" in found[0]
-    assert r.stderr.splitlines()[-1].startswith(f"torchgen-patch: saved-tensor check in pid ") and \
+    assert r.stderr.splitlines()[-1].startswith("torchgen-patch: saved-tensor check in pid ") and \
         ": 2 changed saved tensors (1 distinct)" in r.stderr.splitlines()[-1]
 
 
@@ -1311,7 +1312,8 @@ def test_an_in_place_collective_is_a_finding_naming_its_rank(library, tmp_path):
     checked, err = launch("--check-saved=warn")
     assert sorted(p["rank"] for p in checked) == [0, 1]
     for rank in (0, 1):
-        head = f"torchgen-patch: saved tensor changed without a version bump [rank {rank}]: a tensor float32[4, 3] on cpu"
+        head = f"torchgen-patch: saved tensor changed without a version bump [rank {rank}]: " \
+               "a tensor float32[4, 3] on cpu"
         lines = [line for line in err.splitlines() if line.startswith(head)]
         assert len(lines) == 1, err[-3000:]
         assert "saved by MmBackward0" in lines[0] and "collective.py" in lines[0]
@@ -1919,7 +1921,8 @@ def test_the_check_says_once_at_start_that_it_is_on_and_a_process_without_backwa
     r = _process(start + "s.enable('warn'); s.enable('warn'); torch.ones(3) * 2")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert len([x for x in lines if x.startswith("torchgen-patch: saved-tensor check on (warn, every step) in pid ")]) == 1
+    on = "torchgen-patch: saved-tensor check on (warn, every step) in pid "
+    assert len([x for x in lines if x.startswith(on)]) == 1
     assert not any("changed saved tensor" in x for x in lines), lines  # no backward ran: no count
     r = _process(start + "s.enable('warn'); x = torch.ones(3, requires_grad=True); (x * x).sum().backward()")
     assert r.returncode == 0 and r.stderr.splitlines()[-1].startswith("torchgen-patch: saved-tensor check in pid "), \

@@ -33,7 +33,8 @@ def _cli(*args, cwd=None, env=None):
 
 def _finding(**kw) -> Finding:
     base = dict(shape=(4, 3), dtype="float32", device="cpu", version=1, name="weight", owner="Linear", view=True,
-                node="AddmmBackward0", forward=Frame("prog.py", 6, "<module>"), backward=Frame("prog.py", 8, "<module>"),
+                node="AddmmBackward0", forward=Frame("prog.py", 6, "<module>"),
+                backward=Frame("prog.py", 8, "<module>"),
                 writers=(Writer.DATA, Writer.ALIAS, Writer.KERNEL), rank=0)
     return Finding(**{**base, **kw})
 
@@ -230,7 +231,8 @@ def test_a_folder_of_another_account_is_not_written_through(tmp_path, capsys):
     os.chown(d, 4242, 4242)
     Folder(str(d)).write(_finding())
     assert os.listdir(d) == []
-    assert "is owned by uid 4242, not by you or root: torchgen-patch writes no findings under" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "is owned by uid 4242, not by you or root: torchgen-patch writes no findings under" in said
 
 
 def test_a_forked_child_writes_a_file_of_its_own(tmp_path):
@@ -412,7 +414,8 @@ def _torchrun() -> str | None:
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed")
 def test_two_ranks_and_a_process_write_to_one_folder_and_findings_makes_one_site(library, tmp_path):
     (tmp_path / "prog.py").write_text(PROGRAM)
-    ranks = _cli("run", "--check-saved", "--findings", "fleet", "--", _torchrun(), "--nproc-per-node", "2", "--master-port", "29531",
+    ranks = _cli("run", "--check-saved", "--findings", "fleet", "--", _torchrun(), "--nproc-per-node", "2",
+                 "--master-port", "29531",
                  "prog.py", cwd=tmp_path)
     assert ranks.returncode == 0 and ranks.stdout.count("done") == 2, ranks.stderr[-3000:]
     alone = _cli("run", "--check-saved", "--", sys.executable, "prog.py", cwd=tmp_path,
@@ -424,7 +427,8 @@ def test_two_ranks_and_a_process_write_to_one_folder_and_findings_makes_one_site
         assert r.returncode == 1 and r.stderr == "", r.stderr
         if fmt == "json":
             (site,) = json.loads(r.stdout)["sites"]
-            assert (site["saved_by"], site["forward"]["file"], site["forward"]["line"]) == ("AddmmBackward0", "prog.py", 9)
+            assert (site["saved_by"], site["forward"]["file"], site["forward"]["line"]) \
+                == ("AddmmBackward0", "prog.py", 9)
             assert (site["processes"], site["ranks"], site["findings"], site["steps"]) == (3, [0, 1], 9, 3)
         elif fmt == "text":  # as docs/unseen-writes.md shows it
             assert r.stdout.replace(f"({fleet.HOST})", "(vm)") == FLEET_TEXT

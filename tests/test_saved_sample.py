@@ -364,7 +364,8 @@ def test_install_sampled_at_the_default_finds_a_recurring_write_within_300_steps
                        env=dict(env, PYTHONPATH=ROOT), timeout=600)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert any(re.match(r"torchgen-patch: saved-tensor check on \(warn, 1 step in 32\) ", line) for line in lines), lines
+    assert any(re.match(r"torchgen-patch: saved-tensor check on \(warn, 1 step in 32\) ", line)
+               for line in lines), lines
     assert sum("saved tensor changed without a version bump" in line for line in lines) == 1, lines
     assert "of 300 draws hit)" in lines[-1] and " 0 changed" not in lines[-1], lines[-1]
 

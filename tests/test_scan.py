@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, torch_is
+from tests.conftest import ROOT
+from tests.support import torch_is
 from tests.support import packaged_yaml, scan_of
 from torchgen_patch import cache
 from torchgen_patch.diagnostics.drift import cross_check

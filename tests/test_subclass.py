@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchgen_patch
-from tests.conftest import torch_is
+from tests.support import torch_is
 from torchgen_patch.checks import subclass as sc
 from torchgen_patch.checks import verify
 
@@ -179,6 +179,7 @@ def test_cuda_wrapper_and_dtensor_after(library, default_plan):
             # every op the issue names passes, except where this release's DTensor cannot run it (torch 2.11:
             # no sharding strategy for _foreach_lerp_.List), which is NOT_RUN with DTensor's reason
             unrun = {r.op for r in rs if r.verdict == verify.NOT_RUN and r.message.startswith("dtensor cannot run it")}
-            assert ISSUE_OPS - (unrun if sub == "dtensor" else set()) <= {r.op for r in rs if r.verdict == verify.PASS}, sub
+            passed = {r.op for r in rs if r.verdict == verify.PASS}
+            assert ISSUE_OPS - (unrun if sub == "dtensor" else set()) <= passed, sub
     finally:
         torchgen_patch.uninstall()

@@ -97,6 +97,60 @@ def test_a_run_with_no_durations_is_refused(tmp_path):
     assert not (tmp_path / "o.json").exists()
 
 
+def _report(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, f"{ROOT}/scripts/durations_report.py", *argv], capture_output=True,
+                          text=True)
+
+
+def test_the_durations_report_sums_each_file_and_lists_the_slowest_items_the_same_each_time(tmp_path):
+    """From a junit XML: each file's items and seconds, the slowest first, then the slowest items (ties by name);
+    the same XML gives the same bytes."""
+    (tmp_path / "j.xml").write_text(JUNIT.replace("</testsuite>", '<testcase classname="tests.test_tiers" '
+                                                  'name="test_e[a|b]" time="1.25"/></testsuite>'))
+    out = tmp_path / "r.md"
+    r = _report(str(tmp_path / "j.xml"), "--torch", "2.13.0", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert text.startswith("# Test durations, CPU, torch 2.13.0\n\nFrom `j.xml`, the junit XML of the last "
+                           "`make test`: 4 items, 9.0 s in all")
+    assert "| tests/test_tiers.py | 4 | 9.0 | 100.0% |" in text
+    assert text.endswith("| seconds | item |\n|---:|---|\n| 6.50 | tests/test_tiers.py::test_a[x-1] |\n"
+                         "| 1.25 | tests/test_tiers.py::TestC::test_c |\n"
+                         "| 1.25 | tests/test_tiers.py::test_e[a\\|b] |\n"
+                         "| 0.01 | tests/test_tiers.py::test_b |\n")
+    assert str(tmp_path) not in text
+    again = tmp_path / "again.md"
+    assert _report(str(tmp_path / "j.xml"), "--torch", "2.13.0", "-o", str(again)).returncode == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_the_durations_report_orders_files_by_their_seconds_and_keeps_25_items():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import durations_report as dr
+
+    seconds = {f"tests/test_{f}.py::test_{i}": float(i) for f in "ab" for i in range(20)}
+    seconds["tests/test_c.py::test_big"] = 500.0
+    assert [f for f, _, _ in dr.by_file(seconds)] == ["tests/test_c.py", "tests/test_a.py", "tests/test_b.py"]
+    top = dr.slowest(seconds)
+    assert len(top) == 25 and top[0] == ("tests/test_c.py::test_big", 500.0)
+    assert top[1:3] == [("tests/test_a.py::test_19", 19.0), ("tests/test_b.py::test_19", 19.0)]
+
+
+def test_the_durations_report_refuses_a_run_with_no_durations(tmp_path):
+    (tmp_path / "j.xml").write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest"/></testsuites>')
+    r = _report(str(tmp_path / "j.xml"), "-o", str(tmp_path / "r.md"))
+    assert r.returncode == 2 and r.stderr.startswith("error: no test durations in ")
+    assert not (tmp_path / "r.md").exists()
+    r = _report(str(tmp_path / "missing.xml"), "-o", str(tmp_path / "r.md"))
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
+def test_make_durations_writes_the_report_of_the_last_make_test_too():
+    make = open(f"{ROOT}/Makefile", encoding="utf-8").read()
+    _, durations = _recipe(make, "durations")
+    assert durations[-1] == "$(BIN)/python scripts/durations_report.py build/pytest-junit.xml"
+
+
 def _recipe(make: str, target: str) -> tuple[str, list[str]]:
     """A Makefile rule's prerequisites and its recipe's lines."""
     head, _, rest = make.partition(f"\n{target}:")

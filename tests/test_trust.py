@@ -20,6 +20,8 @@ from torchgen_patch.errors import EnvironmentProblem
 from torchgen_patch.files import private_dirs
 from torchgen_patch.runtime.load import trust
 from torchgen_patch import cache
+from torchgen_patch.fs.protected import owner_name, trusted_uids
+from torchgen_patch.fs.root import OWNERS_ENV
 
 pytestmark = pytest.mark.build
 NOBODY = 65534  # an account that is neither this user nor root
@@ -36,7 +38,7 @@ def cached(tmp_path, monkeypatch, library):
     shutil.copytree(library.directory, copy, symlinks=True)
     os.chmod(copy, 0o700)
     monkeypatch.setenv("TORCHGEN_PATCH_CACHE", str(root))
-    monkeypatch.delenv(trust.OWNERS_ENV, raising=False)
+    monkeypatch.delenv(OWNERS_ENV, raising=False)
     lib = str(copy / os.path.basename(library.path))
     yield root, lib
     torchgen_patch.uninstall()
@@ -85,13 +87,13 @@ def test_writable_by_others_is_refused(cached, default_plan, where):
 def test_library_owned_by_another_user_is_refused(cached, default_plan, monkeypatch):
     root, lib = cached
     os.chown(lib, NOBODY, -1)
-    who = trust._owner(NOBODY)
+    who = owner_name(NOBODY)
     assert _refusal(default_plan) == (
         f"torchgen-patch: error: {lib} is owned by {who}, not by you or root: torchgen-patch loads no native code "
         f"from {lib} (hint: use a cache of your own (TORCHGEN_PATCH_CACHE), or, if you trust that account with "
-        f"your processes, name it in ${trust.OWNERS_ENV})")
+        f"your processes, name it in ${OWNERS_ENV})")
     # an account the user names as trusted (the owner of a shared, read-only cache) is accepted
-    monkeypatch.setenv(trust.OWNERS_ENV, str(NOBODY))
+    monkeypatch.setenv(OWNERS_ENV, str(NOBODY))
     assert not torchgen_patch.install(plan=default_plan).refused
 
 
@@ -176,9 +178,9 @@ def test_check_library_for_a_prebuilt_file(tmp_path):
 
 
 def test_unknown_trusted_owner_is_an_environment_problem(monkeypatch):
-    monkeypatch.setenv(trust.OWNERS_ENV, "no-such-account-xyz")
+    monkeypatch.setenv(OWNERS_ENV, "no-such-account-xyz")
     with pytest.raises(EnvironmentProblem) as e:
-        trust.trusted_uids()
+        trusted_uids()
     assert e.value.exit_code == 3 and "no-such-account-xyz" in e.value.render()
 
 
@@ -195,6 +197,6 @@ def test_a_fresh_build_is_private_and_records_its_hash(library):
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
     info = json.load(open(os.path.join(d, "build-info.json")))
     assert info["sha256"] == _sha(library.path)
-    for base, dirs, names in os.walk(d):
+    for base, _, names in os.walk(d):
         for p in [base] + [os.path.join(base, n) for n in names]:
             assert not os.lstat(p).st_mode & 0o022, p

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,10 @@ import pytest
 from tests.conftest import ROOT
 from tests.test_cache_input import SECOND, _cli, _edit, _same_tree, _second_account
 from torchgen_patch import cache
+from torchgen_patch.errors import EnvironmentProblem
+from torchgen_patch.fs import leases
+from torchgen_patch.fs import root as cache_root
+from torchgen_patch.fs.load import private_copy
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as (and chown to) a second account needs root")
 TRIVIAL = {"tgp_trivial.cpp": b'extern "C" int tgp_trivial() { return 1; }\n'}
@@ -141,7 +144,8 @@ def test_a_cache_path_swapped_after_its_check_changes_nothing_the_build_does(tmp
     assert r.stderr.splitlines()[-1].startswith(f"torchgen-patch: error: {victim} is owned by {SECOND} (uid {uid})")
     assert _owned_by(theirs, 0) == []
     [built] = [n for n in os.listdir(os.path.join(away, "builds")) if not n.endswith(".lock")]
-    assert built.startswith("build-") and any(n.endswith(".so") for n in os.listdir(os.path.join(away, "builds", built)))
+    assert built.startswith("build-")
+    assert any(n.endswith(".so") for n in os.listdir(os.path.join(away, "builds", built)))
 
 
 # ---- leases, namespaces, forks ----------------------------------------------------------------------------
@@ -241,7 +245,7 @@ def test_a_killed_builds_lease_expires_with_it(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     notes = []
-    with cache.notes_to(notes.append):
+    with cache_root.notes_to(notes.append):
         assert build.remove_stale(root) == [name]
     assert notes == [f"removed {os.path.join(root, name)}, left by process {proc.pid} on {os.uname().nodename}, "
                      "which is gone"]
@@ -348,8 +352,8 @@ def test_without_proc_a_temporary_directory_of_another_account_is_named_as_the_p
     lib.write_bytes(b"\x7fELF")
     fd = os.open(lib, os.O_RDONLY)
     try:
-        with pytest.raises(cache.EnvironmentProblem) as e:
-            with cache.private_copy(fd, str(lib)):
+        with pytest.raises(EnvironmentProblem) as e:
+            with private_copy(fd, str(lib)):
                 pass
     finally:
         os.close(fd)
@@ -392,19 +396,19 @@ def test_cache_entries_and_leases_nested_too_deeply_are_ignored(tmp_path, monkey
     """A proven entry (the same account can sign) and a temporary build's lease holding JSON nested
     deeper than the decoder recurses: the entry is ignored (a -v note), the lease judged as unreadable,
     never a RecursionError."""
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache_root.ENV, str(tmp_path / "cache"))
     cache.write("scan-deep.json", {"x": 1})
     assert cache.read("scan-deep.json") == {"x": 1}
     with cache.open_root() as r:
         k = r.read(cache.KEY_FILE)
         r.replace("scan-deep.json", cache.sign("scan-deep.json", DEEP, k))
         with r.mkdtemp("tmp-") as t:
-            os.write(os.open(cache.LEASE, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=t.fd), DEEP[:4096])
+            os.write(os.open(leases.LEASE, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=t.fd), DEEP[:4096])
             os.utime(t.fd, (0, 0))  # old enough for a lease that died while starting
         notes = []
-        with cache.notes_to(notes.append):
+        with cache_root.notes_to(notes.append):
             assert cache.read("scan-deep.json") is None
-            assert len(cache.sweep(r, ("tmp-",))) == 1
+            assert len(leases.sweep(r, ("tmp-",))) == 1
     assert notes[0].endswith("scan-deep.json ignored: damaged (JSONDecodeError)"), notes
 
 
@@ -414,7 +418,7 @@ def test_a_cache_reached_through_a_symlink_names_its_builds_where_they_are(tmp_p
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
     os.symlink(real, tmp_path / "link")
-    monkeypatch.setenv(cache.ENV, str(tmp_path / "link"))
+    monkeypatch.setenv(cache_root.ENV, str(tmp_path / "link"))
     monkeypatch.setattr(cache, "_WALKED", {})
     cache.write("x.json", {"x": 1})  # the root exists
     assert cache.names_a_build(str(real / "builds" / "build-1" / "lib.so"))
@@ -549,7 +553,7 @@ def _covered(data):
     from torchgen_patch.scan.classify import verdict_of
     from torchgen_patch.sources.facts import Facts, WrittenArg
 
-    for row, facts in zip(data["records"], data["facts"]):
+    for row, facts in zip(data["records"], data["facts"], strict=True):
         if row[6] == "missing":
             facts[1] = True
             f = Facts(row[0], row[1], "", row[2], row[3], tuple(WrittenArg(*w) for w in row[4]), row[5], facts[0],
@@ -600,6 +604,7 @@ def test_the_proof_costs_what_reading_the_entry_costs(warm):
 def _fake_dist(tmp_path, digest_of=b"\x7fELF not really a library"):
     """An installed kernels distribution (its metadata and package), library and record made by hand."""
     from torchgen_patch.runtime import prebuilt
+    from torchgen_patch.runtime.build.key import torch_identity
     from torchgen_patch.version import __version__
 
     site = tmp_path / "site"
@@ -611,9 +616,10 @@ def _fake_dist(tmp_path, digest_of=b"\x7fELF not really a library"):
     (pkg / "lib.so").write_bytes(digest_of)
     import hashlib
 
-    rec = {"format": prebuilt.FORMAT, "torchgen_patch": __version__, "torch": prebuilt.torch_identity(),
+    rec = {"format": prebuilt.FORMAT, "torchgen_patch": __version__, "torch": torch_identity(),
            "library": "lib.so", "sha256": hashlib.sha256(digest_of).hexdigest(), "key": "0" * 64,
-           "overlay_sha256": prebuilt.overlay_sha256(__import__("torchgen_patch.sources", fromlist=["Options"]).Options()),
+           "overlay_sha256": prebuilt.overlay_sha256(__import__("torchgen_patch.sources",
+                                                                fromlist=["Options"]).Options()),
            "plan": {"kernels": []}}
     (pkg / prebuilt.RECORD).write_text(json.dumps(rec))
     for p in (site, pkg, info):
@@ -663,9 +669,9 @@ def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHGEN_PATCH_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", "relative-xdg")
     monkeypatch.chdir(tmp_path)
-    assert cache.directory() == os.path.join(os.path.expanduser("~/.cache"), "torchgen-patch")
+    assert cache_root.directory() == os.path.join(os.path.expanduser("~/.cache"), "torchgen-patch")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "abs"))
-    assert cache.directory() == str(tmp_path / "abs" / "torchgen-patch")
+    assert cache_root.directory() == str(tmp_path / "abs" / "torchgen-patch")
 
 
 def test_a_cache_that_is_no_directory_is_said_so():

@@ -93,8 +93,10 @@ def test_on_cpu_each_case_gives_four_outcomes_in_fresh_processes(library, tmp_pa
     assert "| `torch.optim.AdamW(fused=True)` stepped between forward and backward | **silent** | **finding** [F2] | " \
            "raises (autograd's error) | raises (autograd's error) |" in text
     assert "- [F2] a tensor float32[8, 8] on cpu, saved by MmBackward0 in the forward call at " \
-           "scripts/unseen_writes_cases.py:" in text and "likely written by: the optimizer torch.optim.adamw.AdamW" in text
+           "scripts/unseen_writes_cases.py:" in text
+    assert "likely written by: the optimizer torch.optim.adamw.AdamW" in text
     table = uw.docs_table(res)  # the docs' renderer, given this (CPU) report
     assert "| `p.data.mul_(2)` | silent | silent | finding |" in table
-    assert "| `torch.optim.AdamW(fused=True)` stepped between forward and backward | silent | raises | raises |" in table
+    assert "| `torch.optim.AdamW(fused=True)` stepped between forward and backward | silent | raises | raises |" \
+        in table
     assert "| a hand-written Triton kernel writing its input in place | not run: exists on CUDA only |" in table

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, torch_is
+from tests.conftest import ROOT
+from tests.support import torch_is
 from testbed.upstream_tree import make_tree
 from torchgen_patch.upstream import issue
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, torch_is
+from tests.conftest import ROOT
+from tests.support import torch_is
 from testbed.upstream_tree import failed_tests, kernels_tu, make_tree, registrations, run_codegen, run_test_file
 from torchgen_patch.upstream import patch as up
 from torchgen_patch.upstream.codegen_test import CODEGEN_TEST
@@ -100,7 +101,8 @@ def test_only_the_inplace_or_view_and_variable_type_files_change(trees):
 
 _VT_REG = re.compile(r'm\.impl\("([^"]+)",\s*TORCH_FN\(VariableType::(\w+)\)\s*\);', re.S)
 _VT_FN = re.compile(r"^\S[^\n]*?\b(\w+)\(c10::DispatchKeySet ks[^\n]*\{\n.*?^\}\n", re.S | re.M)
-_REFUSAL = re.compile(r'  if \(compute_requires_grad\( [\w, ]+ \)\) \{\n    throw_error_out_requires_grad\("\w+"\);\n  \}\n')
+_REFUSAL = re.compile(r'  if \(compute_requires_grad\( [\w, ]+ \)\) \{\n'
+                      r'    throw_error_out_requires_grad\("\w+"\);\n  \}\n')
 
 
 def test_variable_type_gains_the_check_for_exactly_the_lint_ops(trees, run_cli):
@@ -196,7 +198,8 @@ def test_fix_adds_a_regression_test_that_needs_only_torch(trees):
 CPU_FAILS = {"test_mutating_ops_without_returns_have_inplace_or_view_kernels",
              "test_amp_foreach_non_finite_check_and_unscale__cpu", "test_cummax_helper_cummax_cpu_float32",
              "test_fused_optimizer_ops_cpu"} | {
-    f"test_fused_optimizer_step_before_backward_raises_{o}_cpu_float32" for o in ("Adagrad", "Adam", "AdamW", "SGD")} | {
+    f"test_fused_optimizer_step_before_backward_raises_{o}_cpu_float32"
+    for o in ("Adagrad", "Adam", "AdamW", "SGD")} | {
     # the requires-grad half: out= ops that return nothing refuse inputs and outputs that require grad
     f"test_{t}_cpu" for t in ("split_with_sizes_copy_out", "unbind_copy_and_unsafe_split_out", "foreach_out")}
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torchgen_patch
-from tests.conftest import torch_is
+from tests.support import torch_is
 from torchgen_patch.checks import verify
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -34,7 +34,7 @@ def entries(text: str) -> dict[str, str]:
     """Each top-level '- func:' block of a native_functions.yaml, by func name."""
     blocks: dict[str, str] = {}
     starts = [m.start() for m in re.finditer(r"^- func:", text, re.M)] + [len(text)]
-    for a, b in zip(starts, starts[1:]):
+    for a, b in zip(starts, starts[1:], strict=False):
         block = text[a:b]
         name = block.split("\n", 1)[0][len("- func:"):].strip().split("(", 1)[0]
         blocks[name] = block.rstrip() + "\n"

@@ -23,34 +23,15 @@ import contextlib
 import functools
 import hashlib
 import hmac  # bound here, when the package is imported (under run, from the standard library's own directory)
-import importlib
 import json
 import os
-from typing import TYPE_CHECKING
 
 from .errors import EnvironmentProblem, InputError, ToolError
-# the file system layer, re-exported: the old place of these names
 from .fs.decode import loads
-from .fs.dirs import Dir, check_path, open_dir, open_under, subdir  # noqa: F401 (re-exported: the old place)
-from .fs.load import loadable, private_copy  # noqa: F401 (re-exported: the old place)
-from .fs.protected import Missing, cache_refusal, inside, library_refusal, problem, trusted_uids  # noqa: F401 (re-exported: the old place)
-from .fs.protected import may_follow, owner_name  # noqa: F401 (re-exported: the old place)
-from .fs.root import ENV, OWNERS_ENV, _base, directory, key, note, notes_to  # noqa: F401 (re-exported: the old place)
+from .fs.dirs import Dir, open_dir, open_under
+from .fs.protected import Missing, cache_refusal, inside, library_refusal
+from .fs.root import cache_base, directory, note
 from .version import __version__
-
-if TYPE_CHECKING:
-    from .fs.leases import LEASE, host_identity, leased, sweep  # noqa: F401 (re-exported: the old place)
-    from .fs.locks import LOCKS, lock_file  # noqa: F401 (re-exported: the old place)
-
-# re-exported too, imported when first named: a cached install() takes no lock and leases no build
-_LAZY = {**dict.fromkeys(("LEASE", "host_identity", "leased", "sweep"), ".fs.leases"),
-         **dict.fromkeys(("LOCKS", "lock_file"), ".fs.locks")}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.cache
@@ -213,7 +194,7 @@ def bytecode_dir(identity: str) -> str | None:
     """Where a checkout's torchgen keeps its bytecode: beside the result cache, not in it (emptying the
     result cache does not make the checkout's torchgen compile again), and only when it is private
     (bytecode is code). Python itself writes there by name (``sys.pycache_prefix``)."""
-    d = os.path.join(_base(), "torchgen-patch-bytecode")
+    d = os.path.join(cache_base(), "torchgen-patch-bytecode")
     try:
         with open_dir(d, cache_refusal(d), create=True) as b:
             st = os.fstat(b.fd)

@@ -8,33 +8,13 @@ files, only when the content changed (torchgen's FileManager convention).
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import stat
-import sys
-from typing import TYPE_CHECKING
 
 from .errors import EnvironmentProblem, InputError, ToolError, one_line
-# the file system layer, re-exported: the old place of these names
-from .fs.decode import MAX_JSON_DEPTH, loads  # noqa: F401 (re-exported: the old place)
-from .fs.protected import display, keep_owner_and_mode, may_follow, may_replace, owner_name, umask  # noqa: F401 (re-exported: the old place)
-from .fs.walk import MAX_LINKS, Found, find  # noqa: F401 (re-exported: the old place)
-from .fs.walk import refuse_foreign_dir
-
-if TYPE_CHECKING:
-    from .fs.atomic import RENAME_EXCHANGE, RENAME_NOREPLACE, atomic_write, renameat2, replace_at  # noqa: F401 (re-exported: the old place)
-
-_WRITES = ("RENAME_EXCHANGE", "RENAME_NOREPLACE", "atomic_write", "renameat2", "replace_at")
-
-
-def __getattr__(name: str):
-    """fs.atomic's names, re-exported too, imported at their first use: a cached install() writes nothing."""
-    if name in _WRITES:
-        return getattr(importlib.import_module(".fs.atomic", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_this = sys.modules[__name__]  # its calls of those names go through its attributes, a patch of one included
+from .fs.decode import loads
+from .fs.protected import display
+from .fs.walk import Found, find, refuse_foreign_dir
 
 
 def read_bytes(path: str, what: str) -> bytes:
@@ -102,7 +82,9 @@ def write_if_changed(path: str, data: bytes) -> bool:
                 return False
     except OSError:
         pass
-    _this.atomic_write(path, data)
+    from .fs import atomic  # imported at its first use: a cached install() writes nothing
+
+    atomic.atomic_write(path, data)
     return True
 
 
@@ -218,6 +200,8 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
     refused before anything is written. Returns whether anything was written."""
     import sys
 
+    from .fs import atomic  # imported at its first use: a cached install() writes nothing
+
     check_output_file(path, what, create_dir, inputs)
     if path == STDOUT:
         sys.stdout.flush()
@@ -237,7 +221,7 @@ def write_output(path: str, data: bytes, what: str = "output", inputs=(), if_cha
             f.check_replace(path, what)
             if if_changed and f.st is not None and _holds(f.dir_fd, f.name, data):
                 return False
-            _this.replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
+            atomic.replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
             return True
         except OSError as e:
             raise write_failed(path, f"cannot write {what}", e) from None

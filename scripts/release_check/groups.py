@@ -109,7 +109,8 @@ def _rerun(group: str, test: str, tree: str, work: str, python: str, side: str, 
     cls, name = test.rsplit(".", 2)[-2:]
     slug = re.sub(r"\W+", "-", f"{name}-{side}-{i}").strip("-")
     r = run_tests(tree, python, [*TEST_GROUPS[group], "-k", f"{cls} and {name}"], side == "patched",
-                  os.path.join(work, f"rerun-{slug}.xml"), os.path.join(work, f"rerun-{slug}.log"), GROUP_ENV.get(group))
+                  os.path.join(work, f"rerun-{slug}.xml"), os.path.join(work, f"rerun-{slug}.log"),
+                  GROUP_ENV.get(group))
     out = {"outcome": r["outcomes"].get(test, "absent")}
     if test in r["stuck"]:
         out["stuck"] = r["stuck"][test]

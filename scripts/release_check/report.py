@@ -96,7 +96,8 @@ def _head(data: dict) -> list[str]:
            "[docs/release-check.md](../docs/release-check.md) says what each step does.", "",
            f"Tree: Debian's source package, `{data['tarball']}` (sha256 {data['tarball_sha256'][:12]}). "
            f"torch: {data.get('torch', 'not installed')} from the package index, on CPU. Wall times: one run of each "
-           "side (of a group run several times, the sum of its runs), at low priority (`nice -n 10`); on a machine shared with other work they say how long the "
+           "side (of a group run several times, the sum of its runs), at low priority (`nice -n 10`); on a machine "
+           "shared with other work they say how long the "
            "check takes, not what the patch costs (`bench/` measures that).", ""]
     bad = defects(data)
     out += ["## Verdict", "", "passes: no defect, nothing left unrun" if not bad else "does not pass yet:", ""]

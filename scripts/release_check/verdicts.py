@@ -102,7 +102,8 @@ def defects(data: dict) -> list[str]:
         if c.get("requires_grad_checks_removed"):
             out.append("checkout: the fix removes requires-grad checks")
         if not c.get("requires_grad_checks_added_are_the_lint_ops"):
-            out.append("checkout: the requires-grad checks the fix adds are not exactly the ops `lint --autograd` lists")
+            out.append("checkout: the requires-grad checks the fix adds are not exactly the ops "
+                       "`lint --autograd` lists")
         if not codegen_tests_pass(c.get("codegen_tests")):
             out.append("checkout: tools/test/test_codegen.py: the fix's cases do not fail unpatched and pass fixed, or "
                        "another test's outcome changed" if c.get("codegen_tests") else

@@ -51,18 +51,18 @@ def _emit(args, text: str, what: str) -> None:
     if getattr(args, "output", None):
         write_output(args.output, text.encode(), what, inputs=_run_inputs(args))
         if args.output != STDOUT:
-            _say(args, f"{what}: {args.output}")
+            say(args, f"{what}: {args.output}")
     else:
         sys.stdout.write(text)
 
 
-def _say(args, text: str) -> None:
+def say(args, text: str) -> None:
     """A line for people, on stderr; -q silences it."""
     if not args.quiet:
         print(text, file=sys.stderr, flush=True)
 
 
-def _build_log(args):
+def build_log_for(args):
     """The build's messages: stderr, or nowhere with -q."""
     from ..runtime.launch.process import build_log
 
@@ -102,14 +102,14 @@ def _progress(args, what: str):
 
 def notes(args):
     """-v: the cache's notes (an entry ignored and rebuilt, a stale build removed) on stderr."""
-    from .. import cache
+    from ..fs import root as cache_root
 
     if not getattr(args, "verbose", False):
         return contextlib.nullcontext()
-    return cache.notes_to(lambda text: print(f"note: {text}", file=sys.stderr, flush=True))
+    return cache_root.notes_to(lambda text: print(f"note: {text}", file=sys.stderr, flush=True))
 
 
-def _needs_torch(what: str) -> None:
+def needs_torch(what: str) -> None:
     from ..errors import require_torch
 
     require_torch(what)
@@ -120,7 +120,7 @@ def scan(args) -> int:
     from ..diagnostics.render import scan_json, scan_text
 
     if args.against_runtime:
-        _needs_torch("--against-runtime")
+        needs_torch("--against-runtime")
     _outputs_ok(args, "scan report")
     i = pipeline.inputs(dataclasses.replace(options(args), no_overlay=True))
     _inputs_note(args, i.sources)
@@ -156,14 +156,14 @@ def lint(args) -> int:
         if args.autograd or args.requires_grad:
             flag = "--autograd" if args.autograd else "--requires-grad"
             raise InputError(None, None, f"{flag} asks the yaml's autograd codegen: it does not go with --runtime")
-        _needs_torch("lint --runtime")
+        needs_torch("lint --runtime")
     elif args.against_runtime:
-        _needs_torch("--against-runtime")
+        needs_torch("--against-runtime")
 
     def noted(i):
         _inputs_note(args, i.sources)
         if i.sources.tags_packaged:
-            _say(args, f"lint: {printable(i.sources.native)}: no tags.yaml beside it; "
+            say(args, f"lint: {printable(i.sources.native)}: no tags.yaml beside it; "
                        f"using torchgen's packaged {printable(i.sources.tags)}")
 
     req = lint_.Request(opts, tuple(args.paths), args.runtime, tuple(args.imports),
@@ -229,7 +229,7 @@ def gen(args) -> int:
             print(f"wrote {os.path.join(args.output, name)}", file=sys.stderr)
     if written or args.dry_run or args.verbose:  # said when the output changes: a re-run repeats only the count
         for lo in plan.left_out:
-            _say(args, f"left out: {lo.op}: {printable(lo.why)}")
+            say(args, f"left out: {lo.op}: {printable(lo.why)}")
     _summary(args, f"gen: {len(plan.kernels)} kernels in {args.shards} shard(s); {len(plan.left_out)} left out; "
                    f"{len(written)} of {len(files)} files written to {args.output}", True)
     return 0
@@ -239,11 +239,11 @@ def build(args) -> int:
     from .. import pipeline
     from ..runtime import library
 
-    _needs_torch("build")
+    needs_torch("build")
     pipeline.check_shards(args.shards)
-    art = library(options(args), shards=args.shards, prebuilt=False, verbose=args.verbose, log=_build_log(args))
+    art = library(options(args), shards=args.shards, prebuilt=False, verbose=args.verbose, log=build_log_for(args))
     print(art.path)
-    _say(args, f"build: {plural(len(art.kernels), 'kernel')}; "
+    say(args, f"build: {plural(len(art.kernels), 'kernel')}; "
                f"{'built' if art.origin == 'build' else 'up to date (cache hit)'}")
     return 0
 
@@ -251,7 +251,7 @@ def build(args) -> int:
 def install(args) -> int:
     from ..runtime.install import install as install_kernels
 
-    _needs_torch("install")
+    needs_torch("install")
     args.op = qualified(args.op)
     if args.op:  # named the way verify and run name them (left out, covered, did you mean)
         from .. import pipeline
@@ -269,14 +269,14 @@ def wheel(args) -> int:
     from ..runtime import library, prebuilt
     from ..runtime.checklib import saved_build
 
-    _needs_torch("wheel")
+    needs_torch("wheel")
     out = args.output or "."
     check_output_dir(out, _run_inputs(args))
-    opts, log = Options(), _build_log(args)
+    opts, log = Options(), build_log_for(args)
     art = library(opts, prebuilt=False, verbose=args.verbose, log=log)
     saved = saved_build(verbose=args.verbose, log=log)
     print(prebuilt.make_wheel(out, art, opts, log=log, saved=saved))
-    _say(args, f"wheel: {plural(len(art.kernels), 'kernel')} packed for torch {art.torch}, with the saved-tensor "
+    say(args, f"wheel: {plural(len(art.kernels), 'kernel')} packed for torch {art.torch}, with the saved-tensor "
                "check's native hooks")
     return 0
 
@@ -336,7 +336,7 @@ def verify(args) -> int:
         _summary(args, "\n".join(f"verify ({args.device}) {label[name]}{name}: {vr.count_text(rs)}"
                                  for name, rs in runs.items()), True)
     elif before:
-        _say(args, "\n".join(f"verify: {label[name]}{name}: {vr.count_text(runs[name])} (evidence; the exit code is "
+        say(args, "\n".join(f"verify: {label[name]}{name}: {vr.count_text(runs[name])} (evidence; the exit code is "
                              "the run with the patch's)" for name in before))
     if not (args.quiet and args.format == Format.TEXT and not args.output):  # -q: the failing rows only, no table
         _emit(args, text, "report")
@@ -368,7 +368,7 @@ def _verify_requires_grad(args, plan, ops: list[str], torch) -> int:
     for r in bad:
         print(f"verify: {r.op}: {r.verdict} {r.message}", file=sys.stderr)
     if args.output:
-        _say(args, "\n".join(f"verify --check requires-grad ({args.device}) {name}: {vr.count_text(rs)}"
+        say(args, "\n".join(f"verify --check requires-grad ({args.device}) {name}: {vr.count_text(rs)}"
                              for name, rs in runs.items()))
     _emit(args, text, "report")
     return 1 if bad else 0
@@ -389,7 +389,7 @@ def run(args) -> int:
     check_program(program)
     _torch_present("run")  # present, not imported: the program's own processes import it
     opts = options(args)
-    if not _named_checked(args, opts):  # the installed torch's own inputs: the plan is made (or found by its
+    if not named_checked(args, opts):  # the installed torch's own inputs: the plan is made (or found by its
         resolve(opts)  # inputs' key) where torch is imported
     from .saved import saved_check_of
 
@@ -419,7 +419,7 @@ def findings(args) -> int:
     return 1 if rep.sites else 0
 
 
-def _named_checked(args, opts) -> bool:
+def named_checked(args, opts) -> bool:
     """The inputs and --op ops the user named, checked against the plan before any work (``args.op``
     made qualified); False where there are none (the installed torch's own inputs, every op)."""
     args.op = qualified(args.op)
@@ -436,7 +436,7 @@ def _torch_present(what: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        _needs_torch(what)  # says so, the one way every command does
+        needs_torch(what)  # says so, the one way every command does
 
 
 def diff(args) -> int:
@@ -452,14 +452,14 @@ def diff(args) -> int:
         if args.check or args.mode != "fix":
             raise InputError(None, None, "--pr-body goes with --mode fix, without --check")
         check_output_file(args.pr_body, "description", inputs=_run_inputs(args))
-        _needs_torch("--pr-body")
+        needs_torch("--pr-body")
     if args.instructions and not args.pr_body:
         raise InputError(None, None, "--instructions goes with --pr-body")
     if args.issue:
         if args.check:
             raise InputError(None, None, "--issue goes without --check")
         check_output_file(args.issue, "issue", inputs=_run_inputs(args))
-        _needs_torch("--issue")
+        needs_torch("--issue")
     source = read_text(os.path.join(args.pytorch_root, up.TARGET), "the autograd codegen")
     applied = up.state(source)
     if args.verbose:

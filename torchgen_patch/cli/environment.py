@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..saved.sample import words as check_words
-from .commands import _build_log, _named_checked, _needs_torch, _say
+from .commands import build_log_for, named_checked, needs_torch, say
 from .saved import saved_check_of
 from .parser import options
 
@@ -16,12 +16,12 @@ def enable(args) -> int:
 
     site = en.site_dir()
     en.check_writable(site)  # before any work: a read-only environment costs nothing
-    _needs_torch("enable")  # the library is built now, against this environment's torch
+    needs_torch("enable")  # the library is built now, against this environment's torch
     opts = options(args)
-    _named_checked(args, opts)
+    named_checked(args, opts)
     check_saved, every, folder = saved_check_of(args)
     spec, what = en.prepared(opts, args.backend, args.op, quiet=args.quiet, verbose=args.verbose,
-                             log=_build_log(args), strict=args.strict, check_saved=check_saved, findings=folder,
+                             log=build_log_for(args), strict=args.strict, check_saved=check_saved, findings=folder,
                              check_every=every)
     st = en.enable(spec, site)
     undo = "`torchgen-patch disable` or `pip uninstall torchgen-patch` undoes it" if st.recorded else \
@@ -38,7 +38,7 @@ def disable(args) -> int:
     site = en.site_dir()
     before = en.state(site)
     if not before.present and not before.data_present:
-        _say(args, f"disable: not enabled ({before.path} does not exist)")
+        say(args, f"disable: not enabled ({before.path} does not exist)")
         return 0
     en.check_writable(site, removing=True)
     en.disable(site)

@@ -10,16 +10,19 @@ import stat
 
 from .. import files as _files
 from ..errors import EnvironmentProblem, InputError
+from ..fs import atomic
 from ..fs.atomic import RENAME_EXCHANGE, renameat2
-from ..fs.walk import refuse_foreign_dir
-from ..fs.locks import LOCK, WAIT_S, _locked  # noqa: F401 (LOCK, WAIT_S re-exported: the old place)
+from ..fs.decode import loads
+from ..fs.locks import output_lock
+from ..fs.protected import display, keep_owner_and_mode, umask
+from ..fs.walk import find, refuse_foreign_dir
 from .render import MANIFEST
 
 
 STAGING = ".staging-"  # .DIR.staging-XXXX: a directory gen fills beside its output directory DIR
 _GEN_NAME = re.compile(r"ADInplaceOrViewPatch_\d+\.cpp|ADInplaceOrViewPatchEverything\.cpp|"
                        r"RegisterADInplaceOrViewPatch\.cpp|TorchgenPatchRuntime\.h|torchgen_patch_manifest\.json")
-_TEMP = re.compile(r"\.tmp-[0-9a-f]{12}")  # files.replace_at's temporary files
+_TEMP = re.compile(r"\.tmp-[0-9a-f]{12}")  # fs.atomic.replace_at's temporary files
 
 
 def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
@@ -37,15 +40,15 @@ def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
     owner and mode; a changed file keeps the mode of the file it replaces where that one is this
     account's own (``_keep_file``).
 
-    Everything is done through descriptors of the directories found once (``files.find``: a
+    Everything is done through descriptors of the directories found once (``fs.walk.find``: a
     symlinked ``out_dir`` is followed only where the kernel's protected-symlinks rule would, and
     stays a link; neither ``out_dir`` nor the directory that holds it may be one another account
-    controls). A lock no other account can make or hold serializes concurrent runs (``_locked``);
+    controls). A lock no other account can make or hold serializes concurrent runs (``output_lock``);
     ``log(line)`` (default: stderr) hears when one waits for another. Returns the names whose
     content changed."""
-    with _files.find(out_dir, "output directory") as f:
+    with find(out_dir, "output directory") as f:
         if f.blocked:
-            raise InputError(out_dir, None, f"cannot create output directory: {_files.display(f.blocked)} "
+            raise InputError(out_dir, None, f"cannot create output directory: {display(f.blocked)} "
                              "is not a directory")
         if f.st is not None and not stat.S_ISDIR(f.st.st_mode):
             raise InputError(out_dir, None, "output path exists and is not a directory")
@@ -62,7 +65,7 @@ def write_all(out_dir: str, files: dict[str, bytes], log=None) -> list[str]:
                 raise InputError(out_dir, None, "gen replaces its output directory whole, and this one is "
                                  + ("a mount point" if mount else "the current directory"),
                                  "give a directory inside it")
-        with _locked(f.dir_fd, f.name, f.path, log):
+        with output_lock(f.dir_fd, f.name, f.path, log):
             return _write(f.dir_fd, f.name, out_dir, files)
 
 
@@ -92,10 +95,10 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
         try:
             old_st = os.fstat(old) if old is not None else None
             if old_st is not None:
-                _files.keep_owner_and_mode(sfd, old_st)
+                keep_owner_and_mode(sfd, old_st)
             for name in sorted(files):
                 if name in changed:
-                    _files.atomic_write((sfd, name), files[name])
+                    atomic.atomic_write((sfd, name), files[name])
                     if old is not None:
                         _keep_file(sfd, name, old)
                 else:
@@ -104,7 +107,7 @@ def _write(parent: int, base: str, shown: str, files: dict[str, bytes]) -> list[
                 _carry(old, sfd, name)  # type: ignore[arg-type]  # foreign: old is there
             name = None
             if old is None:
-                os.fchmod(sfd, 0o777 & ~_files.umask())
+                os.fchmod(sfd, 0o777 & ~umask())
             _fsync(sfd)
             if old is None:
                 os.rename(staging, base, src_dir_fd=parent, dst_dir_fd=parent)
@@ -156,7 +159,7 @@ def _keep_file(staging: int, name: str, old: int) -> None:
         return
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=staging)
     try:
-        _files.keep_owner_and_mode(fd, was)
+        keep_owner_and_mode(fd, was)
     finally:
         os.close(fd)
 
@@ -174,7 +177,7 @@ def _salvage(parent: int, name: str, base: str) -> None:
     """Empty and remove the directory ``name`` gen left beside ``base`` (a staging directory, or the
     old output directory after the exchange), losing no file of anyone's: an entry goes when
     ``base`` holds the same file (a hard link, or the same bytes or symlink), when it is one of
-    ``files.replace_at``'s temporary files, or when it is one of gen's own outputs that ``base``
+    ``fs.atomic.replace_at``'s temporary files, or when it is one of gen's own outputs that ``base``
     now has a version of or that gen wrote; anything else moves into ``base`` where the name is
     free, and stays (with the directory) where it is not. A directory another account owns is left
     alone (only root's own runs give one another owner: the output directory's)."""
@@ -296,7 +299,7 @@ def read_outputs(directory: str, names=None) -> dict[str, bytes]:
     """The named files of ``directory`` (those present; None: every name gen writes), all read
     through one open directory and read again if a gen swapped in a new directory meanwhile: never
     a mix of two runs' files."""
-    with _files.find(directory, "generated directory", write=False) as f:
+    with find(directory, "generated directory", write=False) as f:
         return _read_through(f.dir_fd, f.name, f.path, names)
 
 
@@ -325,8 +328,8 @@ def snapshot(directory: str, log=None) -> dict[str, bytes]:
     """Every file gen writes that ``directory`` holds, as one run wrote them: read under gen's lock
     (where this account can take it: its own, beside the directory), so a gen that renames files
     in one by one (no directory exchange) is never seen half-way."""
-    with _files.find(directory, "generated directory", write=False) as f:
-        with _locked(f.dir_fd, f.name, f.path, log, required=False):
+    with find(directory, "generated directory", write=False) as f:
+        with output_lock(f.dir_fd, f.name, f.path, log, required=False):
             return _read_through(f.dir_fd, f.name, f.path, None)
 
 
@@ -345,7 +348,7 @@ def _carry(src: int, dst: int, name: str) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            _files.keep_owner_and_mode(fd, st)
+            keep_owner_and_mode(fd, st)
             os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
@@ -368,7 +371,7 @@ def previous_outputs(out: int) -> list[str]:
     from .render import MAX_SHARDS, output_names
 
     try:
-        shards = _files.loads(read_named(out, [MANIFEST])[MANIFEST])["shards"]
+        shards = loads(read_named(out, [MANIFEST])[MANIFEST])["shards"]
     except (KeyError, ValueError, TypeError):
         return []
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
@@ -402,7 +405,7 @@ def _ours(d: int, n: str) -> bool:
         if n != MANIFEST:
             return fh.readline().startswith(b"// @generated by torchgen-patch")
         try:
-            return _files.loads(fh.read()).get("generator") == "torchgen-patch"
+            return loads(fh.read()).get("generator") == "torchgen-patch"
         except (ValueError, AttributeError):
             return False
 

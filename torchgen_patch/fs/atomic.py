@@ -9,7 +9,7 @@ import os
 
 from ..errors import InputError
 from .protected import mode_of_replacement
-from .walk import _DIR
+from .walk import DIR_PATH_FLAGS
 
 
 def atomic_write(path: str | tuple[int, str], data: bytes, durable: bool = True) -> None:
@@ -19,7 +19,7 @@ def atomic_write(path: str | tuple[int, str], data: bytes, durable: bool = True)
     mode ``replace_at`` gives a new file. ``durable=False`` skips the fsync (caches: losing one costs only time)."""
     if isinstance(path, tuple):  # a new file of a directory this run made
         return replace_at(path[0], path[1], data, durable, checked=None)
-    dfd = os.open(os.path.dirname(path) or ".", _DIR)
+    dfd = os.open(os.path.dirname(path) or ".", DIR_PATH_FLAGS)
     try:
         replace_at(dfd, os.path.basename(path), data, durable, mode=0o644)
     finally:

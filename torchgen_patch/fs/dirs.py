@@ -17,7 +17,7 @@ import stat
 from ..errors import EnvironmentProblem, InputError
 from ..errors import no_descriptor as _descriptors
 from . import flock
-from .protected import Missing, _link_problem, cache_refusal, problem, trusted_uids
+from .protected import Missing, link_problem, cache_refusal, problem, trusted_uids
 from .root import ENV, directory, note
 from .walk import MAX_LINKS
 
@@ -268,7 +268,7 @@ def open_dir(path: str, refusal: tuple[str, str] | None = None, create: bool = F
     """The directory ``path``, walked from ``/`` one component at a time and checked on each
     descriptor (above it the lenient rule, the directory itself the strict one unless ``strict``
     is False: a shared temporary directory that holds private ones), symlinks on the way followed
-    only where ``_link_problem`` allows. ``create``: missing components are made private (0700).
+    only where ``link_problem`` allows. ``create``: missing components are made private (0700).
     ``Missing`` when it does not exist (and is not to be created)."""
     refusal = refusal or cache_refusal(path)
     uids = trusted_uids()
@@ -331,7 +331,7 @@ _TRIES = 8  # looks at one name that keeps changing before that is the answer
 
 def _step(fd: int, name: str, p: str, parent: os.stat_result, uids, refusal, create: bool):
     """One component of ``open_dir``: (an open descriptor of the directory ``name`` in ``fd``, None) or
-    (None, a symlink's target, the link checked by ``_link_problem``) or (None, None): something
+    (None, a symlink's target, the link checked by ``link_problem``) or (None, None): something
     else is there. Opened first (O_NOFOLLOW), looked at only when that fails: what is checked
     afterwards is the descriptor, never the name again. A name that comes and goes while it is
     looked at (another account's directory in a shared one) is looked at again, a few times, then
@@ -360,7 +360,7 @@ def _step(fd: int, name: str, p: str, parent: os.stat_result, uids, refusal, cre
                 if stat.S_ISDIR(lst.st_mode):
                     continue  # a directory again by now
                 return None, None
-            why = _link_problem(p, lst, parent, uids, refusal)
+            why = link_problem(p, lst, parent, uids, refusal)
             if why:
                 raise EnvironmentProblem(*why)
             return None, os.readlink(name, dir_fd=fd)

@@ -1,5 +1,5 @@
 """Locks no other account can make, hold or remove: a lock file in the cache's private ``locks``
-directory (``lock_file``), and gen's lock on its output directory (``_locked``: beside it where only
+directory (``lock_file``), and gen's lock on its output directory (``output_lock``: beside it where only
 this user can write there, else one of those)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ WAIT_S = 1.0  # after this long waiting for the lock, a line says so
 
 
 @contextlib.contextmanager
-def _locked(parent: int, base: str, shown: str, log=None, required: bool = True):
+def output_lock(parent: int, base: str, shown: str, log=None, required: bool = True):
     """gen's lock on the output ``base`` of the open directory ``parent``, in a place no other
     account can write: where ``parent`` is this user's and nobody else can write it, the file
     ``.base`` + LOCK there (``_beside``); anywhere else (a sticky shared directory, a group's, another

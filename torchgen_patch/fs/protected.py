@@ -155,7 +155,7 @@ def library_refusal(library: str) -> tuple[str, str]:
             f"they could replace the library, so torchgen-patch does not load {library}")
 
 
-def _link_problem(link: str, st: os.stat_result, parent: os.stat_result, uids, refusal) -> tuple | None:
+def link_problem(link: str, st: os.stat_result, parent: os.stat_result, uids, refusal) -> tuple | None:
     """A symlink is followed only when a trusted account owns it and the kernel's protected_symlinks
     rule would follow it: in a sticky directory others may write, only a link of yours or of the
     directory's owner."""

@@ -13,7 +13,7 @@ _ABSOLUTE: dict[str, str] = {}  # $TORCHGEN_PATCH_CACHE as given -> made absolut
 _NOTES: list = []  # callables that receive the -v notes (the CLI adds one with -v)
 
 
-def _base() -> str:
+def cache_base() -> str:
     """$XDG_CACHE_HOME when it is absolute (the XDG spec: a relative one is invalid, ignored), else ~/.cache."""
     xdg = os.environ.get("XDG_CACHE_HOME")
     return xdg if xdg and os.path.isabs(xdg) else os.path.abspath(os.path.expanduser("~/.cache"))
@@ -28,7 +28,7 @@ def directory() -> str:
         if raw not in _ABSOLUTE:
             _ABSOLUTE[raw] = os.path.abspath(raw)
         return _ABSOLUTE[raw]
-    return os.path.join(_base(), "torchgen-patch")
+    return os.path.join(cache_base(), "torchgen-patch")
 
 
 def note(text: str) -> None:

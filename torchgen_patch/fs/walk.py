@@ -24,7 +24,7 @@ import stat
 from ..errors import InputError
 from .protected import display, foreign_dir, may_follow, may_replace, owner_name
 
-_DIR = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)  # O_PATH: no read right needed
+DIR_PATH_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)  # O_PATH: no read right needed
 MAX_LINKS = 40  # symlinks in one lookup, the kernel's own limit
 
 
@@ -90,7 +90,7 @@ class Found:
         refuse_foreign_dir(os.fstat(self.dir_fd), self.where, self.asked, self.what)
 
     def _enter(self, comp: str) -> None:
-        fd = os.open(comp, _DIR | os.O_NOFOLLOW, dir_fd=self.dir_fd)
+        fd = os.open(comp, DIR_PATH_FLAGS | os.O_NOFOLLOW, dir_fd=self.dir_fd)
         os.close(self.dir_fd)
         self.dir_fd, self.where = fd, os.path.normpath(os.path.join(self.where, comp))
         if self.write:
@@ -184,7 +184,7 @@ def _start(path: str, what: str, write: bool) -> tuple[Found, list[str]]:
     try:
         walked = os.path.join(os.getcwd(), path) if write else path
         absolute = os.path.isabs(walked)
-        fd = os.open(os.sep if absolute else os.curdir, _DIR)
+        fd = os.open(os.sep if absolute else os.curdir, DIR_PATH_FLAGS)
     except OSError as e:
         raise InputError(path, None, f"cannot write {what}: {e.strerror}") from None
     f = Found(fd, os.sep if absolute else os.getcwd(), [], "", None, asked=path, what=what, write=write)

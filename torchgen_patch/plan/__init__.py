@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError, Location, printable, unknown_names
-from ..scan.model import COVERED, MISSING, OUT_UNCHECKED, UNSUPPORTED, CppSig, OpRecord, Scan, WrittenArg
+from ..scan.model import COVERED, MISSING, OUT_UNCHECKED, UNSUPPORTED, OpRecord, Scan
+from ..sources.facts import CppSig, WrittenArg
 from ..vocabulary import Action
 from .overlay import Overlay
 

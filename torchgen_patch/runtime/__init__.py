@@ -98,13 +98,13 @@ def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, pr
 def _inputs_key(opts: Options, shards: int) -> str:
     """Everything that decides the library of ``opts``: the scan's key (yaml, toolchain, this tool's
     source), the overlay, the templates, the shards, and the build's flags, compiler and torch."""
-    from .. import cache
     from ..codegen.render import templates_dir
     from ..errors import require_torch
     from ..files import read_bytes
+    from ..fs import root as cache_root
     from ..scan import key_of
     from ..sources import resolve
-    from .build import _compiler, default_flags
+    from .build.toolchain import compiler_path, default_flags
 
     torch = require_torch("building the kernels")
     src = resolve(opts)
@@ -112,8 +112,8 @@ def _inputs_key(opts: Options, shards: int) -> str:
     templates = [n.encode() + b"\0" + read_bytes(os.path.join(d, n), "template") for n in sorted(os.listdir(d))
                  if n.endswith(".j2")]
     overlay = read_bytes(src.overlay, "overlay") if src.overlay else b""
-    return cache.key(key_of(src), overlay, *templates, str(shards), *default_flags(), _compiler(), torch.__version__,
-                     torch.__file__, f"requires_grad_check={opts.requires_grad_check}")
+    return cache_root.key(key_of(src), overlay, *templates, str(shards), *default_flags(), compiler_path(),
+                          torch.__version__, torch.__file__, f"requires_grad_check={opts.requires_grad_check}")
 
 
 def _indexed(index: str) -> Artifact | None:
@@ -138,13 +138,14 @@ def build_there(path) -> bool:
     that is there now, looked at through the cache's checked directories, never by its name (whether
     it is a complete build for this torch is ``artifact_at``'s to say, where it is loaded)."""
     from .. import cache
+    from ..fs.protected import Missing
 
     if not isinstance(path, str) or not cache.names_a_build(path):
         return False
     try:
         with cache.library_dir(path) as (d, _, name):
             return d.lstat(name) is not None
-    except (cache.Missing, ToolError, OSError):  # a directory gone, or one the checks refuse
+    except (Missing, ToolError, OSError):  # a directory gone, or one the checks refuse
         return False
 
 
@@ -156,6 +157,7 @@ def artifact_at(path: str, origin: str = "given", manifest: bool = True) -> Arti
     from .. import cache
     from ..codegen.render import MANIFEST
     from ..errors import require_torch
+    from ..fs.protected import Missing
     from .build import RECORD
 
     torch = require_torch("installing the kernels")
@@ -168,7 +170,7 @@ def artifact_at(path: str, origin: str = "given", manifest: bool = True) -> Arti
                     plan = _checked_json(src, MANIFEST, path)
             else:
                 plan = {"kernels": []}
-    except cache.Missing as e:
+    except Missing as e:
         raise InputError(path, None, f"not a complete torchgen-patch build ({os.path.basename(str(e))} is "
                                      "missing)") from None
     if not isinstance(info, dict) or not isinstance(plan, dict):
@@ -185,22 +187,22 @@ def artifact_at(path: str, origin: str = "given", manifest: bool = True) -> Arti
 
 
 def _sub(d, name: str, library: str):
-    from .. import cache
+    from ..fs.protected import Missing
 
     try:
         return d.sub(name)
-    except cache.Missing:
+    except Missing:
         raise InputError(library, None, f"not a complete torchgen-patch build ({name}/ is missing)") from None
 
 
 def _checked_json(d, name: str, library: str):
     """The JSON of ``name`` in the checked directory ``d``: a regular file of a trusted owner that
     nobody else can write, opened without following a symlink."""
-    from .. import cache
+    from ..fs.protected import Missing
 
     try:
         data = d.read(name)
-    except cache.Missing:
+    except Missing:
         raise InputError(library, None, f"not a complete torchgen-patch build ({name} is missing)") from None
     except OSError as e:
         raise InputError(library, None, f"not a complete torchgen-patch build ({name}: {e.strerror})") from None

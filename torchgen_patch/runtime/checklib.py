@@ -151,7 +151,7 @@ def nvrtc() -> str:
     ``nvidia`` packages, or torch/lib), else the CUDA toolkit's; opened through the trust checks (its
     directories and the file owned by a trusted account, writable by nobody else) and named by its
     descriptor, so what is loaded is what was checked. "" where torch has no CUDA or none is usable."""
-    from .. import cache
+    from ..fs.load import loadable
     from .load import trust
 
     torch = require_torch("the saved-tensor check")
@@ -159,7 +159,7 @@ def nvrtc() -> str:
     if not version:
         return ""
     if _NVRTC:
-        return cache.loadable(_NVRTC[0]) or ""
+        return loadable(_NVRTC[0]) or ""
     major = version.split(".")[0]
     site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
@@ -179,5 +179,5 @@ def nvrtc() -> str:
                 os.close(fd)
                 continue
             _NVRTC.append(fd)
-            return cache.loadable(fd) or ""
+            return loadable(fd) or ""
     return ""

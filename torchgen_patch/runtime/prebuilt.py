@@ -23,13 +23,15 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from .. import cache
 from ..errors import EnvironmentProblem, InputError, ToolError, printable
 from ..fs.decode import loads
+from ..fs.dirs import Dir, open_dir
+from ..fs.protected import Missing, library_refusal
 from ..sources import Options, overlay_path
 from ..version import __version__
-from .build import torch_identity  # noqa: F401  (re-exported: what the wheel records)
-from .load.trust import sha256_of, verify
+from .build.key import torch_identity
+from .build.record import sha256_of
+from .load.trust import verify
 
 DIST = "torchgen-patch-kernels"
 PACKAGE = "torchgen_patch_kernels"
@@ -73,13 +75,13 @@ def overlay_sha256(opts: Options) -> str | None:
         return f"unreadable: {path}"  # matches no record; the plan reports the overlay itself
 
 
-def library_problem(d: cache.Dir, name: str, sha256: str) -> str | None:
+def library_problem(d: Dir, name: str, sha256: str) -> str | None:
     """Why the library ``name`` in the wheel's checked package directory ``d`` must not be loaded, or
     None: the same rules as a cached build's (owner and modes from the package directory down; a
     regular file, no symlink; the SHA-256 the wheel recorded)."""
     try:
         fd = d.open(name)
-    except cache.Missing:
+    except Missing:
         return f"cannot check {d.join(name)} before loading native code from it: No such file or directory"
     except EnvironmentProblem as e:
         return e.message
@@ -211,22 +213,23 @@ def wheel_hint(said: str) -> str:
 
 def _publish(made: str, target: str, out_dir: str) -> None:
     """Write the wheel to ``target`` whole or not at all (a partial copy on a full disk is removed),
-    through the directory ``files.find`` reached (the output rules: a directory another account
+    through the directory ``fs.walk.find`` reached (the output rules: a directory another account
     controls is refused, and a symlink of another account in a sticky directory is not followed),
     with the modes the umask gives a new file (another account, a CI user, may pip install it)."""
     import errno
 
-    from .. import files
+    from ..fs import atomic
+    from ..fs.walk import find
 
     with open(made, "rb") as src:  # made in this call's private temporary directory
         data = src.read()
-    with files.find(target, "wheel") as f:
+    with find(target, "wheel") as f:
         try:
             if f.st is not None and not stat.S_ISREG(f.st.st_mode):
                 raise InputError(target, None, "cannot write the wheel: not a regular file")
             f.check_replace(target, "wheel")
             f.make_dirs()
-            files.replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
+            atomic.replace_at(f.dir_fd, f.name, data, checked=f.st, shown=f.path)
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise EnvironmentProblem(f"no space left on the device of {out_dir}: the wheel was not written",
@@ -256,8 +259,8 @@ def saved_library() -> tuple[tuple[str, str, str, str | None] | None, str | None
     where = os.path.abspath(str(dist.locate_file(PACKAGE)))
     name = f"{DIST} {dist.version}"
     try:
-        d = cache.open_dir(where, cache.library_refusal(where))
-    except (cache.Missing, EnvironmentProblem) as e:
+        d = open_dir(where, library_refusal(where))
+    except (Missing, EnvironmentProblem) as e:
         return None, f"{name}: {getattr(e, 'message', e)}"
     with d:
         rec = _read_record(d, name)
@@ -286,8 +289,8 @@ def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
     where = os.path.abspath(str(dist.locate_file(PACKAGE)))
     name = f"{DIST} {dist.version}"
     try:
-        d = cache.open_dir(where, cache.library_refusal(where))
-    except cache.Missing as e:
+        d = open_dir(where, library_refusal(where))
+    except Missing as e:
         return None, f"{name}: {e} is missing"
     except EnvironmentProblem as e:
         return None, f"{name}: {e.message}"
@@ -302,7 +305,7 @@ def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
     return Prebuilt(os.path.join(where, lib), dist.version, rec, rec["sha256"], where), None
 
 
-def _fitting_library(d: cache.Dir, name: str, rec: dict, opts: Options, library: str, sha256: str):
+def _fitting_library(d: Dir, name: str, rec: dict, opts: Options, library: str, sha256: str):
     """(the library's name in the wheel's directory ``d``, None) where the wheel fits ``opts`` in this torch
     and the library is the one its record names; else (None, why not)."""
     why = _unfit(rec, name, opts)
@@ -315,7 +318,7 @@ def _fitting_library(d: cache.Dir, name: str, rec: dict, opts: Options, library:
     return (None, f"{name}: {problem}") if problem else (lib, None)
 
 
-def _read_record(d: cache.Dir, name: str) -> dict | str:
+def _read_record(d: Dir, name: str) -> dict | str:
     """The wheel's record from its checked package directory (a regular file of a trusted owner that
     nobody else can write, no symlink followed), or why not."""
     try:
@@ -327,7 +330,7 @@ def _read_record(d: cache.Dir, name: str) -> dict | str:
             raise TypeError("torch, library or sha256 of another type")
     except EnvironmentProblem as e:
         return f"{name}: its {RECORD} is not used: {e.message}"
-    except (cache.Missing, OSError, ValueError, KeyError, TypeError) as e:
+    except (Missing, OSError, ValueError, KeyError, TypeError) as e:
         return f"{name}: its {RECORD} is missing or damaged ({type(e).__name__}: {e})"
     if fmt != FORMAT:
         return f"{name}: record format {fmt}, this torchgen-patch reads {FORMAT}"

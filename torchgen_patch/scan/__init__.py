@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..files import decode, read_bytes
-from ..sources import Sources
 from .. import cache
+from ..files import decode, read_bytes
+from ..fs import root as cache_root
+from ..sources import Sources
+from ..sources.facts import CppSig
 from .classify import record, validate
-from .model import CppSig, OpRecord, Scan
+from .model import OpRecord, Scan
 
 __all__ = ["scan", "Scan"]
 
@@ -27,7 +29,8 @@ def _keyed(sources: Sources) -> tuple[bytes, bytes, str, str]:
     native_b = read_bytes(sources.native, "native_functions.yaml")
     tags_b = read_bytes(sources.tags, "tags.yaml")
     identity = sources.toolchain.identity()
-    return native_b, tags_b, identity, cache.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
+    key = cache_root.key(native_b, tags_b, sources.world, identity, cache.tool_fingerprint())
+    return native_b, tags_b, identity, key
 
 
 def scan(sources: Sources, use_cache: bool = True, autograd: bool = True) -> Scan:
@@ -98,11 +101,11 @@ class Rederived(Mapping):
                     src.native, read_bytes(src.native, "native_functions.yaml"), "native_functions.yaml"),
                     self._wanted)
             except ValueError as e:  # the records name no entry of this yaml: the scan's own, made again
-                cache.note(f"cache entry {self._name}: {e}; its C++ signatures made by a scan again")
+                cache_root.note(f"cache entry {self._name}: {e}; its C++ signatures made by a scan again")
                 made = dict(scan(src, use_cache=False).cpp)
             wrong = sorted(op for op in made if made[op] != self._cached.get(op))
             if wrong:
-                cache.note(f"cache entry {self._name}: the C++ signature of {wrong[0]} is not what its schema "
+                cache_root.note(f"cache entry {self._name}: the C++ signature of {wrong[0]} is not what its schema "
                            f"gives ({len(wrong)} such); made from the schemas")
             self._made = made
         return self._made

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 
 from ..errors import Location
-from ..sources.facts import kernel_candidate
+from ..sources.facts import Facts, kernel_candidate
 from ..vocabulary import Form, Gap, Kind, Verdict
-from .model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, Facts, OpRecord
+from .model import COMPOSITE, COVERED, MISSING, NOT_MUTATING, UNSUPPORTED, OpRecord
 
 SUPPORTED_FORMS = {Form.TENSOR, Form.TENSOR_LIST, Form.OPTIONAL_TENSOR}
 _WHAT = {Kind.OUT: "out= op", Kind.INPLACE: "in-place op", Kind.MUTABLE: "mutable op"}

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ..errors import Location
 from ..sources import Sources
-from ..sources.facts import CppSig, Facts, WrittenArg  # noqa: F401  (re-exported)
+from ..sources.facts import CppSig, WrittenArg
 from ..vocabulary import Form, Gap, Kind, Verdict
 
 # Verdicts, in the order they are reported (the names the rest of the package imports).

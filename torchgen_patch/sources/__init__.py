@@ -17,8 +17,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError, ToolError
-from . import torchgen as tg
-from .torchgen import CHECKOUT, INSTALLED, Toolchain
+from .toolchain import CHECKOUT, INSTALLED, Toolchain, checkout, installed
 
 YAML_DIR = os.path.join("aten", "src", "ATen", "native")
 
@@ -92,11 +91,11 @@ def resolve(opts: Options) -> Sources:
                 raise InputError(opts.pytorch_root, None,
                                  f"not a PyTorch checkout: {os.path.relpath(p, root)} is missing",
                                  "is the checkout complete?")
-        tc = tg.checkout(root)
+        tc = checkout(root)
         return Sources(CHECKOUT, root, native, tags, overlay, shipped, tc, _checkout_version(root))
     if opts.native_functions is None and opts.tags is not None:
         raise InputError(None, None, "--tags needs --native-functions")
-    tc = tg.installed()
+    tc = installed()
     if opts.native_functions is None:
         d = os.path.join(tc.torchgen_dir, "packaged", "ATen", "native")
         native, tags = os.path.join(d, "native_functions.yaml"), os.path.join(d, "tags.yaml")

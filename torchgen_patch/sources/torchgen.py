@@ -29,7 +29,7 @@ from ..files import check_depth, yaml_error
 from ..vocabulary import Form, Gap, Kind
 from .facts import CppSig, Facts, WrittenArg, kernel_candidate
 from .rejected import rejected, where_failed, whose
-from .toolchain import CHECKOUT, INSTALLED, Toolchain, checkout, installed  # noqa: F401  (the stage's names)
+from .toolchain import CHECKOUT, Toolchain
 from .yaml_bounds import MAX_ENTRIES, bounded, check_duplicates, refuse_shared
 
 _GAP_KINDS = (Kind.OUT, Kind.INPLACE)  # the void ops whose VariableType kernel is asked what it checks

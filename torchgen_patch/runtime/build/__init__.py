@@ -25,41 +25,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
-from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, _key, build_problem, identity_source, torch_identity
+from ...fs import root as cache_root
+from ...fs.dirs import Dir, open_dir, subdir
+from ...fs.protected import cache_refusal
+from .key import IDENTITY_SOURCE, IDENTITY_SYMBOL, build_key, build_problem, identity_source, torch_identity
 from .record import (FAILED_FOR, LIB_PREFIX, RECORD, RECORD_FORMAT, TEMPORARY, complete, failure_name, remember,
                      remembered, remembering, remove_stale)
-from .toolchain import CFLAGS, _compiler, _compiler_runs, _ninja, default_flags, driver_path, python_flags, recorded
+from .toolchain import (CFLAGS, check_compiler_runs, compiler_path, default_flags, driver_path, ninja_path,
+                        python_flags, recorded)
 
-if TYPE_CHECKING:
-    from .build_time import estimate
-    from .compiler_errors import explain
-    from .ninja import build_ninja, ninja_times
-    from .processes import own_process_group
-    from .progress import Progress
+# What only a compile uses (build_time, compiler_errors, ninja, processes, progress, compile) is imported where
+# a compile starts: a cached install() finds its library through key.py, record.py and toolchain.py, and never
+# loads the compile's modules (nor codegen).
 
-# What only a compile uses is imported when it is first named: a cached install() finds its library
-# through key.py, record.py and toolchain.py, and never loads the compile's modules (nor codegen).
-_COMPILE_PARTS = {"estimate": ".build_time", "explain": ".compiler_errors", "build_ninja": ".ninja",
-                  "ninja_times": ".ninja", "own_process_group": ".processes", "Progress": ".progress"}
-
-
-def __getattr__(name: str):
-    if name in _COMPILE_PARTS:
-        return getattr(importlib.import_module(_COMPILE_PARTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["CFLAGS", "FAILED_FOR", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "Progress", "RECORD",
-           "RECORD_FORMAT", "TEMPORARY", "build", "build_boxed", "build_ninja", "build_problem", "build_saved",
-           "default_flags", "estimate", "explain", "identity_source", "ninja_times", "own_process_group",
-           "python_flags", "recorded", "remembering", "remove_stale", "torch_identity"]
+__all__ = ["CFLAGS", "FAILED_FOR", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PREFIX", "Library", "RECORD",
+           "RECORD_FORMAT", "TEMPORARY", "build", "build_boxed", "build_problem", "build_saved", "default_flags",
+           "identity_source", "python_flags", "recorded", "remembering", "remove_stale", "torch_identity"]
 
 
 @dataclass(frozen=True)
@@ -72,20 +57,20 @@ class Library:
     built: bool  # False when the cache already had it
 
 
-def _builds_root(root: str | None) -> cache.Dir:
+def _builds_root(root: str | None) -> Dir:
     """The checked directory builds go in (created private; nothing is compiled for, or written into,
     a directory another account could write)."""
     if root is None:
-        return cache.subdir("builds")
+        return subdir("builds")
     try:
-        return cache.open_dir(root, cache.cache_refusal(root), create=True)
+        return open_dir(root, cache_refusal(root), create=True)
     except InputError as e:  # could not be made (what this machine lacks, EnvironmentProblem, goes on)
         raise _not_writable(root, e.cause or e.message) from None
 
 
 def _not_writable(root: str, why: str) -> InputError:
     return InputError(root, None, f"build directory is not writable: {why}",
-                      f"set {cache.ENV} to a cache of your own (a directory you can write)")
+                      f"set {cache_root.ENV} to a cache of your own (a directory you can write)")
 
 
 def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[str, ...] | None = None,
@@ -100,9 +85,9 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
     log = sys.stderr if log is None else log
     torch = require_torch("building the kernels")
 
-    compiler = _compiler()
+    compiler = compiler_path()
     flags = default_flags() if flags is None else flags
-    key = _key(files, flags + tuple(links), compiler)
+    key = build_key(files, flags + tuple(links), compiler)
     final = f"build-{key[:24]}"
     name = f"{prefix}_{key[:12]}"
     with _builds_root(root) as builds:
@@ -113,8 +98,8 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
             raise InputError(None, None, f"{what} are not built, and building was ruled out")
         failed = failure_name(key, driver_path())  # this build in this toolchain, failed before?
         _not_again(failed, what)
-        _compiler_runs(compiler)
-        ninja = _ninja()  # said before "compiling ... with ninja", never after
+        check_compiler_runs(compiler)
+        ninja = ninja_path()  # said before "compiling ... with ninja", never after
         with contextlib.ExitStack() as held:
             try:  # a concurrent build of the key waits here
                 held.enter_context(builds.lock(f"{final}.lock",

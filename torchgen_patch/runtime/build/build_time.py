@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 
-from ... import cache
-from ... import files as _files
 from ...errors import EnvironmentProblem
+from ...fs.decode import loads
+from ...fs.dirs import Dir, open_dir
+from ...fs.protected import Missing, cache_refusal
 from ...vocabulary import plural
 from .record import RECORD
 
 
-def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None:
+def estimate(builds: Dir | str, units: dict[str, int] | int) -> str | None:
     """How long the build of ``units`` (name -> bytes) will take, said before it starts, from the
     units earlier builds in this directory recorded (their own compile times, ninja's): a unit
     built before under its name takes what it took then (the size difference at the rate the
@@ -21,9 +22,9 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
     recorded its units: there is nothing honest to say."""
     if isinstance(builds, str):
         try:
-            with cache.open_dir(builds, cache.cache_refusal(builds)) as d:
+            with open_dir(builds, cache_refusal(builds)) as d:
                 return estimate(d, units)
-        except cache.Missing:
+        except Missing:
             return None
     if isinstance(units, int):
         units = {str(i): 0 for i in range(units)}
@@ -50,7 +51,7 @@ def estimate(builds: cache.Dir | str, units: dict[str, int] | int) -> str | None
     return f"about {max(1, round(total))} s, going by {plural(n, 'earlier build')} here"
 
 
-def _earlier(builds: cache.Dir):
+def _earlier(builds: Dir):
     """What the earlier builds in ``builds`` recorded: (unit name -> [(bytes, seconds)], link times,
     worker counts, how crowded each was, how many builds)."""
     seen: dict[str, list[tuple[int, float]]] = {}
@@ -62,8 +63,8 @@ def _earlier(builds: cache.Dir):
     for name in names:
         try:
             with builds.sub(name) as d:
-                info = _files.loads(d.read(RECORD))  # a record is input like any cache entry
-        except (cache.Missing, EnvironmentProblem, OSError, ValueError):
+                info = loads(d.read(RECORD))  # a record is input like any cache entry
+        except (Missing, EnvironmentProblem, OSError, ValueError):
             continue
         if not isinstance(info, dict) or not isinstance(info.get("unit_times"), dict):
             continue

@@ -9,8 +9,9 @@ import json
 import os
 import time
 
-from ... import cache
 from ...errors import EnvironmentProblem, InputError, require_torch
+from ...fs.dirs import Dir
+from ...fs.leases import leased
 from ...vocabulary import plural
 from .build_time import estimate, load_now
 from .compiler_errors import explain, last_error
@@ -19,17 +20,17 @@ from .ninja import build_ninja, ninja_times
 from .processes import run_in_group
 from .progress import Progress
 from .record import RECORD, RECORD_FORMAT, complete, sha256_of
-from .toolchain import _toolchain_flags, driver_env
+from .toolchain import toolchain_flags, driver_env
 
 
-def compile_into(builds: cache.Dir, files, units, flags, name, key, final, compiler, ninja, verbose, log,
+def compile_into(builds: Dir, files, units, flags, name, key, final, compiler, ninja, verbose, log,
                  links=(), what="the generated kernels") -> None:
     """Compile ``units`` of ``files`` into ``builds/final/<name>.so`` (the build of ``key``)."""
     library = f"{name}.so"
     tmp = None
     try:
         tmp = builds.mkdtemp(f".build-{key[:12]}-{os.getpid()}-")
-        with tmp, cache.leased(tmp):
+        with tmp, leased(tmp):
             units, sizes = _stage(tmp, files, list(units), flags, key, compiler, library, links)
             jobs = os.environ.get("MAX_JOBS", "").strip()
             load = load_now()  # before the build adds its own
@@ -50,20 +51,20 @@ def compile_into(builds: cache.Dir, files, units, flags, name, key, final, compi
                 builds.remove(os.path.basename(tmp.path))  # gone already when it became the build
 
 
-def _stage(tmp: cache.Dir, files, units: list[str], flags, key, compiler, library, links):
+def _stage(tmp: Dir, files, units: list[str], flags, key, compiler, library, links):
     """The sources and build.ninja written into ``tmp``; (the units to compile, each one's size)."""
     with tmp.sub("src", create=True) as src:
         for fname, data in sorted(files.items()):
             src.create(fname, data)
         src.create(IDENTITY_SOURCE, identity_source(key))
     units = units + [IDENTITY_SOURCE]
-    cflags, ldflags = _toolchain_flags()
+    cflags, ldflags = toolchain_flags()
     ldflags += list(links)
     tmp.create("build.ninja", build_ninja(compiler, cflags + list(flags), ldflags, units, library).encode())
     return units, {u: len(files[u]) if u in files else len(identity_source(key)) for u in units}
 
 
-def _run_ninja(builds: cache.Dir, tmp: cache.Dir, files, units, sizes, argv, verbose, log, what) -> float:
+def _run_ninja(builds: Dir, tmp: Dir, files, units, sizes, argv, verbose, log, what) -> float:
     """ninja run in ``tmp``, said before it starts (with an estimate where earlier builds allow one);
     when it started (``time.monotonic()``)."""
     torch = require_torch("building the kernels")
@@ -83,7 +84,7 @@ def _run_ninja(builds: cache.Dir, tmp: cache.Dir, files, units, sizes, argv, ver
     return t0
 
 
-def _record(tmp: cache.Dir, library, key, flags, seconds, jobs, units, sizes, load: float) -> None:
+def _record(tmp: Dir, library, key, flags, seconds, jobs, units, sizes, load: float) -> None:
     """The library hashed, its directory made writable by its owner only, and its record written."""
     torch = require_torch("building the kernels")
     fd = tmp.open(library)
@@ -104,11 +105,11 @@ def _record(tmp: cache.Dir, library, key, flags, seconds, jobs, units, sizes, lo
     tmp.create(RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
 
 
-def _move_into_place(builds: cache.Dir, tmp: cache.Dir, final, key, library) -> None:
+def _move_into_place(builds: Dir, tmp: Dir, final, key, library) -> None:
     """``tmp`` renamed to ``final``: a damaged build there is moved aside first; a finished one another
     process renamed there first is as good as this one."""
     if builds.lstat(final) is not None and not complete(builds, final, key, builds.join(final, library)):
-        with builds.mkdtemp(f".stale-{key[:12]}-{os.getpid()}-") as aside, cache.leased(aside):
+        with builds.mkdtemp(f".stale-{key[:12]}-{os.getpid()}-") as aside, leased(aside):
             builds.rename(final, "old", into=aside)
         builds.remove(os.path.basename(aside.path))
     try:

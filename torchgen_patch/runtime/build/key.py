@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ... import files as _files
 from ...errors import require_torch
+from ...fs.decode import loads
 from .record import RECORD_FORMAT
 
 IDENTITY_SOURCE = "torchgen_patch_build.cpp"
@@ -22,7 +22,7 @@ def torch_identity() -> dict:
             "cxx11_abi": bool(torch.compiled_with_cxx11_abi()), "cuda": torch.version.cuda}
 
 
-def _key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
+def build_key(files: dict[str, bytes], flags: tuple[str, ...], compiler: str) -> str:
     torch = require_torch("building the kernels")
 
     h = hashlib.sha256()
@@ -61,7 +61,7 @@ def build_problem(stated: str | bytes | None, key: str | None, path: str) -> str
         return (f"{path} does not say which torch it was built against (made by an older torchgen-patch, or "
                 "not by torchgen-patch)")
     try:
-        info = _files.loads(stated)
+        info = loads(stated)
         said, headers = info["stated"], info["headers"]
     except (ValueError, KeyError, TypeError):
         return f"{path} states its build in a form this torchgen-patch does not read"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from ... import cache
 from ...errors import EnvironmentProblem
+from ...fs.dirs import Dir
+from ...fs.protected import Missing
 
 
 def _ninja_quote(words: list[str]) -> str:
@@ -28,11 +29,11 @@ def build_ninja(compiler: str, cflags: list[str], ldflags: list[str], units: lis
     return "\n".join(lines)
 
 
-def ninja_times(d: cache.Dir) -> dict[str, float]:
+def ninja_times(d: Dir) -> dict[str, float]:
     """Each output's own build time in seconds, from ninja's log in ``d`` (``.ninja_log``)."""
     try:
         text = d.read(".ninja_log").decode(errors="replace")
-    except (cache.Missing, EnvironmentProblem, OSError):
+    except (Missing, EnvironmentProblem, OSError):
         return {}
     out = {}
     for line in text.splitlines():

@@ -7,7 +7,7 @@ import contextlib
 import os
 import subprocess
 
-from ... import cache
+from ...fs.dirs import Dir
 
 _CHILDREN: dict = {}  # the build processes running now (each the leader of its own group) -> the pid that started it
 
@@ -69,7 +69,7 @@ def own_process_group():
         atexit.unregister(_kill_children)
 
 
-def run_in_group(d: cache.Dir, argv: list[str], log, verbose: bool, env: dict | None = None) -> tuple[int, str]:
+def run_in_group(d: Dir, argv: list[str], log, verbose: bool, env: dict | None = None) -> tuple[int, str]:
     """``argv`` in ``d`` (its working directory set from the descriptor; ``env``: its environment, None:
     this process's), in a process group of its own that ends with the build; (exit status, its output)."""
     with own_process_group():

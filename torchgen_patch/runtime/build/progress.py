@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ... import cache
+from ...fs.dirs import Dir
 from .ninja import ninja_times
 
 
@@ -13,7 +13,7 @@ class Progress:
     """On a terminal (not in CI), a line per translation unit as ninja finishes it, with its own
     compile time (ninja's log); elsewhere nothing. A context manager around the compile."""
 
-    def __init__(self, directory: cache.Dir, sources: list[str], log):
+    def __init__(self, directory: Dir, sources: list[str], log):
         self.directory, self.log = directory, log
         self.pending = {os.path.splitext(os.path.basename(s))[0] + ".o": os.path.basename(s) for s in sources}
         self.total = len(self.pending)

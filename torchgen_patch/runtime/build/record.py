@@ -12,8 +12,11 @@ import os
 import time
 
 from ... import cache
-from ... import files as _files
 from ...errors import EnvironmentProblem, InputError, printable
+from ...fs import root as cache_root
+from ...fs.decode import loads
+from ...fs.dirs import Dir, open_dir
+from ...fs.protected import Missing, cache_refusal, library_refusal
 
 LIB_PREFIX = "torchgen_patch_kernels"
 RECORD = "build-info.json"
@@ -22,31 +25,33 @@ RECORD_FORMAT = 3
 TEMPORARY = (".build-", ".stale-")  # the prefixes of temporary directories in a builds directory
 
 
-def complete(builds: cache.Dir, final: str, key: str, library: str | None = None) -> bool:
+def complete(builds: Dir, final: str, key: str, library: str | None = None) -> bool:
     """Whether ``final`` is a finished build of ``key`` (its record, read as any cache entry, says so).
     A build directory others could write is refused (``library``: named in the refusal), never
     rebuilt behind your back."""
     try:
-        d = builds.sub(final, refusal=cache.library_refusal(library) if library else None)
-    except cache.Missing:
+        d = builds.sub(final, refusal=library_refusal(library) if library else None)
+    except Missing:
         return False
     with d:
         try:
-            data = _files.loads(d.read(RECORD))
-        except (cache.Missing, EnvironmentProblem, OSError, ValueError):  # damaged: rebuilt in its place
+            data = loads(d.read(RECORD))
+        except (Missing, EnvironmentProblem, OSError, ValueError):  # damaged: rebuilt in its place
             return False
     return isinstance(data, dict) and data.get("key") == key and data.get("format") == RECORD_FORMAT
 
 
-def remove_stale(root: str | cache.Dir) -> list[str]:
+def remove_stale(root: str | Dir) -> list[str]:
     """Remove the temporary build directories whose lease expired (their build is gone: killed
     mid-build, on this machine or, after a day, on another host sharing the cache)."""
-    if isinstance(root, cache.Dir):
-        return cache.sweep(root, TEMPORARY)
+    from ...fs.leases import sweep  # imported here: a cached install() leases no build
+
+    if isinstance(root, Dir):
+        return sweep(root, TEMPORARY)
     try:
-        with cache.open_dir(root, cache.cache_refusal(root)) as d:
-            return cache.sweep(d, TEMPORARY)
-    except cache.Missing:
+        with open_dir(root, cache_refusal(root)) as d:
+            return sweep(d, TEMPORARY)
+    except Missing:
         return []
 
 
@@ -81,7 +86,7 @@ def remembering():
 def failure_name(key: str, path: str) -> str:
     """The negative entry of the build of ``key`` (its inputs, flags, compiler and torch) whose compiler's
     driver runs with the PATH ``path``: another PATH, or a build of other inputs, is another entry."""
-    return f"failed-build-{cache.key(key, path)[:32]}.json"
+    return f"failed-build-{cache_root.key(key, path)[:32]}.json"
 
 
 def remember(name: str, compiler: str, reason: str) -> None:

@@ -106,7 +106,7 @@ def default_flags() -> tuple[str, ...]:
     return CFLAGS + tuple(os.environ.get("TORCHGEN_PATCH_EXTRA_CFLAGS", "").split())
 
 
-def _compiler() -> str:
+def compiler_path() -> str:
     """The C++ compiler: the recorded toolchain's, else $CXX (or c++) on PATH."""
     found = _RECORDED.get()
     if found is not None:
@@ -119,7 +119,7 @@ def _compiler() -> str:
     return path
 
 
-def _compiler_runs(path: str) -> None:
+def check_compiler_runs(path: str) -> None:
     """Before anything is compiled or written: the compiler answers ``--version``."""
     cxx = os.environ.get("CXX", "c++")
     try:
@@ -133,7 +133,7 @@ def _compiler_runs(path: str) -> None:
                                  "install g++ (or set CXX), or use install(backend='python')")
 
 
-def _ninja() -> str:
+def ninja_path() -> str:
     """The ninja to build with: on PATH, else the one pip put beside this Python."""
     found = shutil.which("ninja", path=driver_path()) or shutil.which("ninja", path=os.path.dirname(sys.executable))
     if found is None:
@@ -153,7 +153,7 @@ def _std(cpp_extension) -> str:
     return f"-std=c++{m.group(1) if m else '17'}"
 
 
-def _toolchain_flags() -> tuple[list[str], list[str]]:
+def toolchain_flags() -> tuple[list[str], list[str]]:
     """(compile flags, link flags) for a library that torch loads, as torch's extension builds make
     them: torch's headers as system headers, its C++ ABI, position-independent code, its libraries."""
     torch = require_torch("building the kernels")

@@ -336,7 +336,7 @@ def _is_dir(path: str) -> bool:
 
 
 def _write(path: str, data: bytes, site: str) -> None:
-    from ...files import atomic_write
+    from ...fs.atomic import atomic_write
 
     try:
         atomic_write(path, data)

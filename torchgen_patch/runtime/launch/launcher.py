@@ -27,6 +27,7 @@ import sys
 
 from ... import cache
 from ...errors import InputError, ToolError
+from ...fs import root as cache_root
 from ...vocabulary import Backend
 from .process import build_log, resolve
 from ..site import _torchgen_patch_hook as hook
@@ -44,7 +45,7 @@ def check_program(program: list[str], env: dict[str, str] | None = None) -> None
     """Refuse a command line that would run the program unpatched: a Python interpreter with -I, -E
     or -S (named directly, through ``env``, or on a script's first line) or, with ``env`` (the
     environment run gives it), one whose environment drops the hook (``env -i python ...``)."""
-    why = dropped(program, env, check_env=env is not None, std=hook._std)  # the standard library's shlex
+    why = dropped(program, env, check_env=env is not None, std=hook.std_module)  # the standard library's shlex
     if why is not None:
         import re
 
@@ -134,8 +135,8 @@ def prepare(opts, backend: str, ops: list[str] | None, runtime_ops: list[str], i
         spec = dataclasses.replace(spec, runtime_ops=tuple(checked), boxed=boxed, library=library)
     user = os.environ.get("PYTHONPATH")
     env = {ENV: spec.to_json(), "PYTHONPATH": SITE + os.pathsep + user if user else SITE}
-    if os.environ.get(cache.ENV):  # absolute: a process that starts in another directory finds the same cache
-        env[cache.ENV] = cache.directory()
+    if os.environ.get(cache_root.ENV):  # absolute: a process that starts in another directory finds the same cache
+        env[cache_root.ENV] = cache_root.directory()
     return env
 
 
@@ -156,7 +157,7 @@ def _runtime_check(spec: LaunchSpec) -> tuple[list[str], str | None, str | None]
     if isinstance(hit, dict) and set(hit) == {"ops", "boxed", "library"} and isinstance(hit["ops"], list) and \
             all(isinstance(o, str) and "::" in o for o in hit["ops"]) and \
             all(v is None or build_there(v) for v in (hit["boxed"], hit["library"])):
-        cache.note(f"--runtime-op check: the cached verdict ({name})")
+        cache_root.note(f"--runtime-op check: the cached verdict ({name})")
         return hit["ops"], hit["boxed"], hit["library"]
     ops, boxed, library = _checked_elsewhere(spec)
     if name:
@@ -177,7 +178,7 @@ def _check_key(spec: LaunchSpec) -> str | None:
     if torch is None or not torch.origin:
         return None
     fields = spec.to_dict()
-    parts: list[bytes | str]  # cache.key's
+    parts: list[bytes | str]  # cache_root.key's
     parts = [json.dumps({k: fields[k] for k in ("backend", "runtime_ops", "imports", "options")}, sort_keys=True),
              sys.executable, os.getcwd(), cache.tool_fingerprint(), os.path.dirname(torch.origin),
              _read(os.path.join(os.path.dirname(torch.origin), "version.py"))]
@@ -191,7 +192,7 @@ def _check_key(spec: LaunchSpec) -> str | None:
         if found is None:
             return None  # the check says why
         parts.append(_stamp(found))
-    return cache.key(*parts)
+    return cache_root.key(*parts)
 
 
 def _read(path: str) -> bytes:

@@ -16,7 +16,7 @@ def _dlopen(name: str) -> ctypes.CDLL:
 
 def load(path: str, sha256: str | None, root: str, key: str | None = None) -> ctypes.CDLL:
     """The library at ``path``, checked (trust.check_library) and loaded from the very descriptor that
-    was checked, once per file, under a name no earlier load used (``cache.loadable``); before it is
+    was checked, once per file, under a name no earlier load used (``loadable``); before it is
     used, the library must state that it is the build ``key`` (its record's) for exactly this torch
     (``build.build_problem``): no record can say otherwise."""
     from ..build import build_problem
@@ -46,13 +46,13 @@ def _open_checked(fd: int, path: str) -> ctypes.CDLL:
     has none. A failure that is the process's (no free descriptor) is said as such."""
     import errno
 
-    from ... import cache
+    from ...fs.load import loadable, private_copy
 
-    name = cache.loadable(fd)
+    name = loadable(fd)
     try:
         if name is not None:
             return _dlopen(name)
-        with cache.private_copy(fd, path) as copy:  # no /proc: a copy of the checked descriptor's bytes
+        with private_copy(fd, path) as copy:  # no /proc: a copy of the checked descriptor's bytes
             return _dlopen(copy)
     except OSError as e:
         text = one_line(str(e))

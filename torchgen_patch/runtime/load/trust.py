@@ -14,8 +14,8 @@ process, so before ``install()`` loads one (a cached build, the boxed library a
 - what is loaded is what was checked: the path is opened once, component by component
   without following symlinks (a symlink on the way only when a trusted account owns it
   and the kernel's protected_symlinks rule would follow it), every check runs on the open
-  descriptors (``cache.Dir``), and the library is loaded from that descriptor, under a name
-  no other load used (``cache.loadable``), so replacing the path after the check changes nothing.
+  descriptors (``fs.dirs.Dir``), and the library is loaded from that descriptor, under a name
+  no other load used (``fs.load.loadable``), so replacing the path after the check changes nothing.
 
 A failure is an ``EnvironmentProblem`` (exit 3) naming the path and the fix;
 nothing is rebuilt in its place. See SECURITY.md.
@@ -26,14 +26,12 @@ from __future__ import annotations
 import os
 import stat
 
-from ... import cache
-from ...fs.protected import inside, trusted_uids
-from ...fs.protected import owner_name as _owner  # noqa: F401  (the name the tests use)
-from ...fs.root import OWNERS_ENV
 from ...errors import EnvironmentProblem
+from ...fs import dirs
+from ...fs.protected import Missing, library_refusal
 from ..build.record import sha256_of
 
-__all__ = ["OWNERS_ENV", "inside", "trusted_uids", "check_path", "check_library", "open_library", "sha256_of"]
+__all__ = ["check_path", "check_library", "open_library"]
 _VERIFIED: set[tuple] = set()  # (dev, ino, size, mtime_ns, ctime_ns, sha256) hashed in this process
 
 
@@ -41,19 +39,19 @@ def check_path(path: str, root: str, library: str | None = None) -> None:
     """``path`` (a file or directory) and every directory above it: see the module's rules.
     ``root``: where the strict rule starts (a cache root, a site-packages directory);
     ``library``: the library this check is for, named in the message (default ``path``)."""
-    cache.check_path(path, root, cache.library_refusal(library or path))
+    dirs.check_path(path, root, library_refusal(library or path))
 
 
 def open_library(path: str, root: str, library: str | None = None) -> int:
     """An fd on the regular file ``path``, every directory from ``/`` checked on its own descriptor
     (the strict rule from ``root`` down, none followed through a symlink there): what the fd names
     is the file that was checked, whatever happens to the path afterwards."""
-    refusal = cache.library_refusal(library or path)
+    refusal = library_refusal(library or path)
     try:
-        with cache.open_under(root, os.path.relpath(os.path.abspath(path), os.path.abspath(root)), refusal) \
+        with dirs.open_under(root, os.path.relpath(os.path.abspath(path), os.path.abspath(root)), refusal) \
                 as (d, name):
             return d.open(name)
-    except cache.Missing as e:
+    except Missing as e:
         raise EnvironmentProblem(f"cannot check {e} before loading native code from it: "
                                  "No such file or directory") from None
 

@@ -102,7 +102,7 @@ def _early(field):
     the tool failed to load (``imports`` at start, ``strict``), by the standard library's JSON decoder; None where the
     text is no JSON object (the tool's parse says what is wrong). No field chooses where the tool comes from."""
     try:
-        data = _std("json").loads(_spec)
+        data = std_module("json").loads(_spec)
     except (ValueError, TypeError, RecursionError):
         return None
     return data.get(field) if isinstance(data, dict) else None
@@ -185,7 +185,7 @@ def _audit(event, args):
             return  # subprocess.Popen's own way of starting the child it raised its event for
         try:
             spawn = _part(SPAWN, f"NOT watching the processes pid {os.getpid()} starts")
-            line = spawn and spawn.on_spawn(event, args, enabled=_enabled_here, stdlib=_stdlib_dirs(), std=_std,
+            line = spawn and spawn.on_spawn(event, args, enabled=_enabled_here, stdlib=_stdlib_dirs(), std=std_module,
                                             ours=globals(), hint=HINT)
             if line:
                 _say(line)
@@ -310,7 +310,7 @@ def _launch_spec():
 
 def _exit(code):
     """Stop the process: the kernels cannot be had, and it must not go on unpatched."""
-    threading = _std("threading")
+    threading = std_module("threading")
     if threading.current_thread() is not threading.main_thread():
         os._exit(code)  # SystemExit would end this thread only, and the program go on unpatched
     raise SystemExit(code)
@@ -439,7 +439,7 @@ def _planted(module):
     return not any(f.startswith(os.path.join(d, "")) for d in _stdlib_dirs())
 
 
-def _std(name):
+def std_module(name):
     """The standard library's module ``name`` for the hook's own use outside a block of the tool's."""
     module = sys.modules.get(name)
     if module is not None and not _planted(module):

@@ -4,7 +4,7 @@ it. The hook (``_torchgen_patch_hook.py`` beside this file) loads it by its path
 the program starts, never at interpreter start; ``run`` imports it as a module of the package to refuse
 such a command line before the program starts. Standard library only, and of it nothing but what the
 interpreter has loaded already: a module it needs besides (shlex) comes through ``std``, the hook's
-``_std`` (never a module of that name elsewhere on the program's path). This file imports nothing of
+``std_module`` (never a module of that name elsewhere on the program's path). This file imports nothing of
 the hook: what it needs of the hook's state comes with each call.
 """
 
@@ -68,7 +68,7 @@ def dropped(argv, env=None, executable=None, enabled=False, check_env=True, std=
     it, or it is not seen to be Python (a program whose interpreter cannot be read from its command
     line or its first line; what it starts in turn is its own business). ``enabled``: this
     environment's own Python patches itself (``torchgen-patch enable``), whatever the environment.
-    ``std``: how a module of the standard library is imported when one is needed (the hook's ``_std``;
+    ``std``: how a module of the standard library is imported when one is needed (the hook's ``std_module``;
     None: as an import statement does)."""
     env = dict(os.environ if env is None else env)
     env = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
