@@ -21,6 +21,7 @@ from tests.support import scan_of
 from torchgen_patch.plan.overlay import empty
 from torchgen_patch.runtime import build
 from torchgen_patch.runtime import install as installer
+from torchgen_patch.runtime import load
 from torchgen_patch.errors import EnvironmentProblem, InputError
 from torchgen_patch.plan import make_plan
 from torchgen_patch.codegen.render import render
@@ -90,9 +91,9 @@ def test_refuses_schema_drift_and_absent_ops(tmp_path):
     edits = (("_cummax_helper(Tensor self, Tensor(a!) values, Tensor(b!) indices, int dim) -> ()",
               "_cummax_helper(Tensor self, Tensor(a!) values, Tensor(b!) indices, int dim=0) -> ()"),)
     plan, _ = _fixture_library(tmp_path, edits)
-    cands = [installer.Candidate(k.op, k.schema) for k in plan.kernels]
-    cands.append(installer.Candidate("aten::_no_such_op", "aten::_no_such_op(Tensor self) -> ()"))
-    ok, already, refused = installer.check(cands)
+    cands = [load.Candidate(k.op, k.schema) for k in plan.kernels]
+    cands.append(load.Candidate("aten::_no_such_op", "aten::_no_such_op(Tensor self) -> ()"))
+    ok, already, refused = load.check(cands)
     assert refused == {
         "aten::_cummax_helper": "schema differs: the kernel was made for 'aten::_cummax_helper(Tensor self, "
                                 "Tensor(a!) values, Tensor(b!) indices, int dim=0) -> ()', this torch has "

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT
 from torchgen_patch.errors import EnvironmentProblem, InputError
 from torchgen_patch.runtime import build
-from torchgen_patch.runtime import install as installer
+from torchgen_patch.runtime import load
 
 pytestmark = pytest.mark.build
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -150,7 +150,7 @@ def test_install_in_a_child_forked_while_another_thread_installs(tmp_path):
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with installer.REGISTRY.lock:
+        with load.REGISTRY.lock:
             held.set()
             release.wait(30)
 
@@ -160,7 +160,7 @@ def test_install_in_a_child_forked_while_another_thread_installs(tmp_path):
     try:
         pid = os.fork()
         if pid == 0:
-            os._exit(0 if installer.REGISTRY.lock.acquire(timeout=10) else 1)
+            os._exit(0 if load.REGISTRY.lock.acquire(timeout=10) else 1)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -21,13 +21,13 @@ def __getattr__(name: str):
 
 
 def installed_ops():
-    from .runtime.install import installed_ops as _installed
+    from .runtime.load import installed_ops as _installed
 
     return _installed()
 
 
 def uninstall():
-    from .runtime.install import uninstall as _uninstall
+    from .runtime.load import uninstall as _uninstall
 
     return _uninstall()
 

@@ -18,7 +18,7 @@ from .parser import options, qualified
 def _drifts(scan) -> int:
     from ..diagnostics.drift import cross_check
     from ..diagnostics.render import drift_text
-    from ..runtime.install import installed_ops
+    from ..runtime.load import installed_ops
 
     drifts = cross_check(scan, set(installed_ops()))
     sys.stderr.write(drift_text(drifts, scan.total()))

@@ -89,7 +89,7 @@ def run(req: Request, noted=lambda inputs: None, apply_baseline: bool = True) ->
         summary = dataclasses.replace(summary, accepted=accepted, baseline=req.baseline)
     drifts: tuple = ()
     if req.against_runtime:
-        from ..runtime.install import installed_ops
+        from ..runtime.load import installed_ops
         from .drift import cross_check
 
         patched = set(installed_ops())

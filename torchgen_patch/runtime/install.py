@@ -16,8 +16,7 @@ from typing import Any
 from ..errors import InputError, descriptors_said
 from ..sources import Options
 from ..vocabulary import Backend, CheckMode
-from .load import (REGISTRY, Candidate, InstallReport, check,  # noqa: F401 (re-exported: the package's API)
-                   installed_ops, register, register_python, register_runtime, select, uninstall)
+from .load import REGISTRY, Candidate, InstallReport, register, register_python, register_runtime, select
 
 
 @dataclass(frozen=True)
