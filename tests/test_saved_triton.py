@@ -254,14 +254,25 @@ def test_a_hook_the_program_set_over_the_checks_is_kept():
     assert later == ["_scale_kernel"] * 2 and first == ["_scale_kernel"] * 2 and len(LAUNCHES.recent) == before
 
 
-def test_a_triton_imported_after_the_check_started_gets_the_hook_at_a_custom_functions_call(triton):
+@pytest.mark.parametrize("where", ["a custom Function's call", "a backward pass on a device"])
+def test_a_triton_imported_after_the_check_started_gets_the_hook(triton, where, monkeypatch):
+    """Checked every step, the check lays its hooks once: a Triton imported later gets the launch hook at
+    the next custom Function's call, or at the first device tensor a backward pass compares (the device
+    path run on CPU, on the Python path)."""
     from tests.test_saved import _Scale
+    from torchgen_patch.saved import fingerprint
 
     saved = {name: sys.modules.pop(name) for name in ("triton", "triton.compiler") if name in sys.modules}
+    monkeypatch.setattr(fingerprint, "_FORCE_DEVICE_PATH", True)
+    monkeypatch.setenv("TORCHGEN_PATCH_CHECK_PATH", "python")
+    w = torch.ones(2, requires_grad=True)
     with check_saved("warn"):
         assert not LAUNCHES.installed
         sys.modules.update(saved)  # the program imports Triton (a library's kernels load lazily)
-        _Scale.apply(torch.ones(2, requires_grad=True), torch.ones(2))
+        if where == "a custom Function's call":
+            _Scale.apply(w, torch.ones(2))
+        else:
+            (w * torch.ones(2)).sum().backward()
         assert LAUNCHES.installed
     assert not LAUNCHES.installed
 
@@ -353,3 +364,26 @@ def test_on_cuda_a_triton_kernel_writing_a_saved_tensor_is_named_with_its_line(c
     for f in c.findings:
         assert f.writers[0] == Writer.TRITON and f.kernel == "_double_kernel", f
         assert f.launch is not None and f.launch.line == lines[0] and f.launch.file.endswith("test_saved_triton.py")
+
+
+@pytest.mark.cuda
+@needs_triton
+def test_on_cuda_a_triton_imported_after_the_check_started_is_seen_from_the_next_step(check_path, monkeypatch):
+    """Checked every step: Triton (imported, to the check, only once the check started) gets the launch hook at
+    the first backward pass that compares a CUDA tensor; the kernel of the next step is named."""
+    from tests import saved_triton_kernel as k
+
+    x = torch.randn(1000, device="cuda")
+    w = torch.randn(1000, device="cuda", requires_grad=True)
+    real = sys.modules["triton"]
+    monkeypatch.delitem(sys.modules, "triton")
+    with check_saved("warn") as c:
+        assert not LAUNCHES.installed
+        sys.modules["triton"] = real  # the program imports it now
+        (x * w).sum().backward()
+        assert LAUNCHES.installed and not c.findings
+        out = x * w
+        k._double_kernel[k.grid(x.numel())](x, x.numel(), BLOCK=k.BLOCK)
+        out.sum().backward()
+    [f] = c.findings
+    assert f.writers[0] == Writer.TRITON and f.kernel == "_double_kernel", f

@@ -10,7 +10,8 @@ program's is put back when the check's is removed (a hook the program set meanwh
 left in place; the check's then only calls the one it wrapped). The hook is set only while a checked
 step's window is open (``sample.Sampler``: every step, or the steps drawn) and only where Triton is
 imported already (``sys.modules``: the check imports no Triton); a Triton imported later gets it at the
-next step drawn, or at the next custom Function's call while the window is open (``ctxattr``).
+next step drawn, at the next custom Function's call while the window is open (``ctxattr``), or at the
+first device tensor a backward pass compares (``hooks``).
 
 Each launch is kept compactly, in the last ``KEEP``: the tick of the clock it took (``attribute.STEPS``,
 the clock the saves record, so a launch is known to come after a save), the kernel's name, the program's
