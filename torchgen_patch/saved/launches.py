@@ -2,9 +2,11 @@
 saved tensor (``attribute.finding``): a kernel launched between save and use, outside a backward pass,
 with a pointer argument inside the tensor's storage.
 
-Triton calls a launch hook before each launch when one is set: ``triton.knobs.runtime.launch_enter_hook``
-(3.4 and later: a ``HookChain`` from 3.5, which the hook is added to and removed from; before it a plain
-attribute) or ``triton.compiler.CompiledKernel.launch_enter_hook`` (3.2 and 3.3). Where the hook is an
+Triton calls a launch hook before each launch when one is set, with the launch's metadata (a ``LazyDict``
+whose data holds the kernel's ``name``): ``triton.knobs.runtime.launch_enter_hook`` in recent Triton (a
+``HookChain`` from 3.5, which the hook is added to and removed from; a plain attribute before it) or
+``triton.compiler.CompiledKernel.launch_enter_hook`` in older ones (whichever the Triton imported has,
+knobs first). Where the hook is an
 attribute, the check's hook is set around the program's own, which it calls after its own, and the
 program's is put back when the check's is removed (a hook the program set meanwhile over the check's is
 left in place; the check's then only calls the one it wrapped). The hook is set only while a checked
@@ -25,7 +27,6 @@ from __future__ import annotations
 import collections
 import sys
 import threading
-
 from typing import Any
 
 from . import engine
