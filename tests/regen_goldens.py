@@ -138,6 +138,12 @@ def saved_goldens() -> dict[str, bytes]:
         Finding((16,), "float32", "cpu", 0, "ema.shadow", "EMA", node="MulBackward0",
                 forward=Frame("ema.py", 5, "forward"), backward=Frame("ema.py", 9, "step"),
                 writers=(W.ALIAS, W.KERNEL, W.DATA)),
+        # a Triton kernel launched between save and use with a pointer into the saved logits (liger-kernel's
+        # cross entropy writing the gradient into its input), with the line that launched it
+        Finding((8, 32000), "float32", "cuda:0", 0, node="TanhBackward0", forward=Frame("train.py", 38, "forward"),
+                call=Frame("train.py", 40, "step"), backward=Frame("train.py", 44, "step"),
+                writers=(W.TRITON, W.ALIAS, W.KERNEL, W.DATA), kernel="_liger_cross_entropy_kernel",
+                launch=Frame("train.py", 42, "step")),
     ]
     summaries = [sr.summary(0, 0, 120, {}, ""),
                  sr.summary(1, 1, 7, {}, " in pid 4242"),

@@ -27,13 +27,14 @@ def test_the_saved_checks_goldens_are_current():
 
 def test_the_goldens_show_each_place_a_finding_shows():
     lines = _golden("formats/saved.line").decode().splitlines()
-    assert len(lines) == 6 and all(line.startswith("torchgen-patch: saved tensor changed without a version bump")
+    assert len(lines) == 7 and all(line.startswith("torchgen-patch: saved tensor changed without a version bump")
                                    for line in lines)
     assert "[rank 1]" in lines[0] and "[rank" not in "".join(lines[1:])
     # what a terminal would obey is shown escaped, in every renderer for people
     assert "\x1b" not in _golden("formats/saved.line").decode() + _golden("formats/saved.message").decode()
     findings = json.loads(_golden("formats/saved.json"))
-    assert [f["writers"][0] for f in findings] == ["optimizer", "storage", "hooks", "data", "kernel", "alias"]
+    assert [f["writers"][0] for f in findings] == ["optimizer", "storage", "hooks", "data", "kernel", "alias",
+                                                   "triton"]
     # every finding says what to change, the same words in each renderer
     message = _golden("formats/saved.message").decode()
     for f, text in zip(findings, lines, strict=True):
@@ -47,6 +48,14 @@ def test_the_goldens_show_each_place_a_finding_shows():
                                          "the backward call at train.py:57 (main)")
     assert "in the forward call at train.py:41 (forward), called from train.py:52 (main), used by" in lines[0]
     assert "            (called from train.py:52 (main))\n" in message
+    # a Triton kernel launched between save and use: its name and the line that launched it, in each renderer
+    assert findings[6]["triton_kernel"] == {"name": "_liger_cross_entropy_kernel", "file": "train.py", "line": 42,
+                                            "function": "step"} and findings[0]["triton_kernel"] is None
+    assert ("likely written by: the Triton kernel `_liger_cross_entropy_kernel` launched at train.py:42 (step), "
+            "between save and use") in lines[6]
+    assert findings[6]["fix"].startswith("after the kernel `_liger_cross_entropy_kernel` launched at train.py:42 "
+                                         "(step), call `torch.autograd.graph.increment_version(t)` on the tensor it "
+                                         "wrote, a tensor float32[8, 32000] on cuda:0")
     summary = _golden("formats/saved.summary").decode().splitlines()
     assert [s.split(": ", 2)[2].split(" (")[0] for s in summary] == ["0 changed saved tensors",
                                                                      "1 changed saved tensor",

@@ -140,6 +140,7 @@ class Writer(Word):
     """Who may have written a saved tensor without moving its version, as a finding lists them."""
 
     OPTIMIZER = "optimizer"  # an optimizer step ran between save and use and holds the tensor
+    TRITON = "triton"  # a Triton kernel launched between save and use had a pointer into its storage
     STORAGE = "storage"  # the tensor was given other storage (`p.data = other`, set_data)
     DATA = "data"  # an in-place op on `.data` (a view with a version counter of its own)
     ALIAS = "alias"  # a numpy, DLPack or buffer alias of its memory

@@ -137,7 +137,7 @@ def _site(entries: list[tuple[str, Record]]) -> Site:
     tensors: dict[tuple, Finding] = {}
     for f in fs:
         tensors.setdefault(_tensor_key(f), f)
-    writers = Counter((f.writers, f.optimizer or "") for f in fs)
+    writers = Counter(_writer(f) for f in fs)
     top = max(writers.values())
     most = min(k for k, n in writers.items() if n == top)
     return Site(node=fs[0].node, forward=fs[0].forward, findings=len(fs),
@@ -146,7 +146,12 @@ def _site(entries: list[tuple[str, Record]]) -> Site:
                 first_step=distinct[0] if distinct else None, last_step=distinct[-1] if distinct else None,
                 tensors=tuple(tensors[k] for k in sorted(tensors)),
                 backward=tuple(sorted({f.backward for f in fs if f.backward is not None})),
-                likely=next(f for f in fs if (f.writers, f.optimizer or "") == most))
+                likely=next(f for f in fs if _writer(f) == most))
+
+
+def _writer(f: Finding) -> tuple:
+    """Who a finding says wrote its tensor: its writers, the optimizer and the Triton kernel it names."""
+    return (f.writers, f.optimizer or "", f.kernel or "", f.launch.render() if f.launch else "")
 
 
 def report(path: str, note=None) -> Report:

@@ -124,7 +124,8 @@ def _site_dict(s: Site) -> dict:
     return {"saved_by": s.node, "forward": frame(s.forward), "findings": s.findings, "processes": s.processes,
             "hosts": list(s.hosts), "ranks": list(s.ranks), "steps": s.steps, "first_step": s.first_step,
             "last_step": s.last_step, "tensors": tensors, "backward": [frame(b) for b in s.backward],
-            "writers": [str(w) for w in s.likely.writers], "optimizer": s.likely.optimizer}
+            "writers": [str(w) for w in s.likely.writers], "optimizer": s.likely.optimizer,
+            "triton_kernel": saved.kernel(s.likely)}
 
 
 def to_json(r: Report) -> str:

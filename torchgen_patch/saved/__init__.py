@@ -15,7 +15,8 @@ per distinct finding and a count at the end; ``raise`` raises ``SavedTensorChang
 The stage's modules: ``hooks.py`` (the hooks and their composition with the program's own),
 ``ctxattr.py`` (tensors a custom Function keeps as ``ctx`` attributes), ``fingerprint.py``,
 ``moved.py`` (autograd's own error), ``attribute.py`` (frames, names, optimizer steps, rank), ``writer.py``
-(whether a stepped optimizer holds a tensor), ``finding.py`` (the value), ``render.py`` (its renderers),
+(whether a stepped optimizer holds a tensor), ``launches.py`` (Triton's launches while a step is checked),
+``finding.py`` (the value), ``render.py`` (its renderers),
 ``fleet.py`` (each finding also a line in a folder the processes of a job share), ``sample.py`` (the check
 sampled by step), ``later.py`` (a sampled check started at the end of the first backward pass) and
 ``engine.py`` (the one module that talks to autograd's engine)."""

@@ -17,6 +17,7 @@ from types import CodeType, FrameType
 from ..errors import display_path
 from ..vocabulary import Writer
 from .finding import Finding, Frame
+from .launches import Launches
 from .writer import holds, inside
 
 # --- frames ---------------------------------------------------------------------------------
@@ -176,7 +177,9 @@ def _owner(root, name: str, roots, paths: dict) -> str:
 
 class Steps:
     """Counts optimizer steps through torch's global step post-hook while a check is on, keeping the
-    last few: (count, the optimizer (weakly), its class path, the program's frame of its ``step()`` call)."""
+    last few: (count, the optimizer (weakly), its class path, the program's frame of its ``step()`` call).
+    ``count`` is the clock a save records: Triton's launches tick it too (``launches.py``), so that what
+    ran after a save is told apart from what ran before it."""
 
     def __init__(self):
         self.count = 0
@@ -220,6 +223,7 @@ class Steps:
 
 
 STEPS = Steps()
+LAUNCHES = Launches(STEPS, caller, kind_of_code)  # Triton's launches, on the same clock (launches.py)
 
 
 # --- writes that are the saver's own --------------------------------------------------------------
@@ -276,15 +280,20 @@ def rank() -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-def writers(optimizer_holds: bool, storage_moved: bool, parameter: bool, returned: bool = False) -> tuple[Writer, ...]:
+def writers(optimizer_holds: bool, storage_moved: bool, parameter: bool, returned: bool = False,
+            launched: bool = False) -> tuple[Writer, ...]:
     """Who may have written a saved tensor, most likely first (``parameter``: it is a parameter or
     buffer, or a view of one, where `.data` writes are the usual way; ``returned``: the contents
-    compared are what the program's own saved-tensor hooks gave back). An optimizer that stepped between
+    compared are what the program's own saved-tensor hooks gave back; ``launched``: a Triton kernel
+    launched between save and use had a pointer into its storage). An optimizer that stepped between
     save and use and holds the tensor is named alone: the check knows that writer (its storage moving,
-    FSDP2's copy gathered again, is then no other writer)."""
+    FSDP2's copy gathered again, is then no other writer). A Triton kernel is named first, before the
+    other kinds: it had the tensor's memory, but whether it wrote there no launch says."""
     out = [Writer.HOOKS] if returned else []
     if optimizer_holds:
         return (*out, Writer.OPTIMIZER)
+    if launched:
+        out.append(Writer.TRITON)
     if storage_moved:
         out.append(Writer.STORAGE)
     out += [Writer.DATA, Writer.ALIAS, Writer.KERNEL] if parameter else [Writer.ALIAS, Writer.KERNEL, Writer.DATA]
@@ -306,6 +315,7 @@ def finding(s, t, original, node, backward, returned: bool = False, upto: int | 
     back; ``upto``: the step count by the end of its backward pass, where it is judged later."""
     name, owner, view = module_name(t, original)
     optimizer, holds_it, step = STEPS.since(s.steps, t, original, upto)
+    kernel, launched = (None, None) if holds_it else LAUNCHES.since(s.steps, t, original, upto)
     try:
         moved_storage = s.ptr is not None and t.data_ptr() != s.ptr
     except Exception:  # noqa: BLE001 — no pointer of its own
@@ -316,5 +326,5 @@ def finding(s, t, original, node, backward, returned: bool = False, upto: int | 
                    node=node.name() if node is not None else None, forward=frame(program),
                    site=frame(site) if site != program else None, call=frame(call) if call != program else None,
                    backward=frame(backward), writers=writers(holds_it, moved_storage, name is not None or s.leaf,
-                                                             returned),
-                   optimizer=optimizer, step=step, rank=rank())
+                                                             returned, kernel is not None),
+                   optimizer=optimizer, step=step, kernel=kernel, launch=frame(launched), rank=rank())

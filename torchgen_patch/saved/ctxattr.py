@@ -116,6 +116,7 @@ def _apply(cls, *args, **kwargs):
     on = _CHECKS[-1] if _CHECKS else None
     if on is None or not on.check.active or engine.tracing():
         return original(*args, **kwargs)
+    attribute.LAUNCHES.ensure()  # a Triton imported since the checked step began (a library's kernels load lazily)
     frames = _TLS.__dict__.setdefault("saved", [])
     frames.append([])
     try:

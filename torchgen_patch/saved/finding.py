@@ -39,6 +39,8 @@ class Finding:
     writers: tuple[Writer, ...] = ()  # who may have written it, most likely first
     optimizer: str | None = None  # the optimizer class whose step ran between save and use
     step: Frame | None = None  # the program's frame of that step() call, where the optimizer holds the tensor
+    kernel: str | None = None  # a Triton kernel launched between save and use with a pointer into its storage
+    launch: Frame | None = None  # the program's frame that launched that kernel
     rank: int | None = None  # the rank, in a multi-rank job
 
     def key(self) -> tuple:

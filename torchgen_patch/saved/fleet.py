@@ -61,6 +61,7 @@ class Record:
             raise ValueError(f"not a findings line of this torchgen-patch ('v' is {printable(repr(obj.get('v')))[:40]},"
                              f" not {VERSION})")
         t = _table(obj, "tensor")
+        kernel, launch = _kernel(obj)
         writers = _list(obj, "writers")
         unknown = [w for w in writers if w not in tuple(Writer)]
         if unknown:
@@ -71,7 +72,8 @@ class Record:
                     node=_str_or_none(obj, "node"), forward=_frame(obj, "forward"), site=_frame(obj, "site"),
                     call=_frame(obj, "call"), backward=_frame(obj, "backward"),
                     writers=tuple(Writer(w) for w in writers), optimizer=_str_or_none(obj, "optimizer"),
-                    step=_frame(obj, "optimizer_step"), rank=_int_or_none(obj.get("rank"), "rank"))
+                    step=_frame(obj, "optimizer_step"), kernel=kernel, launch=launch,
+                    rank=_int_or_none(obj.get("rank"), "rank"))
         return cls(_str(obj, "host"), _int(obj.get("pid"), "pid"), _int_or_none(obj.get("step"), "step"), f)
 
 
@@ -122,6 +124,16 @@ def _frame(obj: dict, key: str) -> Frame | None:
         return None
     fr = _table(obj, key)
     return Frame(_str(fr, "file"), _int(fr.get("line"), f"{key}.line"), _str(fr, "function"))
+
+
+def _kernel(obj: dict) -> tuple[str | None, Frame | None]:
+    """The Triton kernel a line names (``triton_kernel``: its name, and its launch's frame where known)."""
+    if obj.get("triton_kernel") is None:
+        return None, None
+    k = _table(obj, "triton_kernel")
+    if k.get("file") is None and k.get("line") is None and k.get("function") is None:
+        return _str(k, "name"), None
+    return _str(k, "name"), Frame(_str(k, "file"), _int(k.get("line"), "triton_kernel.line"), _str(k, "function"))
 
 
 def _kind(value) -> str:

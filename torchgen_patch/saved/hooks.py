@@ -201,6 +201,7 @@ class Check:
         judged once they have run (at a later pass's end, or when the findings are asked for), as of
         its end (its backward call, the optimizer steps taken by then)."""
         hooks = self._native
+        attribute.LAUNCHES.ensure()  # a Triton imported since the step began (once a pass, where a device runs)
 
         def read() -> None:
             if self.mode == CheckMode.WARN:
@@ -386,6 +387,7 @@ class _PythonHooks:
         for earlier in [k for k in self._pending if k < task]:  # a pass that raised (its end never came), or
             self.flush(earlier)  # one enclosing this one (a reentrant backward): read now
         self._pending[task] = [entry]
+        attribute.LAUNCHES.ensure()  # as the native hooks' once a pass
         if not engine.at_end_of_backward(lambda: self.flush(task)):  # no backward pass to wait for: read it now
             self.flush(task)
 

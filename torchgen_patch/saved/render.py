@@ -14,6 +14,8 @@ PREFIX = "torchgen-patch: saved tensor changed without a version bump"
 _WRITER = {
     Writer.OPTIMIZER: "the optimizer {optimizer}, whose step{at} ran between save and use (a step that writes outside "
                       "the dispatcher moves no version)",
+    Writer.TRITON: "the Triton kernel `{kernel}` launched at {launch}, between save and use, with a pointer into its "
+                   "storage",
     Writer.STORAGE: "`.data = ...` or `set_data()`, which gave it other storage",
     Writer.DATA: "an in-place op on `.data` (`p.data.mul_(2)`: `.data` has a version counter of its own)",
     Writer.ALIAS: "a numpy, DLPack or buffer alias of its memory (`.numpy()`, `torch.from_dlpack`, `np.frombuffer`, "
@@ -29,6 +31,9 @@ _WRITER = {
 _FIX = {
     Writer.OPTIMIZER: "{step} after the backward call at {backward}, not between the forward that saved {tensor} "
                       "and that backward (gradient accumulation: step once every micro-batch's backward ran)",
+    Writer.TRITON: "after the kernel `{kernel}` launched at {launch}, call `torch.autograd.graph.increment_version(t)` "
+                   "on the tensor it wrote, {tensor} (in a custom Function's forward: `ctx.mark_dirty(t)`); or have "
+                   "the kernel write a copy, or launch it after the backward call at {backward}",
     Writer.STORAGE: "do not give {tensor} other storage between forward and backward: copy into it in place under "
                     "`torch.no_grad()` (`t.copy_(new)`), or do it after the backward call at {backward}",
     Writer.DATA: "write {tensor} itself in place under `torch.no_grad()` (`with torch.no_grad(): t.mul_(2)`), not "
@@ -66,8 +71,13 @@ def _step(f: Finding) -> str:
     return f"move the step of {optimizer}{_at(f)}" if f.step else f"step {optimizer}"
 
 
+def _kernel(f: Finding) -> str:
+    return printable(f.kernel or "an unnamed kernel").replace("`", "'")
+
+
 def writers(f: Finding) -> str:
-    return "; ".join(_WRITER[w].format(optimizer=f.optimizer, at=_at(f)) for w in f.writers)
+    return "; ".join(_WRITER[w].format(optimizer=f.optimizer, at=_at(f), kernel=_kernel(f), launch=_frame(f.launch))
+                     for w in f.writers)
 
 
 def fix(f: Finding) -> str:
@@ -75,7 +85,7 @@ def fix(f: Finding) -> str:
     if not f.writers:
         return ""
     return _FIX[f.writers[0]].format(optimizer=f.optimizer or "the optimizer", backward=_frame(f.backward),
-                                     tensor=tensor(f), step=_step(f))
+                                     tensor=tensor(f), step=_step(f), kernel=_kernel(f), launch=_frame(f.launch))
 
 
 def line(f: Finding) -> str:
@@ -114,7 +124,17 @@ def as_dict(f: Finding) -> dict:
                        "device": f.device, "version": f.version},
             "node": f.node, "forward": frame(f.forward), "site": frame(f.site), "call": frame(f.call),
             "backward": frame(f.backward), "writers": [str(w) for w in f.writers], "optimizer": f.optimizer,
-            "optimizer_step": frame(f.step), "rank": f.rank, "fix": fix(f) or None}
+            "optimizer_step": frame(f.step), "triton_kernel": kernel(f), "rank": f.rank, "fix": fix(f) or None}
+
+
+def kernel(f: Finding) -> dict | None:
+    """The Triton kernel a finding names, for programs: its name and the frame that launched it (each null
+    where unknown), or None."""
+    if f.kernel is None:
+        return None
+    where = f.launch
+    return {"name": f.kernel, "file": where.file if where else None, "line": where.line if where else None,
+            "function": where.function if where else None}
 
 
 def to_json(findings: list[Finding]) -> str:

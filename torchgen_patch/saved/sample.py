@@ -101,14 +101,15 @@ class Sampler:
         self._thread: int | None = None
         self._compose: Any = None  # the modules that lay the hooks and call back at the end of backward,
         self._ctxattr: Any = None  # keep the tensors of custom Functions' ctx,
-        self._engine: Any = None  # imported when the check starts
+        self._engine: Any = None  # imported when the check starts,
+        self._launches: Any = None  # and see Triton's launches while a step is checked
 
     def start(self, own) -> None:
         """The check starts, with ``own`` (its implementation's hooks): laid now (every step), or once a step is
         drawn, never before the first backward pass has ended."""
-        from . import compose, ctxattr, engine  # here, not above: the package's every_of and DEFAULT_EVERY stay light
+        from . import attribute, compose, ctxattr, engine  # here, not above: every_of and DEFAULT_EVERY stay light
 
-        self._compose, self._engine, self._ctxattr = compose, engine, ctxattr
+        self._compose, self._engine, self._ctxattr, self._launches = compose, engine, ctxattr, attribute.LAUNCHES
         self._own, self._thread = own, threading.get_ident()
         if self.draw is None:
             self._lay()
@@ -120,12 +121,14 @@ class Sampler:
             self._engine.stop_after_each_backward(self.boundary)
         if self.laid:
             self._compose.remove(self.layer)
+            self._launches.close()
             self.laid = False
 
     def _lay(self) -> None:
         self.layer = self._compose.lay(self.check, self._own)
         self.laid = True
         self._ctxattr.start(self.check, self.check._python)  # the tensors custom Functions keep on ctx too
+        self._launches.open()  # Triton's launches, where Triton is imported (launches.py)
 
     def boundary(self) -> None:
         """A backward pass this thread called has returned: the draw for the next forward. Where the
@@ -136,9 +139,12 @@ class Sampler:
         drawn = self.draw()
         if drawn and not self.laid and self._compose.layable():
             self._lay()
+        elif drawn and self.laid:
+            self._launches.ensure()  # a Triton imported since the window opened
         elif not drawn and self.laid and self._compose.lift(self.layer):
             self.laid = False
             self._ctxattr.lift(self.check)
+            self._launches.close()
 
     def counts(self) -> tuple[int, int, int] | None:
         """(draws that drew, draws, N) so far: one draw at the end of each backward pass;
