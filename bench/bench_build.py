@@ -32,7 +32,7 @@ def _extension_tu_cmd(workdir: str) -> list[str]:
     inc = []
     for p in cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]:
         inc += ["-isystem", p]
-    from torchgen_patch.runtime.build import CFLAGS
+    from torchgen_patch.runtime.compile import CFLAGS
 
     return [os.environ.get("CXX", "c++"), "-std=c++17", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=1", *inc, *CFLAGS,
             "-c", src, "-o", os.path.join(workdir, "ext.o")]
@@ -77,7 +77,7 @@ def main(n: int = 2) -> list[dict]:
     w, it = statistics.median(ws), statistics.median(ts)
     saved = os.environ.get("TORCHGEN_PATCH_CACHE")
     os.environ["TORCHGEN_PATCH_CACHE"] = cache
-    from torchgen_patch.runtime.build import build
+    from torchgen_patch.runtime.compile import build
     from torchgen_patch.pipeline import generate
     from torchgen_patch.sources import Options
 

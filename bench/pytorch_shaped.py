@@ -72,7 +72,7 @@ def load(ops: list[str], log=sys.stderr) -> ctypes.CDLL:
         with open(src + ".tmp", "w") as fh:
             fh.write(text)
         os.replace(src + ".tmp", src)
-    from torchgen_patch.runtime.build import CFLAGS
+    from torchgen_patch.runtime.compile import CFLAGS
 
     print("pytorch-shaped kernels: compiling (cached by ninja) ...", file=log, flush=True)
     name = f"{PREFIX}_{key}"

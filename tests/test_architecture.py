@@ -144,11 +144,11 @@ def test_one_composer_sequences_plan_render_build():
     """plan → render → build appears once in the package: the runtime's ``library()``; every command,
     the Python API and the tests' own library fixture go through it."""
     renders = r"\bfrom \.\.?(codegen|codegen\.render) import [^\n]*\brender\b"
-    builds = r"\bfrom \.(build|\.runtime\.build) import [^\n]*\bbuild\b"
+    builds = r"\bfrom \.(compile|\.runtime\.compile) import [^\n]*\bbuild\b"
     both = _sources_matching(renders) & _sources_matching(builds)
     assert both == {"runtime/__init__.py"}
     conftest = open(os.path.join(ROOT, "tests", "conftest.py"), encoding="utf-8").read()
-    assert "runtime.build import build" not in conftest and "import library as compose" in conftest
+    assert "runtime.compile import build" not in conftest and "import library as compose" in conftest
 
 
 def signature_problems(fn) -> list[str]:
@@ -365,8 +365,8 @@ USER_PATHS = {
 }
 ALLOWED = {
     ("runtime/__init__.py", "_inputs_key"): "the package's templates and the overlay, hashed into the index key",
-    ("runtime/build/toolchain.py", "python_flags"): "this Python's header, looked for (the compiler reads it)",
-    ("runtime/build/toolchain.py", "recorded"): "the compiler an enabled environment recorded, looked for (it runs "
+    ("runtime/compile/toolchain.py", "python_flags"): "this Python's header, looked for (the compiler reads it)",
+    ("runtime/compile/toolchain.py", "recorded"): "the compiler an enabled environment recorded, looked for (it runs "
                                                 "by its name, as a compiler found on PATH does)",
     ("runtime/prebuilt.py", "make_wheel"): "its own private project directory for pip wheel, filled from the "
                                            "library's checked descriptor",

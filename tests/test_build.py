@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 from tests.yaml_fixtures import subset_yaml
 from tests.support import scan_of
 from torchgen_patch.plan.overlay import empty
-from torchgen_patch.runtime import build
+from torchgen_patch.runtime import compile as build
 from torchgen_patch.runtime import install as installer
 from torchgen_patch.runtime import load
 from torchgen_patch.errors import EnvironmentProblem, InputError
@@ -108,7 +108,7 @@ def test_small_build_cache_concurrency_and_torch_mismatch(tmp_path):
     plan, files = _fixture_library(tmp_path)
     root = str(tmp_path / "builds")
     code = (f"import sys; sys.path.insert(0, {ROOT!r});"
-            "import json; from torchgen_patch.runtime import build;"
+            "import json; from torchgen_patch.runtime import compile as build;"
             f"files = {{k: v.encode('latin1') for k, v in json.load(open({str(tmp_path / 'f.json')!r})).items()}};"
             f"lib = build.build(files, [], 1, root={root!r}); print(lib.path)")
     json.dump({k: v.decode("latin1") for k, v in files.items()}, open(tmp_path / "f.json", "w"))
@@ -239,8 +239,8 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     """On a terminal: a line per translation unit with its own compile time (not the time since the
     start), plurals right; no estimate before anything was built here (none could be honest), and
     after one build an estimate made from that build's units."""
-    from torchgen_patch.runtime.build import build_boxed
-    from torchgen_patch.runtime.build.build_time import estimate
+    from torchgen_patch.runtime.compile import build_boxed
+    from torchgen_patch.runtime.compile.build_time import estimate
 
     monkeypatch.delenv("CI", raising=False)
     log = _Terminal()
@@ -254,7 +254,7 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
     record = json.load(open(os.path.join(os.path.dirname(build_boxed(root=str(tmp_path)).path), build.RECORD)))
     said = {u: t["seconds"] for u, t in record["unit_times"].items()}
     assert said["BoxedADInplaceOrView.cpp"] > said["torchgen_patch_build.cpp"] >= 0
-    estimating = importlib.import_module("torchgen_patch.runtime.build.build_time")  # the module, not its function
+    estimating = importlib.import_module("torchgen_patch.runtime.compile.build_time")  # the module, not its function
 
     monkeypatch.setattr(estimating, "load_now", lambda: record["load"])  # as busy as during that build
     guess = estimate(str(tmp_path),
@@ -266,7 +266,7 @@ def test_a_first_build_says_each_unit_with_its_own_time_and_the_next_an_estimate
 
 def test_build_progress_is_for_terminals_only(tmp_path, monkeypatch):
     from torchgen_patch.fs.dirs import open_dir
-    from torchgen_patch.runtime.build.progress import Progress
+    from torchgen_patch.runtime.compile.progress import Progress
 
     (tmp_path / ".ninja_log").write_text("# ninja log v5\n0\t1000\t0\ta.o\t0\n")
     with open_dir(str(tmp_path)) as d:
@@ -296,7 +296,7 @@ def test_the_estimate_grows_with_how_busy_the_machine_is_now_against_then(tmp_pa
     """An earlier build of 2 units on 2 workers, 2 processors idle, 10 s a unit: alone again, about 10 s;
     beside 6 other runnable processes, each worker gets a quarter of a processor: about 40 s (the
     estimate ran at half the real time and less on a loaded machine)."""
-    estimating = importlib.import_module("torchgen_patch.runtime.build.build_time")  # the module, not its function
+    estimating = importlib.import_module("torchgen_patch.runtime.compile.build_time")  # the module, not its function
 
     d = tmp_path / "build-0123"
     d.mkdir()

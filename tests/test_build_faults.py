@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT
 from torchgen_patch.errors import EnvironmentProblem, InputError
-from torchgen_patch.runtime import build
+from torchgen_patch.runtime import compile as build
 from torchgen_patch.runtime import load
 
 pytestmark = pytest.mark.build
@@ -197,7 +197,8 @@ def _start_build(tmp_path, root):
 
     files = _files(tmp_path)
     json.dump({k: v.decode("latin1") for k, v in files.items()}, open(tmp_path / "f.json", "w"))
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); import json; from torchgen_patch.runtime import build;"
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); import json;"
+            "from torchgen_patch.runtime import compile as build;"
             f"files = {{k: v.encode('latin1') for k, v in json.load(open({str(tmp_path / 'f.json')!r})).items()}};"
             f"build.build(files, [], 1, root={root!r})")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
@@ -285,7 +286,7 @@ def test_a_failed_build_is_remembered_where_programs_build_and_tried_again_where
 
     from torchgen_patch import cache
     from torchgen_patch.fs import root as cache_root
-    from torchgen_patch.runtime.build import FAILED_FOR, record, remembering
+    from torchgen_patch.runtime.compile import FAILED_FOR, record, remembering
 
     cxx, log = _broken_compiler(tmp_path)
     monkeypatch.setenv("CXX", cxx)
@@ -349,7 +350,7 @@ def test_only_a_process_without_path_builds_with_the_toolchain_enable_recorded(m
     """The recorded toolchain stands in for the one a cleared environment lacks: a process with a PATH of
     its own keeps its own toolchain; without PATH, the recorded compiler, its driver's PATH and its flags,
     while that compiler is there."""
-    from torchgen_patch.runtime.build import toolchain as tc
+    from torchgen_patch.runtime.compile import toolchain as tc
 
     table = {"cxx": sys.executable, "path": "/recorded/bin", "cflags": "-g"}  # any executable file will do
     with tc.recorded(table):

@@ -286,9 +286,9 @@ def _small_files(tmp_path):
 
 @pytest.mark.build
 def test_a_planted_lock_symlink_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
-    from torchgen_patch.runtime import build
-    from torchgen_patch.runtime.build.key import build_key
-    from torchgen_patch.runtime.build.toolchain import compiler_path, default_flags
+    from torchgen_patch.runtime import compile as build
+    from torchgen_patch.runtime.compile.key import build_key
+    from torchgen_patch.runtime.compile.toolchain import compiler_path, default_flags
 
     files = _small_files(tmp_path)
     root = tmp_path / "builds"
@@ -307,7 +307,7 @@ def test_a_planted_lock_symlink_is_refused_and_its_target_untouched(tmp_path, mo
 @needs_root
 @pytest.mark.build
 def test_nothing_is_compiled_into_a_directory_of_another_account(tmp_path):
-    from torchgen_patch.runtime import build
+    from torchgen_patch.runtime import compile as build
 
     files = _small_files(tmp_path)
     root = tmp_path / "theirs"

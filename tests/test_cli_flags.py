@@ -752,7 +752,7 @@ def test_flag_is_honoured(cmd, flag, run_cli, monkeypatch, subset, tree, tmp_pat
 def _stub_build(monkeypatch):
     from torchgen_patch import runtime
     from torchgen_patch.runtime import checklib
-    from torchgen_patch.runtime import build as b
+    from torchgen_patch.runtime import compile as b
 
     calls = []
 

@@ -66,7 +66,7 @@ def test_gen_strict_accepts_mangled_names(tmp_path, run_cli):
 @pytest.mark.build
 def test_mangled_cases_compile(tmp_path):
     """Every mangled case, compiled against the running torch (one library, one shard each)."""
-    from torchgen_patch.runtime.build import build
+    from torchgen_patch.runtime.compile import build
 
     for case in sorted(CASES):
         (tmp_path / case).mkdir()

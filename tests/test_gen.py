@@ -208,7 +208,7 @@ def test_full_set_compiles_with_werror(library, default_plan):
     import ctypes
     import json
 
-    from torchgen_patch.runtime.build import CFLAGS
+    from torchgen_patch.runtime.compile import CFLAGS
 
     assert "-Wall" in CFLAGS and "-Werror" not in CFLAGS
     with open(os.path.join(library.directory, "build-info.json")) as fh:

@@ -44,7 +44,7 @@ def test_an_enabled_environments_toolchain_reads_back_and_only_a_whole_one_is_us
     missing, a relative compiler) is none: the process uses its own. Before, the key was unknown."""
     import dataclasses
 
-    from torchgen_patch.runtime.build.toolchain import Compiler
+    from torchgen_patch.runtime.compile.toolchain import Compiler
     from torchgen_patch.runtime.launch.spec import LaunchSpec
 
     table = {"cxx": "/usr/bin/c++", "path": "/usr/bin:/bin", "cflags": "-Werror -g"}

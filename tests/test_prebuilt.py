@@ -102,7 +102,7 @@ def test_wheel_names_the_torch_build_and_records_the_library(wheel, default_plan
     import torch
 
     from torchgen_patch.runtime import prebuilt
-    from torchgen_patch.runtime.build.key import torch_identity
+    from torchgen_patch.runtime.compile.key import torch_identity
 
     name = os.path.basename(wheel)
     here = torch_identity()
@@ -270,7 +270,7 @@ def test_the_cluster_recipe_as_written(wheel, tmp_path, default_plan):
     work = tmp_path / "clone"
     skip = shutil.ignore_patterns(".venv*", ".cache", ".git", "*.egg-info")
 
-    def ignore(d, names):  # the checkout's own build/ output, not the package's runtime/build/
+    def ignore(d, names):  # the checkout's own build/ output, not the package's runtime/compile/
         return set(skip(d, names)) | ({"build"} & set(names) if os.path.samefile(d, ROOT) else set())
 
     shutil.copytree(ROOT, work, ignore=ignore)

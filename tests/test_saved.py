@@ -2069,7 +2069,7 @@ def test_bool_tensors_with_gaps_are_read_by_their_bits(native_module):
 def test_a_library_that_is_not_the_checks_is_refused_in_one_line():
     from torchgen_patch.errors import EnvironmentProblem
     from torchgen_patch.runtime import checklib
-    from torchgen_patch.runtime.build import build_boxed
+    from torchgen_patch.runtime.compile import build_boxed
 
     with pytest.raises(EnvironmentProblem, match="not of the saved-tensor check's native hooks"):
         checklib.load(build_boxed().path)

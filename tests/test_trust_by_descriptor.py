@@ -130,7 +130,8 @@ def test_a_cache_path_swapped_after_its_check_changes_nothing_the_build_does(tmp
         sys.path.insert(0, {ROOT!r})
         os.environ["CXX"] = {swap!r}
         from torchgen_patch.errors import ToolError
-        from torchgen_patch.runtime import artifact_at, build
+        from torchgen_patch.runtime import artifact_at
+        from torchgen_patch.runtime import compile as build
         lib = build.build({TRIVIAL!r}, [], 1, sources=list({TRIVIAL!r}), log=open(os.devnull, "w"))
         try:
             artifact_at(lib.path, "build")  # what install() reads next, then loads
@@ -155,7 +156,7 @@ def _slow_build_code(root: str, cxx: str, then: str = "") -> str:
         import os, sys
         sys.path.insert(0, {ROOT!r})
         os.environ["CXX"] = {cxx!r}
-        from torchgen_patch.runtime import build
+        from torchgen_patch.runtime import compile as build
         lib = build.build({TRIVIAL!r}, [], 1, root={root!r}, sources=list({TRIVIAL!r}))
         print("BUILT", lib.path, flush=True)
         {then}
@@ -197,7 +198,7 @@ def test_a_build_of_another_pid_namespace_survives_the_stale_sweep(tmp_path):
     """A build running in another PID namespace (a container sharing the cache) under a pid that no
     process has here: its temporary directory is not swept while its lease is held, and the build
     finishes; once it is gone, a temporary directory it left would be swept."""
-    from torchgen_patch.runtime import build
+    from torchgen_patch.runtime import compile as build
 
     root = str(tmp_path / "builds")
     pid = _free_pid()
@@ -233,7 +234,7 @@ def test_a_build_of_another_pid_namespace_survives_the_stale_sweep(tmp_path):
 def test_a_killed_builds_lease_expires_with_it(tmp_path):
     """The other side: a temporary build whose process is gone (SIGKILL, its lease released by the
     kernel) is swept by the next build, and said so."""
-    from torchgen_patch.runtime import build
+    from torchgen_patch.runtime import compile as build
 
     root = str(tmp_path / "builds")
     cxx = _wrapper(tmp_path, "slow-cxx", '[ "$1" = --version ] || sleep 30')
@@ -260,7 +261,7 @@ def test_a_child_forked_while_a_thread_builds_leaves_its_parents_compilers_alone
         import os, sys, threading, time
         sys.path.insert(0, {ROOT!r})
         os.environ["CXX"] = {cxx!r}
-        from torchgen_patch.runtime import build
+        from torchgen_patch.runtime import compile as build
         result = []
         def work():
             try:
@@ -292,7 +293,7 @@ def test_a_reused_descriptor_number_never_loads_another_library(library, tmp_pat
     """A program closes its descriptors after the kernels were installed (daemon libraries do); the
     boxed library's checked descriptor then gets the kernels library's number again. What dlopen
     returns is still the boxed library: every load has a name of its own."""
-    from torchgen_patch.runtime.build import build_boxed
+    from torchgen_patch.runtime.compile import build_boxed
 
     boxed = build_boxed(log=open(os.devnull, "w")).path
     code = textwrap.dedent(f"""
@@ -362,7 +363,7 @@ def test_without_proc_a_temporary_directory_of_another_account_is_named_as_the_p
 
 
 def test_no_free_descriptor_is_said_as_such_never_as_a_damaged_build(library):
-    before = ("import torchgen_patch.runtime.install, torchgen_patch.runtime.build, torchgen_patch.codegen.render\n"
+    before = ("import torchgen_patch.runtime.install, torchgen_patch.runtime.compile, torchgen_patch.codegen.render\n"
               "import resource, os\nresource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nheld = []\n"
               "while True:\n    try:\n        held.append(os.open('/dev/null', os.O_RDONLY))\n"
               "    except OSError:\n        break")
@@ -457,7 +458,7 @@ def _small_library(tmp_path, edit=None):
     """A library of the fixture's kernel, built into a root of its own (``edit``: applied to the rendered
     sources first)."""
     from tests.test_build import _fixture_library
-    from torchgen_patch.runtime import build
+    from torchgen_patch.runtime import compile as build
 
     plan, files = _fixture_library(tmp_path, funcs=("_cummax_helper",))
     if edit:
@@ -488,7 +489,7 @@ def test_a_library_is_refused_when_it_states_another_torch_or_another_build(libr
 
     import torchgen_patch
     from torchgen_patch.errors import EnvironmentProblem
-    from torchgen_patch.runtime import build
+    from torchgen_patch.runtime import compile as build
 
     copy = tmp_path / os.path.basename(library.directory)
     shutil.copytree(library.directory, copy)
@@ -604,7 +605,7 @@ def test_the_proof_costs_what_reading_the_entry_costs(warm):
 def _fake_dist(tmp_path, digest_of=b"\x7fELF not really a library"):
     """An installed kernels distribution (its metadata and package), library and record made by hand."""
     from torchgen_patch.runtime import prebuilt
-    from torchgen_patch.runtime.build.key import torch_identity
+    from torchgen_patch.runtime.compile.key import torch_identity
     from torchgen_patch.version import __version__
 
     site = tmp_path / "site"

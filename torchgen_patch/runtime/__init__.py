@@ -79,7 +79,7 @@ def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, pr
 
             _, plan = make(opts)
         from ..codegen import render
-        from .build import build as compile_library
+        from .compile import build as compile_library
 
         lib = compile_library(render(plan, shards), plan.ops(), shards, verbose=verbose, log=log)
     except EnvironmentProblem as e:  # no compiler, say: the prebuilt kernels' reason is the useful part
@@ -104,7 +104,7 @@ def _inputs_key(opts: Options, shards: int) -> str:
     from ..fs import root as cache_root
     from ..scan import key_of
     from ..sources import resolve
-    from .build.toolchain import compiler_path, default_flags
+    from .compile.toolchain import compiler_path, default_flags
 
     torch = require_torch("building the kernels")
     src = resolve(opts)
@@ -158,7 +158,7 @@ def artifact_at(path: str, origin: str = "given", manifest: bool = True) -> Arti
     from ..codegen.render import MANIFEST
     from ..errors import require_torch
     from ..fs.protected import Missing
-    from .build import RECORD
+    from .compile import RECORD
 
     torch = require_torch("installing the kernels")
     path = os.path.abspath(path)

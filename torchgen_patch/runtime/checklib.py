@@ -50,7 +50,7 @@ def _prebuilt_or_built(build: bool, log):
     """The native hooks of the installed prebuilt wheel, else the cache's build (compiled now where it lacks
     them and ``build``, unless that build failed in this toolchain within the hour: ``remembering``). Where
     neither can be had, the error says why the wheel's copy was refused too (as the kernels' does)."""
-    from .build import remembering
+    from .compile import remembering
 
     module, refused = _prebuilt()
     if module is not None:
@@ -82,7 +82,7 @@ def saved_build(verbose: bool = False, log=None):
     """The cached build of the native hooks (compiled now when missing) as a checked Artifact: what the
     prebuilt wheel packs beside the kernels."""
     from . import artifact_at
-    from .build import build_saved
+    from .compile import build_saved
 
     return artifact_at(build_saved(verbose=verbose, log=log).path, manifest=False)
 
@@ -91,7 +91,7 @@ def ready(verbose: bool = False, log=None) -> tuple[str, str | None]:
     """Where the native hooks come from, made ready now (for `enable`), in words, and the cache's build that
     the environment's processes load (None: the prebuilt wheel's copy, which each finds itself); compiled
     now where the cache lacks one (a failure is remembered: ``build.remember``)."""
-    from .build import build_saved
+    from .compile import build_saved
     from .prebuilt import saved_library
 
     found, _ = saved_library()
@@ -104,7 +104,7 @@ def ready(verbose: bool = False, log=None) -> tuple[str, str | None]:
 def built(build: bool = True, log=None) -> str:
     """The path of the cached build of the native hooks (compiled now when missing and ``build``; else the
     cache's build, or an InputError that says they are not built)."""
-    from .build import build_saved
+    from .compile import build_saved
 
     return build_saved(log=log, compile=build).path
 

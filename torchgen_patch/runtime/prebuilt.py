@@ -29,8 +29,8 @@ from ..fs.dirs import Dir, open_dir
 from ..fs.protected import Missing, library_refusal
 from ..sources import Options, overlay_path
 from ..version import __version__
-from .build.key import torch_identity
-from .build.record import sha256_of
+from .compile.key import torch_identity
+from .compile.record import sha256_of
 from .load.trust import verify
 
 DIST = "torchgen-patch-kernels"

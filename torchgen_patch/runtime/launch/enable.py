@@ -458,7 +458,7 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
     if check_saved is not None:
         words, saved = _check_hooks(verbose, log or sys.stderr)
         what += "; " + words
-    from ..build.toolchain import here
+    from ..compile.toolchain import here
 
     found = here()  # what the processes build with, a cleared environment's included
     spec = launch.launch_spec(opts, backend, ops, [], [], quiet=quiet, library=library, strict=strict,

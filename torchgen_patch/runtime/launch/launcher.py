@@ -255,7 +255,7 @@ def _check_main() -> None:
     _stand_down()
     try:
         from ...errors import require_torch
-        from ..build import build_boxed
+        from ..compile import build_boxed
         from ..registry import import_modules
 
         spec = LaunchSpec.parse(sys.stdin.read(), f"${ENV}")  # what the program will run with

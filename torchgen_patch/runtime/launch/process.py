@@ -317,7 +317,7 @@ def _toolchain(spec: LaunchSpec):
     """While the tool works in the program's process: a process started without PATH builds with the
     toolchain `enable` recorded (any other, or with none recorded, with its own), and a build that failed
     in its toolchain within the hour is not tried again."""
-    from ..build import recorded, remembering
+    from ..compile import recorded, remembering
 
     with recorded(spec.toolchain), remembering():
         yield

@@ -19,7 +19,7 @@ def load(path: str, sha256: str | None, root: str, key: str | None = None) -> ct
     was checked, once per file, under a name no earlier load used (``loadable``); before it is
     used, the library must state that it is the build ``key`` (its record's) for exactly this torch
     (``build.build_problem``): no record can say otherwise."""
-    from ..build import build_problem
+    from ..compile import build_problem
     from . import trust
 
     fd = trust.check_library(path, sha256, root)
@@ -67,7 +67,7 @@ def _open_checked(fd: int, path: str) -> ctypes.CDLL:
 
 def _stated(dll: ctypes.CDLL) -> bytes | None:
     """What the library says of its own build (``torchgen_patch_build()``), or None if it says nothing."""
-    from ..build import IDENTITY_SYMBOL
+    from ..compile import IDENTITY_SYMBOL
 
     try:
         fn = getattr(dll, IDENTITY_SYMBOL)

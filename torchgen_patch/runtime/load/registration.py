@@ -170,7 +170,7 @@ def register_runtime(todo, backend: Backend, evidence: bool = False, boxed_libra
             REGISTRY.installed[op.name] = Backend.PYTHON
             rep.registered.append(op.name)
         return rep
-    from ..build import build_boxed
+    from ..compile import build_boxed
 
     # a prebuilt one (run's children): checked, never rebuilt
     rep.library = boxed_library or build_boxed(verbose=verbose).path

@@ -29,7 +29,7 @@ import stat
 from ...errors import EnvironmentProblem
 from ...fs import dirs
 from ...fs.protected import Missing, library_refusal
-from ..build.record import sha256_of
+from ..compile.record import sha256_of
 
 __all__ = ["check_path", "check_library", "open_library"]
 _VERIFIED: set[tuple] = set()  # (dev, ino, size, mtime_ns, ctime_ns, sha256) hashed in this process

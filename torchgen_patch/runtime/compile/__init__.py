@@ -16,7 +16,7 @@ the library's SHA-256, checked before it is loaded (``load/trust.py``).
 
 The parts: the toolchain found (``toolchain.py``), the key and the library's statement of its build
 (``key.py``), the record (``record.py``), build.ninja and ninja's log (``ninja.py``), the compile
-(``compile.py``) in a process group of its own (``processes.py``), with progress lines
+(``make.py``) in a process group of its own (``processes.py``), with progress lines
 (``progress.py``), an estimate said before it starts (``build_time.py``) and compiler errors mapped
 back to kernels (``compiler_errors.py``). ``build()`` is the one entry point, and composes them.
 """
@@ -113,7 +113,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
             _not_again(failed, what)  # the build this one waited for failed
             remove_stale(builds)
             from ...codegen import compiled_sources  # the compile path's modules (see _COMPILE_PARTS)
-            from .compile import compile_into
+            from .make import compile_into
 
             try:
                 compile_into(builds, files, sources or compiled_sources(shards), flags, name, key, final, compiler,
