@@ -59,6 +59,9 @@ CPU_MODELS = {
     "prenorm": ("pre-norm transformer (SDPA), 4 layers, 256 wide, 4 heads, batch 4 x 128 tokens", 1.10),
     "conv": ("conv net with batch norm, 8 convolutions of 32 channels, batch 8 x 3 x 32 x 32", 1.20),
     "mlp-deep": ("deep narrow MLP, 16 x Linear(256) + ReLU, batch 64", 1.30),
+    "gpt2-ckpt": ("the small GPT-2, each block checkpointed (torch.utils.checkpoint, non-reentrant)", 1.20),
+    "gpt2-ckpt-reentrant": ("the small GPT-2, each block checkpointed (reentrant)", 1.20),
+    "prenorm-ckpt": ("the pre-norm transformer, each block checkpointed (non-reentrant)", 1.20),
 }
 CUDA_MODELS = {
     "gpt2-small": ("GPT-2 small (transformers: 12 layers, 768 wide, 12 heads, vocabulary 50257), 8 x 512 tokens, "
@@ -69,7 +72,15 @@ CUDA_MODELS = {
     "prenorm-2048-bf16": ("24 layers x 2048 wide, 4 x 2048 tokens, bf16 autocast", 1.15),
     "conv": ("20-conv 128-channel net with batch norm, 32 x 3 x 128 x 128", 1.10),
     "mlp": ("64 x Linear(256) MLP, batch 64", 1.30),
+    "gpt2-small-ckpt": ("GPT-2 small fp32, each block checkpointed (torch.utils.checkpoint, non-reentrant)", 1.20),
+    "gpt2-small-ckpt-reentrant": ("GPT-2 small fp32, each block checkpointed (reentrant)", 1.20),
+    "prenorm-1024-ckpt": ("the 12-layer 1024-wide pre-norm transformer fp32, each block checkpointed "
+                          "(non-reentrant)", 1.20),
 }
+# a checkpointed row: its name is its plain partner's and one of these (use_reentrant); its target, the
+# partner's + CHECKPOINTED_MARGIN, is what the row's ratio is judged on beside the partner's too
+CHECKPOINTED = {"-ckpt": False, "-ckpt-reentrant": True}
+CHECKPOINTED_MARGIN = 0.10
 MEMORY_TARGET = 0.01  # at most +1 % peak memory
 SAMPLED_TARGET, NOT_DRAWN_TARGET = 1.01, 1.002  # the check sampled at the default N: its mean, a step not drawn
 STEPS_PER_ROUND = {"mlp": 10, "mlp-deep": 10, "conv": 2, "prenorm": 2, "gpt2": 1}
@@ -120,8 +131,50 @@ def _conv_net(device: str, cuda: bool):
     return model, lambda: nn.functional.cross_entropy(model(x), y)
 
 
+def plain_of(name: str) -> tuple[str, bool | None]:
+    """(the plain partner's name, use_reentrant) of a checkpointed row; (name, None) of any other."""
+    for suffix, reentrant in CHECKPOINTED.items():
+        if name.endswith(suffix):
+            return name[:-len(suffix)], reentrant
+    return name, None
+
+
+def _checkpoint_blocks(model, name: str, reentrant: bool):
+    """``model`` with each of its transformer blocks run under ``torch.utils.checkpoint``."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if name in GPT2:
+        kwargs = {"use_reentrant": reentrant}
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x's name
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return model.train()
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, block):
+            super().__init__()
+            self.block = block
+
+        def forward(self, x):
+            return checkpoint(self.block, x, use_reentrant=reentrant)
+
+    for i in range(len(model) - 1):  # the blocks, not the final norm
+        model[i] = Checkpointed(model[i])
+    return model
+
+
 def build(name: str, device: str = "cpu"):
-    """(model, the function that makes one step's loss) of ``name`` on ``device``."""
+    """(model, the function that makes one step's loss) of ``name`` on ``device`` (a checkpointed row: its
+    plain partner's model, each block checkpointed)."""
+    name, reentrant = plain_of(name)
+    model, loss_of = _build(name, device)
+    return (model if reentrant is None else _checkpoint_blocks(model, name, reentrant)), loss_of
+
+
+def _build(name: str, device: str):
     import torch
 
     torch.manual_seed(0)
@@ -190,7 +243,7 @@ class Bench:
         self.sampled_steps: list[tuple[float, bool]] = []  # (seconds, drawn) of each step in mode "sampled"
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         self.clock = time.perf_counter if device == "cuda" else time.process_time
-        self.n = STEPS_PER_ROUND.get(name, 1)
+        self.n = STEPS_PER_ROUND.get(plain_of(name)[0], 1)
 
     def step(self, mode: str = "") -> None:
         self.opt.zero_grad(set_to_none=True)
@@ -785,8 +838,31 @@ def render(results: dict, rounds: int, device: str) -> str:
             f"{t['findings']} |")
     paths = sorted({t["path"] for t in results["models"]})
     lines += ["", f"The check ran on its {' and '.join(paths)} path."]
+    lines += _checkpointed_rows(results)
     lines += _where_it_goes(results)
     return "\n".join(lines) + "\n"
+
+
+def _checkpointed_rows(results: dict) -> list[str]:
+    """Each checkpointed row beside its plain partner's, where both ran: the check's ratio on each and their
+    difference, judged on CHECKPOINTED_MARGIN."""
+    rows = {t["model"]: t for t in results["models"]}
+    pairs = [(t, rows[plain_of(name)[0]]) for name, t in rows.items()
+             if plain_of(name)[1] is not None and plain_of(name)[0] in rows]
+    if not pairs:
+        return []
+    out = ["", "## Checkpointed rows beside their plain ones", "",
+           "Each block run under `torch.utils.checkpoint`: what a reentrant checkpoint's recomputation saves inside "
+           "backward is used by that pass alone, and is counted as not read (its version is checked); what the "
+           "forward saves under non-reentrant checkpointing's own hooks is read and compared, with what backward "
+           "recomputes where the original is gone.", "",
+           "| checkpointed | on / off | plain | on / off | difference | target |", "|---|---|---|---|---|---|"]
+    for t, plain in pairs:
+        diff = t["ratio"] - plain["ratio"]
+        ok = "met" if diff <= CHECKPOINTED_MARGIN else "**not met**"
+        out.append(f"| {t['model']} | {t['ratio']:.3f} | {plain['model']} | {plain['ratio']:.3f} | {diff:+.3f} | "
+                   f"<= +{CHECKPOINTED_MARGIN:.2f}: {ok} |")
+    return out
 
 
 if __name__ == "__main__":

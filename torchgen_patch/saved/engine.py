@@ -66,6 +66,14 @@ def graph_task() -> int:
     return read() if read is not None else -1
 
 
+def saving_in_backward() -> bool:
+    """Whether a tensor saved now is saved while a backward pass runs on this thread that keeps no graph
+    (no ``retain_graph``, no ``create_graph``): a reentrant checkpoint's recomputation, whose saves that pass
+    uses and frees before it returns, with no step of the program's between. A pass that keeps its graph
+    (double backward) saves for a later one: False there, and where this torch cannot say."""
+    return graph_task() != -1 and not keep_graph()
+
+
 def at_end_of_backward(callback) -> bool:
     """Run ``callback`` once the running backward pass has finished its nodes (the engine's final
     callbacks, as DDP and FSDP use); False when no backward pass is running on this thread."""

@@ -11,14 +11,15 @@ from __future__ import annotations
 import os
 
 from . import attribute
-from .fingerprint import UNREADABLE, key, plain_types
+from .fingerprint import IN_BACKWARD, UNREADABLE, key, plain_types
 
 ENV = "TORCHGEN_PATCH_CHECK_PATH"
 PATHS = ("native", "python")
 _STATE: dict = {"module": None, "why": "the native hooks are not loaded"}
 # the native hooks' reasons for a tensor not judged, by code (1, sparse layouts, is counted in Python)
 REASONS = {2: "nested tensors", 3: "meta tensors (no data)", 4: UNREADABLE,
-           5: "saved while a CUDA graph was captured", 6: UNREADABLE, 7: "the fingerprint kernel did not launch at use"}
+           5: "saved while a CUDA graph was captured", 6: UNREADABLE, 7: "the fingerprint kernel did not launch at use",
+           8: IN_BACKWARD}
 
 
 def use(module, cuda_source: str = "", nvrtc: str = "") -> None:
