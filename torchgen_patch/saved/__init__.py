@@ -18,7 +18,8 @@ The stage's modules: ``hooks.py`` (the hooks and their composition with the prog
 (whether a stepped optimizer holds a tensor), ``launches.py`` (Triton's launches while a step is checked),
 ``finding.py`` (the value), ``render.py`` (its renderers),
 ``fleet.py`` (each finding also a line in a folder the processes of a job share), ``sample.py`` (the check
-sampled by step), ``later.py`` (a sampled check started at the end of the first backward pass) and
+sampled by step), ``later.py`` (a sampled check started at the end of the first backward pass), ``whole.py`` (the one
+whole-process check) and
 ``engine.py`` (the one module that talks to autograd's engine)."""
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def enable(mode="warn", path=None, every=1, findings=None, quiet=False):
     ``check_saved``'s; ``quiet``: it does not say it is on. ``findings``: as ``check_saved``'s (given to a
     check already on, its findings go there from now on)."""
     from . import fleet
-    from .hooks import enable as on
+    from .whole import enable as on
 
     check = on(mode_of(mode), path, every_of(every), quiet)
     fleet.attach(check, findings)
@@ -87,7 +88,7 @@ def findings_to(folder) -> None:
     if start is not None:
         start.findings = folder
         return
-    from .hooks import current
+    from .whole import current
 
     check = current()
     if check is not None:
@@ -96,7 +97,7 @@ def findings_to(folder) -> None:
 
 def disable() -> None:
     """Turn off what ``enable`` turned on, and a start armed by ``enable_at_first_backward``."""
-    from .hooks import disable as off
+    from .whole import disable as off
     from .later import call_off
 
     call_off()

@@ -35,7 +35,7 @@ class Start:
             return  # another thread's pass: the check is this thread's, as enable's is
         _PENDING.remove(self)
         from . import fleet
-        from .hooks import enable
+        from .whole import enable
 
         try:
             self.prepare()
