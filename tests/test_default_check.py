@@ -127,3 +127,28 @@ print("done")
     assert r.returncode == 0 and r.stdout == "done\n", r.stderr
     assert re.fullmatch(r"torchgen-patch: saved-tensor check NOT on in pid \d+: ZeroDivisionError: division by zero\n",
                         r.stderr), r.stderr
+
+
+def test_a_program_asking_for_the_check_before_its_first_backward_pass_gets_the_armed_one_drawn_once_a_pass():
+    code = """
+import torch
+from torchgen_patch import saved
+from torchgen_patch.saved import later, whole
+saved.enable_at_first_backward("warn", 4, quiet=True)
+check = saved.enable("warn", every=4, quiet=True)  # as a program that reads its check's findings does
+assert later.pending() is None and check is whole.current() and check.sampler.every == 4
+for _ in range(5):
+    torch.ones(1, requires_grad=True).exp().sum().backward()
+assert check.sampler.counts()[1] == 5, check.sampler.counts()  # a draw a pass, none twice
+saved.disable()
+saved.enable_at_first_backward("warn", 4, quiet=True)
+on = whole.enable(saved.mode_of("warn"), None, 4, True)  # on already when the armed start comes
+for _ in range(3):
+    torch.ones(1, requires_grad=True).exp().sum().backward()
+assert later.pending() is None and whole.current() is on and on.sampler.counts()[1] == 3, on.sampler.counts()
+print("done")
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHGEN_PATCH_")}
+    env["PYTHONPATH"] = ROOT
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr

@@ -57,14 +57,18 @@ def check_saved(mode="warn", path=None, every=1, findings=None):
 
 
 def enable(mode="warn", path=None, every=1, findings=None, quiet=False):
-    """Turn the check on for the rest of the process, on this thread (the one that imports torch);
+    """Turn the check on for the rest of the process, on this thread (the one that imports torch), or
+    return the one on already (or armed by ``install()`` to start at the first backward pass: started now);
     the count is printed when the process exits (in either mode). ``every``: sampled by step, as
     ``check_saved``'s; ``quiet``: it does not say it is on. ``findings``: as ``check_saved``'s (given to a
     check already on, its findings go there from now on)."""
     from . import fleet
+    from .later import start_now
     from .whole import enable as on
 
-    check = on(mode_of(mode), path, every_of(every), quiet)
+    mode, every = mode_of(mode), every_of(every)
+    start_now()  # one armed by install(): the check on is that one
+    check = on(mode, path, every, quiet)
     fleet.attach(check, findings)
     return check
 

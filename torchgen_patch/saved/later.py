@@ -31,13 +31,20 @@ class Start:
         self.thread = threading.get_ident()
 
     def __call__(self) -> None:
-        if threading.get_ident() != self.thread or self not in _PENDING:
-            return  # another thread's pass: the check is this thread's, as enable's is
+        if threading.get_ident() == self.thread:  # another thread's pass: the check is this thread's, as enable's is
+            self.run(draw=True)
+
+    def run(self, draw: bool) -> None:
+        """The check on now, if this start is still armed; ``draw``: the draw due at the end of this backward
+        pass, the program's first, made too (not where a check was on already: it made its own)."""
+        if self not in _PENDING:
+            return
         _PENDING.remove(self)
         from . import fleet
-        from .whole import enable
+        from .whole import current, enable
 
         try:
+            already = current() is not None
             self.prepare()
             check = enable(self.mode, None, self.every, self.quiet)
             fleet.attach(check, self.findings)
@@ -46,7 +53,8 @@ class Start:
             return
         finally:
             engine.stop_after_each_backward(self)  # after enable: the engine's wrapper stays in place
-        check.sampler.boundary()  # the draw due at the end of this pass, the program's first
+        if draw and not already:
+            check.sampler.boundary()
 
 
 def arm(mode, every: int, quiet: bool, prepare: Callable[[], Any]) -> None:
@@ -62,6 +70,15 @@ def arm(mode, every: int, quiet: bool, prepare: Callable[[], Any]) -> None:
 def pending() -> Start | None:
     """The start armed and not yet run, if any."""
     return _PENDING[0] if _PENDING else None
+
+
+def start_now() -> None:
+    """The armed start, run now: the program asked for the whole-process check before its first backward
+    pass (``enable``), and gets this one, as it would have started; its first draw is at the end of the
+    first backward pass, as ever."""
+    start = pending()
+    if start is not None:
+        start.run(draw=False)
 
 
 def call_off() -> None:
