@@ -61,10 +61,19 @@ def ratio_line(name: str, xs: list[float], ys: list[float], target: float | None
     ratio = mx / my
     ok = None if target is None else ratio <= target
     verdict = "" if ok is None else ("  [target <= %.2f: %s]" % (target, "met" if ok else "NOT MET"))
-    print(f"{name}: {mx:.4f}s vs {my:.4f}s  ratio {ratio:.3f}; best {min(xs):.4f}s vs {min(ys):.4f}s, ratio "
-          f"{min(xs) / min(ys):.3f}{verdict}", flush=True)
+    spread = _spread([x / y for x, y in zip(xs, ys, strict=True)])  # each round's pair: the run's noise
+    print(f"{name}: {mx:.4f}s vs {my:.4f}s  ratio {ratio:.3f} (rounds p25-p75 {spread[0]:.3f}-{spread[1]:.3f}); "
+          f"best {min(xs):.4f}s vs {min(ys):.4f}s, ratio {min(xs) / min(ys):.3f}{verdict}", flush=True)
     return {"name": name, "median_s": mx, "anchor_median_s": my, "ratio": ratio, "target": target, "met": ok,
-            "runs": len(xs), "best_s": min(xs), "anchor_best_s": min(ys), "best_ratio": min(xs) / min(ys)}
+            "runs": len(xs), "best_s": min(xs), "anchor_best_s": min(ys), "best_ratio": min(xs) / min(ys),
+            "round_ratio_p25_p75": list(spread)}
+
+
+def _spread(ratios: list[float]) -> tuple[float, float]:
+    if len(ratios) < 2:
+        return ratios[0], ratios[0]
+    q = statistics.quantiles(ratios, n=4)
+    return q[0], q[2]
 
 
 def save(results: list[dict], path: str) -> None:

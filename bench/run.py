@@ -70,6 +70,8 @@ def main() -> int:
         results["trust"] = bench_trust.main()
         print(f"== a cached install() and run's start-up vs the code at {bench_trust.UNCHANGED}", flush=True)
         results["unchanged"] = bench_trust.main(baseline=bench_trust.UNCHANGED, target=1.02, launcher=True)
+        print(f"== a cached install() and run's start-up vs the code at {bench_trust.DEFAULTS}", flush=True)
+        results["defaults"] = bench_trust.main(baseline=bench_trust.DEFAULTS, target=1.02, launcher=True)
     if "call" in only:
         print("== per-call cost: unpatched | PyTorch-shaped kernel | this project's kernel", flush=True)
         out = os.path.join(ROOT, "build", f"bench-call-{args.device}.json")
