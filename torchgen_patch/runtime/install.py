@@ -118,14 +118,12 @@ def keyword_forms(options: Options | None, how: InstallOptions | None,
 
 
 def _merged(kind, value, name: str, keywords: dict):
-    """``value`` (a ``kind``), or one made of the ``keywords`` that differ from ``kind``'s defaults:
-    never both (a TypeError names them)."""
-    defaults = kind()
-    changed = {k: v for k, v in keywords.items() if v != getattr(defaults, k)}
+    """``value`` (a ``kind``), or one made of the ``keywords`` (those the caller gave): never both (a
+    TypeError names them, a keyword at its default value too: it would be dropped without a word)."""
     if value is None:
-        return dataclasses.replace(defaults, **changed)
-    if changed:
-        raise TypeError(f"install() got {name}= and {', '.join(sorted(changed))}: give them in {name}= or as "
+        return dataclasses.replace(kind(), **keywords)
+    if keywords:
+        raise TypeError(f"install() got {name}= and {', '.join(sorted(keywords))}: give them in {name}= or as "
                         "keywords, not both")
     return value
 

@@ -151,7 +151,7 @@ def module_name(t, original=None) -> tuple[str | None, str | None, bool]:
             if p is target:
                 return name, _owner(root, name, roots, paths), False
         for name, p in named:
-            if best is None and inside(t, p):
+            if best is None and inside(target, p):
                 best = name, root, True
     if best is None:
         return None, None, False

@@ -163,6 +163,13 @@ def keep_graph() -> bool:
     return bool(read()) if read is not None else True
 
 
+def hooks_allowed() -> bool:
+    """Whether saved-tensor hooks may be pushed on this thread now: not inside torch.func's transforms,
+    which refuse them (``_saved_tensors_hooks_is_enabled``), nor while torch.compile traces."""
+    allowed = getattr(_autograd(), "_saved_tensors_hooks_is_enabled", None)
+    return (allowed is None or bool(allowed())) and not tracing()
+
+
 def tracing() -> bool:
     """Whether torch.compile is tracing, or a torch.func transform is active (its tensors are wrappers of
     a level), on this thread."""

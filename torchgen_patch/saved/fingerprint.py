@@ -118,7 +118,7 @@ def fingerprint(t):
 
 
 UNREADABLE = "a tensor whose storage is smaller than its elements (freed or resized)"
-IN_BACKWARD = "saved during recomputation in backward"  # engine.saving_in_backward(): not read, version checked
+IN_BACKWARD = "saved while a backward pass that keeps no graph ran (a recomputation's)"  # not read, version checked
 _FORCE_DEVICE_PATH = False  # tests run the device path on CPU
 _PLAIN = None  # the plain tensor types: read directly
 _STRIDED = None

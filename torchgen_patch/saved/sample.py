@@ -134,8 +134,8 @@ class Sampler:
         """A backward pass this thread called has returned: the draw for the next forward. Where the
         stack cannot change between steps (the program's own hooks pushed over the check's, another check
         on top), it stays as it is until it can: a step then checked that was not drawn is still sound."""
-        if threading.get_ident() != self._thread or self.draw is None:
-            return
+        if threading.get_ident() != self._thread or self.draw is None or not self._engine.hooks_allowed():
+            return  # (a pass inside torch.func's transforms, which refuse hooks: no draw, the next pass draws)
         drawn = self.draw()
         if drawn and not self.laid and self._compose.layable():
             self._lay()

@@ -19,7 +19,8 @@ def current() -> Check | None:
 
 
 def enable(mode: CheckMode, path: str | None = None, every: int = 1, quiet: bool = False) -> Check:
-    """Turn the check on for the rest of the process (on this thread, the one that imports torch) and
+    """Turn the check on for the rest of the process (on this thread: the one that imports torch, or under
+    ``install()``'s sampled default the one that ran the first backward pass) and
     say so once, on stderr (``quiet``: not); a second call returns the check already on (in its mode and
     sampling)."""
     global _PROCESS  # noqa: PLW0603 (the one whole-process check, turned on and off here)

@@ -204,7 +204,7 @@ def uninstall() -> list[str]:
     check install() turned on)."""
     import sys
 
-    if "torchgen_patch.saved.hooks" in sys.modules:
+    if "torchgen_patch.saved" in sys.modules:  # a check on, or one armed to start at the first backward pass
         from ...saved import disable
 
         disable()

@@ -1,4 +1,4 @@
-"""Review: the program's own hooks keep the saved tensor by reference and make their copy at unpack
+"""the program's own hooks keep the saved tensor by reference and make their copy at unpack
 (``t.clone()``, a dtype round trip, ``contiguous()`` of a transposed weight): the copy is read from the
 original as it is at backward, so a ``.data`` write between forward and backward reaches the gradient.
 Such a write must still be a finding; counting it as "a lossy copy, not judged" misses a wrong gradient."""
@@ -27,9 +27,6 @@ UNPACK_COPIES = {
 }
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="on main: a copy made at unpack from the live original is judged as a lossy copy"
-                          " (compose._compare_copy)")
 @pytest.mark.parametrize("kind", sorted(UNPACK_COPIES))
 def test_a_write_read_by_a_copy_made_at_unpack_is_found(kind):
     hooks_of = UNPACK_COPIES[kind]

@@ -1,4 +1,4 @@
-"""Review: a training step compiled whole with torch.compile (its ``loss.backward()`` inside the compiled
+"""A training step compiled whole with torch.compile (its ``loss.backward()`` inside the compiled
 function, a graph break Dynamo runs eagerly) under the saved-tensor check. Dynamo intercepts the frames
 called while it runs that step, the check's unpack hooks among them: on the Python path (what a sampled
 check under ``run`` uses where no native hooks were built) it traces the fingerprint's numpy code and the
@@ -39,7 +39,7 @@ print(len(c.findings) > 0)
 
 
 @pytest.mark.xfail(strict=True,
-                   reason="on main: Dynamo traces the check's callbacks run from a compiled step's backward")
+                   reason="a known limit: Dynamo traces the check's callbacks run from a compiled step's backward")
 @pytest.mark.parametrize("path", ["python", "native"])
 def test_a_compiled_training_step_that_calls_backward_runs_and_is_checked(path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHGEN_PATCH_")}

@@ -1,4 +1,4 @@
-"""Review of the sampled check started at the end of the first backward pass (``saved/later.py``): each
+"""The sampled check started at the end of the first backward pass (``saved/later.py``): each
 test runs a small program in a process of its own, with the start armed as ``run`` and ``enable`` arm it."""
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ def _python(code: str, **env_extra) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="on main: the armed start runs only on the thread that armed it (later.Start.__call__)")
 def test_a_training_loop_on_a_thread_of_its_own_gets_the_check():
     """The program's first backward pass runs on a thread other than the one that imported torch (a
     training loop in a thread, as Ray Train runs one): the check starts there, or says it did not start;
@@ -53,8 +51,6 @@ t.start(); t.join()
     assert "saved tensor changed without a version bump" in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="on main: later.arm arms over a check on already; Start draws again")
 def test_a_start_armed_over_a_sampled_check_already_on_draws_once_a_pass():
     r = _python("""
 import torch
@@ -67,8 +63,6 @@ print(c.sampler.counts()[1])
     assert r.returncode == 0 and r.stdout == "1\n", r.stdout + r.stderr
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="on main: later.arm arms over a check on already; Start prepares again")
 def test_a_start_armed_over_a_check_on_every_step_never_says_the_check_is_not_on():
     """A second install (sampled) whose start cannot prepare, over the check already on every step: the
     check is on, and no line says it is NOT on (``arm``: "on already, nothing changes")."""
@@ -83,8 +77,6 @@ torch.ones(3, requires_grad=True).exp().sum().backward()
     assert "NOT on" not in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="on main: a Draw made in a forked child seeds from the seed alone")
 def test_a_child_forked_before_the_first_backward_pass_draws_on_its_own():
     """sample.py: with $TORCHGEN_PATCH_CHECK_SEED, "a forked child then seeds from that seed and its pid".
     A child forked after the start was armed and before it ran must not draw the parent's very steps."""
@@ -108,8 +100,6 @@ print(seen == os.read(r, 100).decode())
     assert r.returncode == 0 and r.stdout == "False\n", r.stdout + r.stderr
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="on main: $TORCHGEN_PATCH_FINDINGS is read at the start, after the program changed directory")
 def test_a_relative_findings_folder_is_where_it_was_when_the_check_was_armed(tmp_path):
     """$TORCHGEN_PATCH_FINDINGS relative: the folder is the one it named when the check was armed (at
     import torch), not wherever the program has changed directory to by its first backward pass (Hydra's
@@ -128,8 +118,6 @@ train()
     assert (tmp_path / "fleet").is_dir() and not (tmp_path / "run" / "fleet").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="on main: uninstall() turns the check off only where saved.hooks is "
-                                       "imported, which an armed start has not done")
 def test_uninstall_before_the_first_backward_pass_calls_off_the_start_install_armed():
     """``uninstall()``: "turn off the saved-tensor check install() turned on" (an armed start included)."""
     r = _python("""
@@ -146,8 +134,6 @@ print(later.pending() is None and whole.current() is None)
     assert "saved-tensor check on" not in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="on main: a draw at the end of torch.func's inner autograd.grad lays the "
-                                       "hooks inside the transform, which refuses them")
 @pytest.mark.parametrize("start", ["armed", "on"])
 def test_a_program_using_torch_func_grad_runs_under_the_sampled_check(start):
     """torch.func.grad runs autograd.grad inside a block where saved-tensor hooks are refused: a draw made at
