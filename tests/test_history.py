@@ -14,6 +14,8 @@ import pytest
 from tests.conftest import ROOT
 
 FIRST_CHECKED = "b437e07"
+# two subjects made on a branch before the hook was there, merged since: history, not judged
+MADE_BEFORE_THE_HOOK = {"59243b1a446da969493d2d317614a7db946dded2", "35967850b79b91f39dcc56d0c71dbdda0e7da4e8"}
 LIMIT = 72
 HOOK = os.path.join(ROOT, "scripts", "commit-msg")
 
@@ -35,10 +37,10 @@ def test_every_commit_subject_since_the_first_checked_is_under_72_characters():
         pytest.skip("not a git checkout of the project (a wheel or an sdist): no history to read")
     if _git("merge-base", "--is-ancestor", FIRST_CHECKED, "HEAD").returncode != 0:
         pytest.skip(f"{FIRST_CHECKED} is not in this clone's history (a shallow clone)")
-    log = _git("log", "--format=%h %s", "HEAD", "--not", f"{FIRST_CHECKED}^@")
+    log = _git("log", "--format=%H %s", "HEAD", "--not", f"{FIRST_CHECKED}^@")
     assert log.returncode == 0, log.stderr
     assert log.stdout.strip(), "no commit from the first checked one on"
-    assert long_subjects(log.stdout) == []
+    assert [line for line in long_subjects(log.stdout) if line.split(" ", 1)[0] not in MADE_BEFORE_THE_HOOK] == []
 
 
 def test_the_check_of_subjects_finds_a_long_one():
