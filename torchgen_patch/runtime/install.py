@@ -101,8 +101,10 @@ def _start_check(saved, mode, every: int, how: InstallOptions):
     return mode
 
 
-OPTION_KEYWORDS = tuple(f.name for f in dataclasses.fields(Options) if f.name != "pytorch_root")  # install() reads the
-HOW_KEYWORDS = tuple(f.name for f in dataclasses.fields(InstallOptions))  # installed torch's yaml, never a checkout's
+# the keyword forms: Options' fields but a checkout's root (the kernels serve the running torch; a tree
+# is given whole in options=, as the CLI's --pytorch-root gives it), and InstallOptions' fields
+OPTION_KEYWORDS = tuple(f.name for f in dataclasses.fields(Options) if f.name != "pytorch_root")
+HOW_KEYWORDS = tuple(f.name for f in dataclasses.fields(InstallOptions))
 
 
 def keyword_forms(options: Options | None, how: InstallOptions | None,
