@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchgen_patch
+from testbed.ranks import ABORT_AT_EXIT
 from tests.conftest import ROOT
 from torchgen_patch.vocabulary import Writer
 
@@ -122,7 +123,7 @@ def test_a_launch_that_aborted_in_teardown_after_its_results_counts_as_run(tmp_p
     outs = [tmp_path / "unpatched.0", tmp_path / "unpatched.1"]
     for o in outs:
         o.write_text("{}")
-    torchrun = (f"{f.ABORT_AT_EXIT}\n{f.ABORT_AT_EXIT}\nFailures:\n  exitcode  : -6 (pid: 2)  (SIGABRT)\n"
+    torchrun = (f"{ABORT_AT_EXIT}\n{ABORT_AT_EXIT}\nFailures:\n  exitcode  : -6 (pid: 2)  (SIGABRT)\n"
                 "Root Cause (first observed failure):\n  exitcode  : -6 (pid: 1)  (SIGABRT)\n")
     assert f.aborted_at_exit(torchrun, [str(o) for o in outs])
     # the other rank ended by torchrun once the first aborted
@@ -131,7 +132,7 @@ def test_a_launch_that_aborted_in_teardown_after_its_results_counts_as_run(tmp_p
     assert not f.aborted_at_exit(torchrun.replace(": -6 (pid: 1)", ": -15 (pid: 1)").replace(
         ": -6 (pid: 2)", ": -15 (pid: 2)"), [str(o) for o in outs])  # no abort: not this
     assert not f.aborted_at_exit(torchrun.replace(": -6 (pid: 2)", ": 1 (pid: 2)"), [str(o) for o in outs])
-    assert not f.aborted_at_exit(torchrun.replace(f.ABORT_AT_EXIT, "Segmentation fault"), [str(o) for o in outs])
+    assert not f.aborted_at_exit(torchrun.replace(ABORT_AT_EXIT, "Segmentation fault"), [str(o) for o in outs])
     outs[1].unlink()  # a rank that never wrote its results did not finish training
     assert not f.aborted_at_exit(torchrun, [str(o) for o in outs])
 

@@ -40,7 +40,7 @@ print(len(c.findings) > 0)
 
 @pytest.mark.xfail(strict=True,
                    reason="a known limit: Dynamo traces the check's callbacks run from a compiled step's backward")
-@pytest.mark.parametrize("path", ["python", "native"])
+@pytest.mark.parametrize("path", ["python"])  # the native hooks stop it too, at the first finding (20 s more)
 def test_a_compiled_training_step_that_calls_backward_runs_and_is_checked(path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHGEN_PATCH_")}
     env.update(PYTHONPATH=ROOT, TORCHGEN_PATCH_CHECK_PATH=path)
