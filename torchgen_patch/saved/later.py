@@ -49,9 +49,10 @@ class Start:
         """The check on now, on this thread, if this start is still armed; ``draw``: the draw due at the end
         of this backward pass, the program's first, made too. Where a check is on already, this start only
         takes itself off (that check made its own draw)."""
-        if self not in _PENDING:
+        try:
+            _PENDING.remove(self)
+        except ValueError:  # run already, or called off (two threads' passes returning at once)
             return
-        _PENDING.remove(self)
         try:
             if _on_already() is None:
                 self._start(draw)
