@@ -128,8 +128,6 @@ class _Layer:
         hooks.verify(s, same, original, returned=True, judged=self.recomputes or _copy_of_now(same, original))
 
 
-
-
 def _copy_of_now(copy, original) -> bool:
     """Whether ``copy`` holds the live original's bits as they are now: a copy the hooks made at unpack
     (``t.clone()`` there), which a write since the save reaches, so other contents than were saved are a
