@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -91,16 +90,11 @@ def worker(device: str, patched: bool, out: str, check: str = "") -> None:
     dist.destroy_process_group()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(device: str, patched: bool, tmp: str, timeout: int, check: str = "") -> list[dict]:
     out = os.path.join(tmp, "patched" if patched else "unpatched")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_port()), os.path.abspath(__file__), "--worker", device, "1" if patched else "0", out,
+           "--master-port", str(ranks_.free_port()), os.path.abspath(__file__), "--worker", device,
+           "1" if patched else "0", out,
            check]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)

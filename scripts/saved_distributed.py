@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -128,16 +127,10 @@ def rank_main(out: str, steps: int) -> None:
     dist.destroy_process_group()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(backend: str, steps: int, timeout: int = 900) -> list[dict]:
     """Both ranks, each a process of its own; their results, by rank."""
     with tempfile.TemporaryDirectory() as tmp:
-        port, procs = _port(), []
+        port, procs = ranks_.free_port(), []
         for rank in range(2):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), BACKEND=backend, PYTHONPATH=ROOT)

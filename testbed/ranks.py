@@ -7,6 +7,7 @@ teardown crashed."""
 from __future__ import annotations
 
 import os
+import socket
 
 ABORT_AT_EXIT = "terminate called without an active exception"
 
@@ -15,3 +16,10 @@ def ran_whole(returncode: int, results: str, output: str) -> bool:
     """The rank exited 0, or it wrote ``results`` and then died of SIGABRT with the unjoined-thread line
     in ``output`` (its stderr)."""
     return returncode == 0 or (returncode == -6 and os.path.isfile(results) and ABORT_AT_EXIT in output)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for the ranks' rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

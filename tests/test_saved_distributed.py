@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from testbed.ranks import ran_whole
+from testbed.ranks import free_port, ran_whole
 from tests.conftest import ROOT
 
 
@@ -81,11 +81,7 @@ dist.destroy_process_group()
 
 
 def _two_ranks(script: str, args: list[str], tmp_path) -> list[dict]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
