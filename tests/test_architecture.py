@@ -610,12 +610,7 @@ def test_no_module_over_500_lines_and_no_function_over_60():
 # that takes one, by ``from .x import _y`` or as ``x._y`` of a module it imported, is listed here with why it
 # stays. A submodule whose file name starts with ``_`` (the hook's parts in runtime/site/, named for the
 # site-packages they are copied into) is a module, not a private name: importing it is not counted.
-PRIVATE_CROSSINGS = {
-    **dict.fromkeys([f"saved/hooks.py -> torchgen_patch.saved.compose.{n}" for n in
-                     ("_ACTIVE", "_QUIET", "_Passed", "_alive", "_patch", "_quiet", "_unpatch", "_weak")],
-                    "the saved-tensor hooks and their composition with other hooks, one mechanism in two modules"),
-    "saved/hooks.py -> torchgen_patch.saved.fingerprint._Numpy": "the hooks read arrays the fingerprint reads",
-}
+PRIVATE_CROSSINGS: dict[str, str] = {}
 
 
 def private_names_taken(source: str, module: str, package: bool, mods) -> list[str]:

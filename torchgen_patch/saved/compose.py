@@ -13,19 +13,19 @@ from . import engine, native
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet_unpacks():
     """While the check reads what a node saved (batch norm's statistics), its own unpack hooks return
     tensors unchecked."""
-    _QUIET.append(True)
+    QUIETED.append(True)
     native.quiet(True)
     try:
         yield
     finally:
         native.quiet(False)
-        _QUIET.pop()
+        QUIETED.pop()
 
 
-_QUIET: list = []
+QUIETED: list = []
 
 
 def _same_layout(t, layout) -> bool:
@@ -67,11 +67,11 @@ def _as_saved(t, layout):
     return out
 
 
-def _alive(ref):
+def alive(ref):
     return ref() if ref is not None else None
 
 
-def _weak(t):
+def weak_ref(t):
     try:
         return weakref.ref(t)
     except TypeError:
@@ -102,10 +102,10 @@ class _Layer:
             return c._python.unpack(packed)
         t = self.inner_unpack(packed.inner)
         s = packed.saved
-        if s is None or not c.active or _QUIET:
+        if s is None or not c.active or QUIETED:
             return t
         hooks = c._python
-        original, base = _alive(s.original), _alive(s.base)
+        original, base = alive(s.original), alive(s.base)
         if original is not None and _shares(t, original):  # the hooks gave back what was saved: look at it
             hooks.verify(s, original, original)
         elif original is None and base is not None and _shares(t, base):  # a view that died, of a base that
@@ -142,7 +142,7 @@ def _copy_of_now(copy, original) -> bool:
         return False
 
 
-class _Passed:
+class Passed:
     __slots__ = ("t",)
 
     def __init__(self, t):
@@ -247,7 +247,7 @@ def _layer_of(hooks):
 _OWN: dict = {}  # id of an implementation whose own hooks are pushed -> its layer
 
 
-_ACTIVE: list = []  # the checks on (hooks.Check), any thread
+ACTIVE: list = []  # the checks on (hooks.Check), any thread
 _PATCHED: dict = {}  # what the check replaced in torch.autograd.graph, to put back
 _PATCH_LOCK = threading.Lock()
 
@@ -300,7 +300,7 @@ def _lifting_disable(error_message: str):
             _push(layer.pack, layer.unpack)
 
 
-def _patch() -> None:
+def patch_graph() -> None:
     import torch.autograd.graph as graph
 
     with _PATCH_LOCK:
@@ -309,12 +309,12 @@ def _patch() -> None:
         _PATCHED["enter"] = graph.saved_tensors_hooks.__enter__
         _PATCHED["exit"] = graph.saved_tensors_hooks.__exit__
         _PATCHED["disable"] = graph.disable_saved_tensors_hooks
-        graph.saved_tensors_hooks.__enter__ = _composing_enter  # type: ignore[method-assign]  # put back by _unpatch
-        graph.saved_tensors_hooks.__exit__ = _composing_exit  # type: ignore[method-assign]  # put back by _unpatch
+        graph.saved_tensors_hooks.__enter__ = _composing_enter  # type: ignore[method-assign]  # put back by unpatch_graph
+        graph.saved_tensors_hooks.__exit__ = _composing_exit  # type: ignore[method-assign]  # put back by unpatch_graph
         graph.disable_saved_tensors_hooks = _lifting_disable
 
 
-def _unpatch() -> None:
+def unpatch_graph() -> None:
     import torch.autograd.graph as graph
 
     with _PATCH_LOCK:

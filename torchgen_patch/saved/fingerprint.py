@@ -243,7 +243,7 @@ def _block_view(t):
 # ---- CPU: numpy ------------------------------------------------------------------------------------
 
 
-class _Numpy:
+class Numpy:
     """numpy and the key as numpy arrays, made on first use (None: numpy is missing)."""
 
     np: Any = None  # numpy, or False once it is known missing
@@ -274,7 +274,7 @@ def _weights_np(np, first: int, n: int):
 def _nh_np(np, words, first: int) -> int:
     """sum of W(first + b) * NH(block b) over the rows of ``words`` (uint32, shape (blocks, 256))."""
     with np.errstate(over="ignore"):
-        x = (words + _Numpy.nh_key).astype(np.uint64)
+        x = (words + Numpy.nh_key).astype(np.uint64)
         nh = (x[:, 0::2] * x[:, 1::2]).sum(axis=1, dtype=np.uint64)
         return int((nh * _weights_np(np, first, len(nh))).sum(dtype=np.uint64))
 
@@ -316,7 +316,7 @@ class _Stream:
 def _cpu(t) -> int:
     """The CPU fingerprint of ``t``: its block of memory read in place when its elements fill one,
     else its elements with its dimensions by decreasing stride, a contiguous copy of a piece at a time."""
-    np = _Numpy.load()
+    np = Numpy.load()
     if not np:
         return _cpu_without_numpy(t)
     stream = _Stream(np)

@@ -42,7 +42,7 @@ from typing import Any
 from ..errors import say
 from ..vocabulary import CheckMode
 from . import attribute, ctxattr, engine, fleet, moved, native
-from .compose import _ACTIVE, _QUIET, _Passed, _alive, _patch, _quiet, _unpatch, _weak
+from .compose import ACTIVE, QUIETED, Passed, alive, patch_graph, quiet_unpacks, unpatch_graph, weak_ref
 from .finding import Finding, SavedTensorChanged
 from .fingerprint import IN_BACKWARD, Skip, fingerprint, plain_types
 from .render import line, message, summary
@@ -111,7 +111,7 @@ class Check:
         if self.active:
             return self
         self._python.prepare()  # numpy and the key now, not in the middle of a forward pass
-        _patch()
+        patch_graph()
         own = self._native if self._native is not None else self._python
         self.sampler.start(own)  # on this thread's stack now, or from the first step drawn
         attribute.STEPS.start()
@@ -124,7 +124,7 @@ class Check:
         self.active = True
         own.active = True
         self._python.active = True
-        _ACTIVE.append(self)
+        ACTIVE.append(self)
         return self
 
     def stop(self) -> None:
@@ -132,7 +132,7 @@ class Check:
         if not self.active:
             return
         self.active = False
-        _ACTIVE.remove(self)
+        ACTIVE.remove(self)
         attribute.STEPS.stop()
         self.sampler.stop()
         ctxattr.stop(self)
@@ -147,8 +147,8 @@ class Check:
             for hooks in (self._native, self._python):
                 if hooks is not None:
                     hooks.active = False
-            if not _ACTIVE:
-                _unpatch()
+            if not ACTIVE:
+                unpatch_graph()
 
     def __enter__(self) -> "Check":
         return self.start()
@@ -178,7 +178,7 @@ class Check:
 
     def _changed(self, s, t, original, node, returned: bool = False) -> None:
         """At unpack (the native hooks): ``t``'s contents differ from what was saved."""
-        if attribute.written_by_its_saver(node, t, _quiet):
+        if attribute.written_by_its_saver(node, t, quiet_unpacks):
             self._python.not_judged(SAVER)
             return
         self.found(s, t, original, node, attribute.backward_call(), returned)
@@ -214,7 +214,7 @@ class Check:
         return False
 
     def _saver_statistics(self, node) -> tuple[int, ...]:
-        return attribute.saver_statistics(node, _quiet)
+        return attribute.saver_statistics(node, quiet_unpacks)
 
     def _skip_layout(self, layout: str) -> None:
         self._python.skip(f"{layout.replace('torch.', '')} tensors")
@@ -284,10 +284,10 @@ class _PythonHooks:
         self._plain: frozenset = frozenset()  # the tensor types the native hooks read (prepare())
 
     def prepare(self) -> None:
-        from .fingerprint import _Numpy, key
+        from .fingerprint import Numpy, key
 
         key()
-        _Numpy.load()
+        Numpy.load()
         self._plain = frozenset(plain_types())
 
     def fingerprint(self, t):
@@ -313,13 +313,13 @@ class _PythonHooks:
         return self.record(t, own=True)
 
     def passed(self, t):
-        return _Passed(t if t.is_leaf else t.detach())
+        return Passed(t if t.is_leaf else t.detach())
 
     def unpack(self, packed):
-        if isinstance(packed, _Passed):
+        if isinstance(packed, Passed):
             return packed.t
-        if self.active and not _QUIET:
-            self.verify(packed, packed.ref, _alive(packed.original) if packed.output else packed.ref)
+        if self.active and not QUIETED:
+            self.verify(packed, packed.ref, alive(packed.original) if packed.output else packed.ref)
         return packed.ref
 
     def record(self, t, own: bool) -> _Saved:
@@ -335,11 +335,11 @@ class _PythonHooks:
             s.output_nr = t.output_nr
         if own:
             s.ref = t.detach() if s.output else t
-            s.original = _weak(t) if s.output else None
+            s.original = weak_ref(t) if s.output else None
             s.base = s.layout = None
         else:  # composed with the program's hooks: what to look at in backward if the tensor has died
-            s.ref, s.original = None, _weak(t)
-            s.base = _weak(t._base) if t._base is not None else None
+            s.ref, s.original = None, weak_ref(t)
+            s.base = weak_ref(t._base) if t._base is not None else None
             s.layout = (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
         if engine.saving_in_backward():  # used in this pass only: its version is checked, its contents not read
             s.fp, s.where, s.steps, s.ptr = Skip(IN_BACKWARD), (None, None, None), attribute.STEPS.count, None
@@ -390,9 +390,9 @@ class _PythonHooks:
 
         changed = pairs[0][0] != pairs[0][1] if len(pairs) == 1 else torch.stack([a != b for a, b in pairs]).any()
         node = engine.current_node()
-        saver = attribute.written_by_its_saver(node, t, _quiet)  # decided while the node holds what it saved
+        saver = attribute.written_by_its_saver(node, t, quiet_unpacks)  # decided while the node holds what it saved
         task = engine.graph_task()
-        entry = (changed, _Kept(s), _Facts(t), _weak(original) if original is not None else None, node, returned,
+        entry = (changed, _Kept(s), _Facts(t), weak_ref(original) if original is not None else None, node, returned,
                  SAVER if saver else LOSSY if lossy else None)
         if task in self._pending:
             self._pending[task].append(entry)
@@ -421,7 +421,7 @@ class _PythonHooks:
             if not_judged:
                 self.not_judged(not_judged)
             else:
-                self.check._changed_late(s, facts, _alive(original), node, returned, where)
+                self.check._changed_late(s, facts, alive(original), node, returned, where)
 
 
 class _Facts:
