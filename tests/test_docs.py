@@ -146,6 +146,7 @@ def test_every_table_row_has_the_headers_cells(page):
 def test_readme_is_short_and_keeps_the_two_commands():
     text = _read("README.md")
     assert len(text.splitlines()) <= 150
+    assert [n for n, line in enumerate(text.splitlines(), 1) if len(line) > 120] == []  # says less, links more
     sh = "\n".join(b for _, lang, b in blocks("README.md") if lang == "sh")
     assert re.search(r"^make run\b", sh, re.M) and re.search(r"^make test\b", sh, re.M)
     for path in ("## I train with torch", "## I maintain PyTorch or a fork", "## I write an extension"):
