@@ -47,6 +47,15 @@ def _clean(env, cache, code=PROG):
     return r, time.perf_counter() - t
 
 
+# the builds whose libraries the program has mapped, said after its own output (from /proc/self/maps)
+LOADED = ("import os\nfor p in sorted({l.split()[-1] for l in open('/proc/self/maps') if l.rstrip().endswith('.so')}):\n"
+          "    print('loaded', os.path.basename(os.path.dirname(p)))\n")
+
+
+def _loaded(stdout: str) -> set[str]:
+    return {line.split(" ", 1)[1] for line in stdout.splitlines() if line.startswith("loaded ")}
+
+
 def _builds(cache) -> list[str]:
     d = os.path.join(cache, "builds")
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
@@ -65,14 +74,19 @@ def test_clean_starts_of_an_enabled_environment_compile_nothing(enabled):
     subprocess.run([sys.executable, "-c", PROG], check=True, capture_output=True)
     alone = time.perf_counter() - t  # the same program, not enabled: what importing torch costs here now
     for i in range(3):
-        r, took = _clean(enabled, root)
-        assert r.returncode == 0 and r.stdout == "backward done\n", r.stderr
+        r, took = _clean(enabled, root, PROG + LOADED)
+        assert r.returncode == 0 and r.stdout.startswith("backward done\nloaded "), r.stderr
         assert "compiling" not in r.stderr and not NINJA.search(r.stderr), r.stderr
         [line] = CHECK_LINE.findall(r.stderr)
         assert line.startswith("native hooks (CPU fingerprint: "), r.stderr
         assert re.search(r"^torchgen-patch: \d+ kernels active \(cpp\), 0 refused, from the cached build", r.stderr,
                          re.M), r.stderr
-        assert _builds(root) == before  # no build made, none started
+        used = {b for b in _loaded(r.stdout) if b.startswith("build-")}
+        assert len(used) == 2 and used <= set(before), (used, before)  # the kernels and the hooks, both found
+        pid = re.search(r"in pid (\d+) ", r.stderr).group(1)
+        assert not [b for b in _builds(root) if f"-{pid}-" in b]  # and no build of its own started
+        if "PYTEST_XDIST_WORKER" not in os.environ:  # alone, the directory itself: other tests build beside xdist's
+            assert _builds(root) == before
         if i:
             assert took < max(3.0, 2 * alone), (took, alone)
     spec = json.loads(enabled.written)  # what enable ran with
