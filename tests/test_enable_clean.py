@@ -48,7 +48,8 @@ def _clean(env, cache, code=PROG):
 
 
 # the builds whose libraries the program has mapped, said after its own output (from /proc/self/maps)
-LOADED = ("import os\nfor p in sorted({l.split()[-1] for l in open('/proc/self/maps') if l.rstrip().endswith('.so')}):\n"
+LOADED = ("import os\nmaps = open('/proc/self/maps').read().split('\\n')\n"
+          "for p in sorted({m.split()[-1] for m in maps if m.rstrip().endswith('.so')}):\n"
           "    print('loaded', os.path.basename(os.path.dirname(p)))\n")
 
 

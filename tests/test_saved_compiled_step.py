@@ -1,9 +1,9 @@
 """A training step compiled whole with torch.compile (its ``loss.backward()`` inside the compiled
-function, a graph break Dynamo runs eagerly) under the saved-tensor check. Dynamo intercepts the frames
-called while it runs that step, the check's unpack hooks among them: on the Python path (what a sampled
-check under ``run`` uses where no native hooks were built) it traces the fingerprint's numpy code and the
-program dies with Dynamo's AssertionError. The check must leave such a program running, and still find
-the write."""
+function, a graph break Dynamo runs eagerly) under the saved-tensor check. Dynamo is offered every frame
+entered while it runs that step, the check's unpack hooks and its callbacks at the end of backward among
+them; traced, the fingerprint's numpy code stopped the program with Dynamo's AssertionError. The check's
+package is on Dynamo's skip list (``saved/untraced.py``): the program runs, and the write is found, with a
+check started after Dynamo is loaded and with the default one, armed before it is."""
 
 from __future__ import annotations
 
@@ -38,12 +38,47 @@ print(len(c.findings) > 0)
 """
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="a known limit: Dynamo traces the check's callbacks run from a compiled step's backward")
-@pytest.mark.parametrize("path", ["python"])  # the native hooks stop it too, at the first finding (20 s more)
-def test_a_compiled_training_step_that_calls_backward_runs_and_is_checked(path):
+ARMED = """
+import os, sys, torch
+from torchgen_patch import saved
+from torchgen_patch.runtime import checklib
+checklib.prepare(os.environ["TORCHGEN_PATCH_CHECK_PATH"])
+saved.enable_at_first_backward("warn", 1, False)  # as run and enable arm it, here drawn every step
+assert "torch._dynamo" not in sys.modules  # Dynamo comes after: the package is added when it loads
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+x = torch.randn(4, 8)
+
+@torch.compile(backend="eager")
+def step():
+    loss = model(x).pow(2).sum()
+    x.data.mul_(0.5)
+    loss.backward()
+    return loss
+
+for _ in range(4):
+    step()
+import torch._dynamo.trace_rules as rules
+print(any("torchgen_patch" in d for d in rules.SKIP_DIRS), rules.check_file(saved.__file__).skipped)
+"""
+
+
+def _run(program: str, path: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHGEN_PATCH_")}
     env.update(PYTHONPATH=ROOT, TORCHGEN_PATCH_CHECK_PATH=path)
-    r = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_a_compiled_training_step_that_calls_backward_runs_and_is_checked(path):
+    r = _run(PROGRAM, path)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.stdout == "True\n", r.stdout + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_the_default_check_armed_before_dynamo_loads_leaves_a_compiled_step_running_and_finds_the_write(path):
+    r = _run(ARMED, path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stdout == "True True\n", r.stdout + r.stderr[-3000:]
+    assert "saved tensor changed without a version bump" in r.stderr, r.stderr[-3000:]

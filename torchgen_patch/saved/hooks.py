@@ -41,7 +41,7 @@ from typing import Any
 
 from ..errors import say
 from ..vocabulary import CheckMode
-from . import attribute, ctxattr, engine, fleet, moved, native
+from . import attribute, ctxattr, engine, fleet, moved, native, untraced
 from .compose import ACTIVE, QUIETED, Passed, alive, patch_graph, quiet_unpacks, unpatch_graph, weak_ref
 from .finding import Finding, SavedTensorChanged
 from .fingerprint import IN_BACKWARD, Skip, fingerprint, plain_types
@@ -58,6 +58,7 @@ class Check:
     ``every``: each step checked with probability 1/every (``sample.py``)."""
 
     def __init__(self, mode: CheckMode, path: str | None = None, every: int = 1):
+        untraced.ensure()  # its hooks and callbacks run as they are under torch.compile
         self.mode = mode
         self.sampler = Sampler(self, every)
         self._findings: list[Finding] = []

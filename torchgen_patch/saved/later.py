@@ -17,7 +17,7 @@ import sys
 from typing import Any, Callable
 
 from ..errors import say
-from . import engine
+from . import engine, untraced
 
 _PENDING: list = []  # the one start armed in this process, until it runs or is called off
 FINDINGS_ENV = "TORCHGEN_PATCH_FINDINGS"  # fleet.ENV, read when the start is armed (fleet is not imported here)
@@ -79,6 +79,7 @@ def arm(mode, every: int, quiet: bool, prepare: Callable[[], Any]) -> None:
     process runs, on that thread; armed already, or a whole-process check on already, nothing changes."""
     if _PENDING or _on_already() is not None:
         return
+    untraced.ensure()  # its start at the first pass's end runs as it is under torch.compile
     start = Start(mode, every, quiet, prepare)
     _PENDING.append(start)
     engine.after_each_backward(start)
