@@ -15,11 +15,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-PROGRAM = """
-import os, torch
-from torchgen_patch.runtime import checklib
-from torchgen_patch.saved import check_saved
-checklib.prepare(os.environ["TORCHGEN_PATCH_CHECK_PATH"])  # the native hooks loaded where asked for
+STEP = """
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 x = torch.randn(4, 8)
@@ -30,13 +26,19 @@ def step():
     x.data.mul_(0.5)  # between forward and backward: no version moves
     loss.backward()
     return loss
+"""
 
+PROGRAM = """
+import os, torch
+from torchgen_patch.runtime import checklib
+from torchgen_patch.saved import check_saved
+checklib.prepare(os.environ["TORCHGEN_PATCH_CHECK_PATH"])  # the native hooks loaded where asked for
+""" + STEP + """
 with check_saved("warn") as c:
     for _ in range(3):
         step()
 print(len(c.findings) > 0)
 """
-
 
 ARMED = """
 import os, sys, torch
@@ -45,17 +47,7 @@ from torchgen_patch.runtime import checklib
 checklib.prepare(os.environ["TORCHGEN_PATCH_CHECK_PATH"])
 saved.enable_at_first_backward("warn", 1, False)  # as run and enable arm it, here drawn every step
 assert "torch._dynamo" not in sys.modules  # Dynamo comes after: the package is added when it loads
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 1)
-x = torch.randn(4, 8)
-
-@torch.compile(backend="eager")
-def step():
-    loss = model(x).pow(2).sum()
-    x.data.mul_(0.5)
-    loss.backward()
-    return loss
-
+""" + STEP + """
 for _ in range(4):
     step()
 import torch._dynamo.trace_rules as rules
