@@ -35,7 +35,7 @@ from typing import Any
 
 from ...errors import EnvironmentProblem, InputError
 from ...version import __version__
-from ...vocabulary import Backend, plural
+from ...vocabulary import Backend, Origin, plural
 from .spec import LaunchSpec
 from .status import unsafe_file, unsafe_site
 
@@ -444,11 +444,11 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
 
         art = compose(opts, verbose=verbose, log=log or sys.stderr)
         n = len(art.kernels) if ops is None else len(ops)
-        if art.origin == "prebuilt":
+        if art.origin == Origin.PREBUILT:
             what = f"{plural(n, 'kernel')} from the prebuilt kernels {art.prebuilt}"
         else:
             library = art.path
-            what = f"{plural(n, 'kernel')}, {'built now' if art.origin == 'build' else 'from the cached build'}"
+            what = f"{plural(n, 'kernel')}, {'built now' if art.origin == Origin.BUILD else 'from the cached build'}"
     else:
         from ...pipeline import plan
 
