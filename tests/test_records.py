@@ -214,7 +214,16 @@ def test_a_wheel_record_that_is_not_whole_says_why_in_one_line(tmp_path, rec, wh
         said == f"kernels 1.0: {why}", said
 
 
-# ---- the artifact's origin ------------------------------------------------------------------
+# ---- an enabled environment's writer; the artifact's origin ------------------------------------------
+
+def test_the_writer_of_a_data_file_is_read_by_the_spec_module():
+    from torchgen_patch.runtime.launch.spec import written_by
+
+    assert written_by('{"enabled_by": {"torchgen_patch": "1.0", "hook": "/h.py"}}') == ("1.0", "/h.py")
+    for text in ('{"enabled_by": {"torchgen_patch": 1, "hook": "/h.py"}}', "[]", '{"enabled_by": "x"}', "{"):
+        with pytest.raises(ValueError):
+            written_by(text)
+
 
 def test_the_origin_is_a_word_whose_json_is_the_old_string():
     art = Artifact("/l.so", None, "2.0", records.NO_MANIFEST, Origin.PREBUILT, "/", prebuilt="1.0")
