@@ -138,8 +138,9 @@ class BuildRecord(LibraryRecord):
         flags = data.get("flags", [])
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise incomplete(path, f"{RECORD}: 'flags' is not a list of strings")
-        return cls(data.get("library") or "", data.get("sha256"), data.get("key"), format=data.get("format"),
-                   torch=data.get("torch"), flags=tuple(flags), timings=Timings.parse(data))
+        library = data.get("library") or ""  # read by no one: a record that names none is still a build's
+        return cls(library, data.get("sha256"), data.get("key"), format=data.get("format"), torch=data.get("torch"),
+                   flags=tuple(flags), timings=Timings.parse(data))
 
     @classmethod
     def read(cls, d: Dir, path: str) -> BuildRecord:
