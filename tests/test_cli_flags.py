@@ -753,16 +753,18 @@ def _stub_build(monkeypatch):
     from torchgen_patch import runtime
     from torchgen_patch.runtime import checklib
     from torchgen_patch.runtime import compile as b
+    from torchgen_patch.runtime.compile.record import Manifest
 
     calls = []
 
     def fake(files, ops, shards, verbose=False, **kw):
         calls.append({"files": sorted(files), "ops": list(ops), "shards": shards, "verbose": verbose})
-        return b.Library("/x.so", "/", "k", "t", tuple(ops), False)
+        return b.Library("/x.so", "/", tuple(ops), False)
 
     def fake_artifact(path, origin="given", manifest=True):  # the composer's checks of the (fake) build it got
         ops = calls[-1]["ops"] if calls else []
-        return runtime.Artifact(path, "0" * 64, "t", tuple((op, "") for op in ops), origin, "/", {})
+        manifest = Manifest(tuple((op, "") for op in ops), "{}")
+        return runtime.Artifact(path, "0" * 64, "t", manifest, origin, "/")
 
     monkeypatch.setattr(b, "build", fake)
     monkeypatch.setattr(runtime, "artifact_at", fake_artifact)

@@ -102,10 +102,10 @@ def test_wheel_names_the_torch_build_and_records_the_library(wheel, default_plan
     import torch
 
     from torchgen_patch.runtime import prebuilt
-    from torchgen_patch.runtime.compile.key import torch_identity
+    from torchgen_patch.runtime.compile.key import TorchIdentity
 
     name = os.path.basename(wheel)
-    here = torch_identity()
+    here = TorchIdentity.here()
     assert name.startswith(f"torchgen_patch_kernels-{prebuilt.wheel_version(here)}-cp3")
     assert name.endswith("_x86_64.whl") or name.endswith("_aarch64.whl")  # a platform wheel
     variant = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
@@ -119,7 +119,7 @@ def test_wheel_names_the_torch_build_and_records_the_library(wheel, default_plan
     import hashlib
 
     assert hashlib.sha256(lib).hexdigest() == rec["sha256"]
-    assert rec["torch"] == here and rec["torchgen_patch"] == prebuilt.__version__
+    assert rec["torch"] == here.to_json() and rec["torchgen_patch"] == prebuilt.__version__
     assert [k["op"] for k in rec["plan"]["kernels"]] == default_plan.ops()
 
 

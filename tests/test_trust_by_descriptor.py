@@ -495,8 +495,7 @@ def test_a_library_is_refused_when_it_states_another_torch_or_another_build(libr
     shutil.copytree(library.directory, copy)
     os.chmod(copy, 0o700)
     key = json.load(open(copy / build.RECORD))["key"]
-    lib = build.Library(str(copy / os.path.basename(library.path)), str(copy), key, library.torch,
-                        tuple(library.ops), False)
+    lib = build.Library(str(copy / os.path.basename(library.path)), str(copy), tuple(library.ops), False)
     monkeypatch.setattr(torch, "__version__", "2.14.1")
     monkeypatch.setattr(torch.version, "git_version", "0" * 40)
     info = os.path.join(lib.directory, build.RECORD)
@@ -514,7 +513,7 @@ def test_a_library_is_refused_when_it_states_another_torch_or_another_build(libr
     json.dump(rec, open(info, "w"))
     with pytest.raises(EnvironmentProblem) as e:
         torchgen_patch.install(library=lib.path)
-    assert e.value.message.startswith(f"the library loaded for {lib.path} is the build {lib.key[:24]}, not 0000")
+    assert e.value.message.startswith(f"the library loaded for {lib.path} is the build {key[:24]}, not 0000")
     assert torchgen_patch.installed_ops() == []
 
 

@@ -112,6 +112,15 @@ class Backend(Word):
     PYTHON = "python"  # torch.library kernels, no compiler needed
 
 
+class Origin(Word):
+    """Where a library of kernels came from (``runtime.Artifact.origin``)."""
+
+    PREBUILT = "prebuilt"  # an installed prebuilt kernels wheel
+    CACHE = "cache"  # the cache's build, made before
+    BUILD = "build"  # compiled now
+    GIVEN = "given"  # a path the caller named
+
+
 class Format(Word):
     """Report formats (lint: text to github; verify: text, json, markdown; scan: text, json)."""
 

@@ -11,7 +11,7 @@ import sys
 from ..errors import InputError, printable
 from ..files import STDOUT, check_output_dir, check_output_file, write_output
 from ..sources import Options, resolve
-from ..vocabulary import Format, plural
+from ..vocabulary import Format, Origin, plural
 from .parser import options, qualified
 
 
@@ -244,7 +244,7 @@ def build(args) -> int:
     art = library(options(args), shards=args.shards, prebuilt=False, verbose=args.verbose, log=build_log_for(args))
     print(art.path)
     say(args, f"build: {plural(len(art.kernels), 'kernel')}; "
-               f"{'built' if art.origin == 'build' else 'up to date (cache hit)'}")
+               f"{'built' if art.origin == Origin.BUILD else 'up to date (cache hit)'}")
     return 0
 
 

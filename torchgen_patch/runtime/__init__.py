@@ -14,26 +14,33 @@ import os
 from dataclasses import dataclass
 
 from ..errors import EnvironmentProblem, InputError, ToolError
-from ..fs.decode import loads
 from ..sources import Options
+from ..vocabulary import Origin
+from .compile.record import Manifest
 
 __all__ = ["Artifact", "library", "artifact_at", "build_there"]
 
 
 @dataclass(frozen=True)
 class Artifact:
-    """A library of kernels for one torch: what it is, what it holds, and where it came from."""
+    """A library of kernels for one torch: what it is, what it holds, and where it came from. Its build key
+    and SHA-256 are its record's (a build's ``build-info.json``, a prebuilt wheel's record): the one key the
+    loaded library must state."""
 
     path: str  # the shared library
     sha256: str | None  # recorded when it was built (None: not, and not loaded); checked again on the descriptor
     torch: str  # the torch version it was built for
-    kernels: tuple[tuple[str, str], ...]  # (op, schema) of every kernel in it
-    origin: str  # "prebuilt" (an installed kernels wheel) | "cache" | "build" (compiled now) | "given"
+    manifest: Manifest  # the plan it was generated from (codegen's manifest): the (op, schema) of every kernel
+    origin: Origin
     root: str  # where the strict trust rule starts (the cache root, the wheel's package, the library's folder)
-    manifest: dict  # the plan it was generated from (codegen's manifest)
-    prebuilt: str | None = None  # the prebuilt kernels' version, for origin "prebuilt"
-    prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used, if any
     key: str | None = None  # the build key its record names, which the loaded library must state
+    prebuilt: str | None = None  # the prebuilt kernels' version, for origin PREBUILT
+    prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used, if any
+
+    @property
+    def kernels(self) -> tuple[tuple[str, str], ...]:
+        """(op, schema) of every kernel in it."""
+        return self.manifest.kernels
 
     @property
     def ops(self) -> list[str]:
@@ -45,7 +52,7 @@ class Artifact:
 
     def to_json(self) -> dict:
         """What a launcher hands to another process: the path and the digest to check it by."""
-        return {"path": self.path, "sha256": self.sha256, "torch": self.torch, "origin": self.origin}
+        return {"path": self.path, "sha256": self.sha256, "torch": self.torch, "origin": self.origin.value}
 
 
 def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, prebuilt: bool = True,
@@ -60,9 +67,9 @@ def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, pr
 
         found, unused = lookup(opts)
         if found is not None:
-            return Artifact(found.library, found.sha256, found.record["torch"]["version"],
-                            tuple(found.kernels()), "prebuilt", found.root, found.record["plan"], found.version,
-                            key=found.record.get("key"))
+            rec = found.record
+            return Artifact(found.library, rec.sha256, str(rec.torch.version), rec.plan, Origin.PREBUILT, found.root,
+                            key=rec.key, prebuilt=found.version)
         if not build:
             raise InputError(None, None, f"no usable prebuilt kernels: {unused or DIST + ' is not installed'}; "
                                          "and building was ruled out (build=False, --no-build)",
@@ -87,7 +94,7 @@ def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, pr
             raise
         raise EnvironmentProblem(f"{e.message}; the installed prebuilt kernels were not used: {unused}",
                                  e.hint) from None
-    art = artifact_at(lib.path, "build" if lib.built else "cache")
+    art = artifact_at(lib.path, Origin.BUILD if lib.built else Origin.CACHE)
     if index is not None:
         from .. import cache
 
@@ -127,7 +134,7 @@ def _indexed(index: str) -> Artifact | None:
             cache.invalid(index, "it names no build of this cache")
         return None
     try:
-        return artifact_at(path, "cache")
+        return artifact_at(path, Origin.CACHE)
     except ToolError as e:  # an incomplete build: built again (a library that fails its checks is refused)
         cache.invalid(index, e.message)
         return None
@@ -149,64 +156,30 @@ def build_there(path) -> bool:
         return False
 
 
-def artifact_at(path: str, origin: str = "given", manifest: bool = True) -> Artifact:
+def artifact_at(path: str, origin: Origin = Origin.GIVEN, manifest: bool = True) -> Artifact:
     """The build of torchgen-patch at ``path``, its record and manifest read through the trust checks
     (owner, modes, no symlink followed: every directory from the cache root, or the library's own
     directory, down checked on its descriptor) and matched against the running torch.
     ``manifest`` False: a library without one (the boxed library)."""
     from .. import cache
-    from ..codegen.render import MANIFEST
     from ..errors import require_torch
     from ..fs.protected import Missing
-    from .compile import RECORD
+    from .compile.record import NO_MANIFEST, BuildRecord, incomplete
 
     torch = require_torch("installing the kernels")
     path = os.path.abspath(path)
     try:
         with cache.library_dir(path) as (d, root, _):
-            info = _checked_json(d, RECORD, path)
+            record = BuildRecord.read(d, path)
+            record.check_torch(path, torch.__version__)
+            plan = NO_MANIFEST
             if manifest:
-                with _sub(d, "src", path) as src:
-                    plan = _checked_json(src, MANIFEST, path)
-            else:
-                plan = {"kernels": []}
+                try:
+                    src = d.sub("src")
+                except Missing:
+                    raise incomplete(path, "src/ is missing") from None
+                with src:
+                    plan = Manifest.read(src, path)
     except Missing as e:
-        raise InputError(path, None, f"not a complete torchgen-patch build ({os.path.basename(str(e))} is "
-                                     "missing)") from None
-    if not isinstance(info, dict) or not isinstance(plan, dict):
-        raise InputError(path, None, "not a complete torchgen-patch build (its record or manifest is no mapping)")
-    if info.get("torch") != torch.__version__:
-        raise InputError(path, None, f"built for torch {info.get('torch')}, this is torch {torch.__version__}",
-                         "rebuild with `torchgen-patch build`")
-    try:
-        kernels = tuple((k["op"], k["schema"]) for k in plan.get("kernels", ()))
-    except (KeyError, TypeError) as e:
-        raise InputError(path, None, f"not a complete torchgen-patch build (its manifest lacks {e})") from None
-    key = info.get("key") if isinstance(info.get("key"), str) else None
-    return Artifact(path, info.get("sha256"), info["torch"], kernels, origin, root, plan, key=key)
-
-
-def _sub(d, name: str, library: str):
-    from ..fs.protected import Missing
-
-    try:
-        return d.sub(name)
-    except Missing:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({name}/ is missing)") from None
-
-
-def _checked_json(d, name: str, library: str):
-    """The JSON of ``name`` in the checked directory ``d``: a regular file of a trusted owner that
-    nobody else can write, opened without following a symlink."""
-    from ..fs.protected import Missing
-
-    try:
-        data = d.read(name)
-    except Missing:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({name} is missing)") from None
-    except OSError as e:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({name}: {e.strerror})") from None
-    try:
-        return loads(data)
-    except ValueError as e:
-        raise InputError(library, None, f"not a complete torchgen-patch build ({name}: {e})") from None
+        raise incomplete(path, f"{os.path.basename(str(e))} is missing") from None
+    return Artifact(path, record.sha256, torch.__version__, plan, origin, root, key=record.key)

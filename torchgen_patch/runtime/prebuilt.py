@@ -14,6 +14,7 @@ itself states the torch it was built against, which must be this one whatever th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import EnvironmentProblem, InputError, ToolError, printable
 from ..fs.decode import loads
@@ -29,37 +31,84 @@ from ..fs.dirs import Dir, open_dir
 from ..fs.protected import Missing, library_refusal
 from ..sources import Options, overlay_path
 from ..version import __version__
-from .compile.key import torch_identity
-from .compile.record import sha256_of
+from .compile.key import TorchIdentity
+from .compile.record import LibraryRecord, Manifest, sha256_of
 from .load.trust import verify
 
 DIST = "torchgen-patch-kernels"
 PACKAGE = "torchgen_patch_kernels"
 RECORD = "record.json"
 FORMAT = 2  # 2: the library states its own build (and the record its key)
-IDENTITY = ("version", "git_version", "cxx11_abi", "cuda")  # what must match the running torch exactly
+
+
+@dataclass(frozen=True, kw_only=True)
+class WheelRecord(LibraryRecord):
+    """What a prebuilt kernels wheel says of itself (``record.json``): the torch build it was made for, the
+    torchgen-patch that made it, its library with digest and build key (``LibraryRecord``, the part it shares
+    with a build's record), the overlay and plan it was built from, and the saved-tensor check's native
+    hooks beside it (None: it holds none that can be used). ``parse`` is its one reader, ``to_json`` its one
+    writer's form."""
+
+    format: int
+    torch: TorchIdentity
+    torchgen_patch: str | None
+    overlay_sha256: str | None
+    plan: Manifest
+    saved: LibraryRecord | None = None
+
+    @classmethod
+    def parse(cls, data: bytes, path: str) -> WheelRecord:
+        """The record ``data`` (its bytes) of the wheel named ``path`` (its distribution and version): an
+        InputError saying, in one line, why it is not used."""
+        try:
+            raw = loads(data)
+            torch, lib, digest, plan, fmt = raw["torch"], raw["library"], raw["sha256"], raw["plan"], raw["format"]
+            manifest = Manifest.of(plan)
+            if not isinstance(torch, dict) or not isinstance(lib, str) or not isinstance(digest, str):
+                raise TypeError("torch, library or sha256 of another type")
+            identity = TorchIdentity.of(torch)
+            key, made, overlay = raw.get("key"), raw.get("torchgen_patch"), raw.get("overlay_sha256")
+            if not all(v is None or isinstance(v, str) for v in (key, made, overlay)):
+                raise TypeError("key, torchgen_patch or overlay_sha256 of another type")
+        except (ValueError, KeyError, TypeError) as e:
+            why = f"its {RECORD} is missing or damaged ({type(e).__name__}: {e})"
+            raise InputError(None, None, f"{path}: {why}") from None
+        if fmt != FORMAT:
+            raise InputError(None, None, f"{path}: record format {fmt}, this torchgen-patch reads {FORMAT}")
+        return cls(lib, digest, key, format=fmt, torch=identity, torchgen_patch=made, overlay_sha256=overlay,
+                   plan=manifest, saved=_saved(raw.get("saved")))
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**super().to_json(), "format": self.format, "torchgen_patch": self.torchgen_patch,
+               "torch": self.torch.to_json(), "overlay_sha256": self.overlay_sha256, "plan": self.plan.to_json()}
+        if self.saved is not None:
+            out["saved"] = self.saved.to_json()
+        return out
+
+
+def _saved(raw) -> LibraryRecord | None:
+    """The saved-tensor hooks a wheel's record names, where it names them whole (None: it holds none)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("library"), str) or not isinstance(raw.get("sha256"), str):
+        return None
+    key = raw.get("key")
+    return LibraryRecord(raw["library"], raw["sha256"], key if isinstance(key, str) else None)
 
 
 @dataclass(frozen=True)
 class Prebuilt:
     library: str
     version: str  # the wheel's version
-    record: dict
-    sha256: str  # the library's, as the wheel recorded it (checked again when it is loaded)
+    record: WheelRecord
     root: str  # the package directory: where the strict trust rule starts
 
-    def kernels(self) -> list[tuple[str, str]]:
-        """(op, schema) of every kernel in the library."""
-        return [(k["op"], k["schema"]) for k in self.record["plan"]["kernels"]]
 
-
-def wheel_version(identity: dict) -> str:
+def wheel_version(identity: TorchIdentity) -> str:
     """``<torchgen-patch version>+torch<version>.<cpu|cuXY>.<cxx11abi|precxx11abi>.g<hash>``
     (a PEP 440 local version naming the torch build)."""
-    base = identity["version"].split("+")[0]
-    variant = "cu" + identity["cuda"].replace(".", "") if identity["cuda"] else "cpu"
-    abi = "cxx11abi" if identity["cxx11_abi"] else "precxx11abi"
-    local = f"torch{base}.{variant}.{abi}.g{(identity['git_version'] or 'unknown')[:10]}"
+    base = str(identity.version).split("+")[0]
+    variant = "cu" + identity.cuda.replace(".", "") if identity.cuda else "cpu"
+    abi = "cxx11abi" if identity.cxx11_abi else "precxx11abi"
+    local = f"torch{base}.{variant}.{abi}.g{(identity.git_version or 'unknown')[:10]}"
     return f"{__version__}+" + re.sub(r"[^a-z0-9.]+", ".", local.lower())
 
 
@@ -75,7 +124,7 @@ def overlay_sha256(opts: Options) -> str | None:
         return f"unreadable: {path}"  # matches no record; the plan reports the overlay itself
 
 
-def library_problem(d: Dir, name: str, sha256: str) -> str | None:
+def library_problem(d: Dir, name: str, sha256: str | None) -> str | None:
     """Why the library ``name`` in the wheel's checked package directory ``d`` must not be loaded, or
     None: the same rules as a cached build's (owner and modes from the package directory down; a
     regular file, no symlink; the SHA-256 the wheel recorded)."""
@@ -96,11 +145,11 @@ def library_problem(d: Dir, name: str, sha256: str) -> str | None:
     return None
 
 
-def record(library: int, name: str, key: str, manifest: dict, opts: Options) -> dict:
+def record(library: int, name: str, key: str | None, manifest: Manifest, opts: Options) -> WheelRecord:
     """What the wheel says about itself: torch build, library (``library``: its open, checked descriptor)
     and its digest, its build key, inputs, plan."""
-    return {"format": FORMAT, "torchgen_patch": __version__, "torch": torch_identity(), "library": name,
-            "sha256": sha256_of(library), "key": key, "overlay_sha256": overlay_sha256(opts), "plan": manifest}
+    return WheelRecord(name, sha256_of(library), key, format=FORMAT, torch=TorchIdentity.here(),
+                       torchgen_patch=__version__, overlay_sha256=overlay_sha256(opts), plan=manifest)
 
 
 _PYPROJECT = """\
@@ -164,24 +213,24 @@ def make_wheel(out_dir: str, artifact, opts: Options, log=None, saved=None) -> s
     if saved is not None:
         fd, extra_data = _checked_bytes(saved)
         os.close(fd)
-        name = os.path.basename(saved.path)
-        rec["saved"] = {"library": name, "sha256": saved.sha256, "key": saved.key}
-        extra[name] = extra_data
-    version = wheel_version(rec["torch"])
+        hooks = LibraryRecord(os.path.basename(saved.path), saved.sha256, saved.key)
+        rec = dataclasses.replace(rec, saved=hooks)
+        extra[hooks.library] = extra_data
+    version = wheel_version(rec.torch)
     with tempfile.TemporaryDirectory(prefix="tgp-wheel-") as tmp:
         project, pkg, dist = (os.path.join(tmp, p) for p in ("project", os.path.join("project", PACKAGE), "dist"))
         os.makedirs(pkg)
         with open(os.path.join(project, "pyproject.toml"), "w") as fh:
-            fh.write(_PYPROJECT.format(dist=DIST, version=version, torch=rec["torch"]["version"], package=PACKAGE,
+            fh.write(_PYPROJECT.format(dist=DIST, version=version, torch=rec.torch.version, package=PACKAGE,
                                        record=RECORD, python=f"{sys.version_info[0]}.{sys.version_info[1]}"))
         with open(os.path.join(project, "setup.py"), "w") as fh:
             fh.write(_SETUP)
         with open(os.path.join(pkg, "__init__.py"), "w") as fh:
             fh.write(f'"""Prebuilt torchgen-patch kernels; torchgen_patch.install() finds them ({RECORD})."""\n')
         with open(os.path.join(pkg, RECORD), "w") as fh:
-            json.dump(rec, fh, indent=1, sort_keys=True)
+            json.dump(rec.to_json(), fh, indent=1, sort_keys=True)
             fh.write("\n")
-        for name, payload in [(rec["library"], data), *extra.items()]:
+        for name, payload in [(rec.library, data), *extra.items()]:
             with open(os.path.join(pkg, name), "wb") as fh:
                 fh.write(payload)
         print(f"torchgen-patch: packing {DIST} {version} with pip wheel ...", file=log, flush=True)
@@ -266,14 +315,13 @@ def saved_library() -> tuple[tuple[str, str, str, str | None] | None, str | None
         rec = _read_record(d, name)
         if isinstance(rec, str):
             return None, rec
-        saved = rec.get("saved")
-        if not isinstance(saved, dict) or not isinstance(saved.get("library"), str) or \
-                not isinstance(saved.get("sha256"), str):
+        saved = rec.saved
+        if saved is None:
             return None, None
-        lib, why = _fitting_library(d, name, rec, Options(), saved["library"], saved["sha256"])
+        lib, why = _fitting_library(d, name, rec, Options(), saved)
         if why:
             return None, why
-    return (os.path.join(where, lib), saved["sha256"], where, saved.get("key")), None
+    return (os.path.join(where, lib), str(saved.sha256), where, saved.key), None
 
 
 def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
@@ -298,58 +346,49 @@ def lookup(opts: Options) -> tuple[Prebuilt | None, str | None]:
         found = _read_record(d, name)
         if isinstance(found, str):
             return None, found
-        rec = found
-        lib, why = _fitting_library(d, name, rec, opts, rec["library"], rec["sha256"])
+        lib, why = _fitting_library(d, name, found, opts, found)
         if why:
             return None, why
-    return Prebuilt(os.path.join(where, lib), dist.version, rec, rec["sha256"], where), None
+    return Prebuilt(os.path.join(where, lib), dist.version, found, where), None
 
 
-def _fitting_library(d: Dir, name: str, rec: dict, opts: Options, library: str, sha256: str):
+def _fitting_library(d: Dir, name: str, rec: WheelRecord, opts: Options, named: LibraryRecord):
     """(the library's name in the wheel's directory ``d``, None) where the wheel fits ``opts`` in this torch
     and the library is the one its record names; else (None, why not)."""
     why = _unfit(rec, name, opts)
     if why:
         return None, why
-    lib = os.path.basename(library)
-    if lib != library or lib in ("", ".", ".."):  # a path, not a file of the package: a record made elsewhere
-        return None, f"{name}: its {RECORD} names the library {printable(library)!r}, not a file of its package"
-    problem = library_problem(d, lib, sha256)
+    lib = os.path.basename(named.library)
+    if lib != named.library or lib in ("", ".", ".."):  # a path, not a file of the package: one made elsewhere
+        return None, f"{name}: its {RECORD} names the library {printable(named.library)!r}, not a file of its package"
+    problem = library_problem(d, lib, named.sha256)
     return (None, f"{name}: {problem}") if problem else (lib, None)
 
 
-def _read_record(d: Dir, name: str) -> dict | str:
+def _read_record(d: Dir, name: str) -> WheelRecord | str:
     """The wheel's record from its checked package directory (a regular file of a trusted owner that
     nobody else can write, no symlink followed), or why not."""
     try:
-        rec = loads(d.read(RECORD))
-        torch, lib, digest, kernels = rec["torch"], rec["library"], rec["sha256"], rec["plan"]["kernels"]
-        fmt = rec["format"]
-        _ = [(k["op"], k["schema"]) for k in kernels]
-        if not isinstance(torch, dict) or not isinstance(lib, str) or not isinstance(digest, str):
-            raise TypeError("torch, library or sha256 of another type")
+        return WheelRecord.parse(d.read(RECORD), name)
     except EnvironmentProblem as e:
         return f"{name}: its {RECORD} is not used: {e.message}"
-    except (Missing, OSError, ValueError, KeyError, TypeError) as e:
+    except (Missing, OSError) as e:
         return f"{name}: its {RECORD} is missing or damaged ({type(e).__name__}: {e})"
-    if fmt != FORMAT:
-        return f"{name}: record format {fmt}, this torchgen-patch reads {FORMAT}"
-    return rec
+    except InputError as e:
+        return e.message
 
 
-def _unfit(rec: dict, name: str, opts: Options) -> str | None:
+def _unfit(rec: WheelRecord, name: str, opts: Options) -> str | None:
     """Why a wheel with the record ``rec`` may not serve ``opts`` in this torch, or None."""
-    torch = rec["torch"]
-    here = torch_identity()
-    differ = [f"{k} {torch.get(k)!r} (this torch: {here[k]!r})" for k in IDENTITY if torch.get(k) != here[k]]
+    differ = rec.torch.differences(TorchIdentity.here())
     if differ:
         return f"{name} was built for another torch build: " + "; ".join(differ)
-    if rec.get("torchgen_patch") != __version__:
-        return f"{name} was made by torchgen-patch {rec.get('torchgen_patch')}, this is {__version__}"
+    if rec.torchgen_patch != __version__:
+        return f"{name} was made by torchgen-patch {rec.torchgen_patch}, this is {__version__}"
     if opts.native_functions or opts.tags or opts.pytorch_root:
         return f"{name} holds the kernels of the installed torch's own yaml; other inputs were asked for"
     if not opts.requires_grad_check:  # `torchgen-patch wheel` builds the default plan, whose out= kernels refuse it
         return f"{name} holds kernels that refuse requires_grad in out= ops; no such check was asked for"
-    if rec.get("overlay_sha256") != overlay_sha256(opts):
+    if rec.overlay_sha256 != overlay_sha256(opts):
         return f"{name} was built with another overlay than the one asked for"
     return None

@@ -24,6 +24,7 @@ back to kernels (``compiler_errors.py``). ``build()`` is the one entry point, an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import sys
 from dataclasses import dataclass
@@ -49,11 +50,12 @@ __all__ = ["CFLAGS", "FAILED_FOR", "IDENTITY_SOURCE", "IDENTITY_SYMBOL", "LIB_PR
 
 @dataclass(frozen=True)
 class Library:
+    """What a build gives: the library, and whether it was compiled now. What it is (its build key, torch,
+    digest) is its record's to say: ``runtime.artifact_at`` reads it into the one ``Artifact``."""
+
     path: str  # the shared library
     directory: str
-    key: str
-    torch_version: str
-    ops: tuple[str, ...]
+    ops: tuple[str, ...]  # the ops it was built for
     built: bool  # False when the cache already had it
 
 
@@ -83,7 +85,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
     the build says what it does (default: ``sys.stderr`` as it is at the call, never at import);
     ``links``: more link flags (part of the key, as every flag); ``what``: how a compiler error names them."""
     log = sys.stderr if log is None else log
-    torch = require_torch("building the kernels")
+    require_torch("building the kernels")
 
     compiler = compiler_path()
     flags = default_flags() if flags is None else flags
@@ -91,7 +93,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
     final = f"build-{key[:24]}"
     name = f"{prefix}_{key[:12]}"
     with _builds_root(root) as builds:
-        lib = Library(builds.join(final, f"{name}.so"), builds.join(final), key, torch.__version__, tuple(ops), False)
+        lib = Library(builds.join(final, f"{name}.so"), builds.join(final), tuple(ops), False)
         if complete(builds, final, key, lib.path):
             return lib
         if not compile:
@@ -121,7 +123,7 @@ def build(files: dict[str, bytes], ops: list[str], shards: int, *, flags: tuple[
             except InputError as e:  # the compiler said no (its last error line is the cause)
                 remember(failed, compiler, e.cause or e.summary())
                 raise
-    return Library(lib.path, lib.directory, key, torch.__version__, tuple(ops), True)
+    return dataclasses.replace(lib, built=True)
 
 
 def _not_again(failed: str, what: str) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 
-from ...errors import EnvironmentProblem
-from ...fs.decode import loads
+from ...errors import EnvironmentProblem, InputError
 from ...fs.dirs import Dir, open_dir
 from ...fs.protected import Missing, cache_refusal
 from ...vocabulary import plural
-from .record import RECORD
+from .record import BuildRecord
 
 
 def estimate(builds: Dir | str, units: dict[str, int] | int) -> str | None:
@@ -63,22 +62,21 @@ def _earlier(builds: Dir):
     for name in names:
         try:
             with builds.sub(name) as d:
-                info = loads(d.read(RECORD))  # a record is input like any cache entry
-        except (Missing, EnvironmentProblem, OSError, ValueError):
+                timings = BuildRecord.read(d, d.path).timings  # a record is input like any cache entry
+        except (Missing, EnvironmentProblem, InputError, OSError):
             continue
-        if not isinstance(info, dict) or not isinstance(info.get("unit_times"), dict):
+        if timings is None:
             continue
         n += 1
-        for u, t in info["unit_times"].items():
-            if isinstance(t, dict) and type(t.get("bytes")) is int and isinstance(t.get("seconds"), (int, float)):
-                seen.setdefault(u, []).append((t["bytes"], float(t["seconds"])))
-        if isinstance(info.get("link_seconds"), (int, float)):
-            links.append(float(info["link_seconds"]))
-        if type(info.get("jobs")) is int and info["jobs"] > 0:
-            jobs.append(info["jobs"])
-        if isinstance(info.get("load"), (int, float)) and type(info.get("cpus")) is int and info["cpus"] > 0:
-            busy = min(info.get("jobs") or 1, info.get("units") or 1)  # the workers that build had at once
-            then.append(crowding(float(info["load"]), busy, info["cpus"]))
+        for u, t in timings.unit_times:
+            seen.setdefault(u, []).append((t.bytes, t.seconds or 0.0))
+        if timings.link_seconds is not None:
+            links.append(timings.link_seconds)
+        if timings.jobs is not None:
+            jobs.append(timings.jobs)
+        if timings.load is not None and timings.cpus is not None:
+            busy = min(timings.jobs or 1, timings.units or 1)  # the workers that build had at once
+            then.append(crowding(timings.load, busy, timings.cpus))
     return seen, links, jobs, then, n
 
 

@@ -19,7 +19,7 @@ from .key import IDENTITY_SOURCE, identity_source
 from .ninja import build_ninja, ninja_times
 from .processes import run_in_group
 from .progress import Progress
-from .record import RECORD, RECORD_FORMAT, complete, sha256_of
+from .record import RECORD, RECORD_FORMAT, BuildRecord, Timings, UnitTime, complete, sha256_of
 from .toolchain import toolchain_flags, driver_env
 
 
@@ -94,14 +94,11 @@ def _record(tmp: Dir, library, key, flags, seconds, jobs, units, sizes, load: fl
         os.close(fd)
     times = ninja_times(tmp)
     tmp.owner_writable_only()
-    record = {"format": RECORD_FORMAT, "key": key, "torch": torch.__version__, "library": library,
-              "sha256": digest, "flags": list(flags), "seconds": seconds, "jobs": jobs,
-              "load": round(load, 2), "cpus": os.cpu_count() or 1,  # how busy the machine was: the estimate's scale
-              "link_seconds": times.get(library),
-              # "units" stays a count, as older versions of this tool read it from a shared cache
-              "units": len(units),
-              "unit_times": {u: {"bytes": sizes[u], "seconds": times.get(os.path.splitext(u)[0] + ".o")}
-                             for u in units}}
+    timings = Timings(seconds, jobs, round(load, 2), os.cpu_count() or 1,  # how busy the machine was: the scale
+                      times.get(library), len(units),
+                      tuple((u, UnitTime(sizes[u], times.get(os.path.splitext(u)[0] + ".o"))) for u in units))
+    record = BuildRecord(library, digest, key, format=RECORD_FORMAT, torch=torch.__version__, flags=tuple(flags),
+                         timings=timings).to_json()
     tmp.create(RECORD, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o644)
 
 

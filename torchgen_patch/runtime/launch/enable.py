@@ -35,8 +35,8 @@ from typing import Any
 
 from ...errors import EnvironmentProblem, InputError
 from ...version import __version__
-from ...vocabulary import Backend, plural
-from .spec import LaunchSpec
+from ...vocabulary import Backend, Origin, plural
+from .spec import LaunchSpec, written_by
 from .status import unsafe_file, unsafe_site
 
 FILE = "torchgen_patch_enable.pth"
@@ -255,14 +255,11 @@ def _data(got, site: str, problem: str | None, owner: int) -> tuple[bytes | None
     raw, st = got
     if (unsafe := unsafe_file(st, owner, site)) is not None:
         return None, None, None, f"{data_path}: {unsafe}"
-    from ...fs.decode import loads
-
     try:
-        by = loads(raw.decode("utf-8")).get("enabled_by") if len(raw) <= MAX_DATA else None
-        version, hook = by["torchgen_patch"], by["hook"]  # type: ignore[index]  # None: the TypeError below
-        if not isinstance(version, str) or not isinstance(hook, str):
-            raise TypeError("not strings")
-    except (ValueError, TypeError, AttributeError, KeyError, MemoryError):
+        if len(raw) > MAX_DATA:
+            raise ValueError("larger than the hook reads")
+        version, hook = written_by(raw.decode("utf-8"))
+    except (ValueError, MemoryError):
         return None, None, None, f"{data_path} is damaged (not the JSON torchgen-patch writes)"
     return raw, version, hook, None
 
@@ -444,11 +441,11 @@ def prepared(opts, backend: str, ops: list[str] | None, *, quiet: bool = False, 
 
         art = compose(opts, verbose=verbose, log=log or sys.stderr)
         n = len(art.kernels) if ops is None else len(ops)
-        if art.origin == "prebuilt":
+        if art.origin == Origin.PREBUILT:
             what = f"{plural(n, 'kernel')} from the prebuilt kernels {art.prebuilt}"
         else:
             library = art.path
-            what = f"{plural(n, 'kernel')}, {'built now' if art.origin == 'build' else 'from the cached build'}"
+            what = f"{plural(n, 'kernel')}, {'built now' if art.origin == Origin.BUILD else 'from the cached build'}"
     else:
         from ...pipeline import plan
 

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from ...errors import EnvironmentProblem, InputError, ToolError
-from ...vocabulary import Backend, plural
+from ...vocabulary import Backend, Origin, plural
 from .spec import LaunchSpec, hint_for, is_run_source
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:
     refused = None
     if spec.library:
         try:
-            return artifact_at(spec.library, "cache").path, "from the cached build"
+            return artifact_at(spec.library, Origin.CACHE).path, "from the cached build"
         except ToolError as e:  # gone, another torch's, not this account's to use: found or built as without it
             refused = e
     try:
@@ -185,9 +185,9 @@ def resolve(spec: LaunchSpec, log) -> tuple[str | None, str | None]:
         if refused is None:
             raise
         raise _both(refused, e) from None
-    if art.origin == "prebuilt":  # install() finds them itself
+    if art.origin == Origin.PREBUILT:  # install() finds them itself
         return None, f"from the prebuilt kernels ({art.prebuilt})"
-    return art.path, "built now" if art.origin == "build" else "from the cached build"
+    return art.path, "built now" if art.origin == Origin.BUILD else "from the cached build"
 
 
 def _both(named: ToolError, instead: ToolError) -> ToolError:

@@ -147,6 +147,20 @@ _TYPES = {"backend": str, "ops": (list, type(None)), "runtime_ops": list, "impor
           "findings": (str, type(None)), "check_every": (int, type(None)), "saved_library": (str, type(None))}
 
 
+def written_by(text: str | bytes) -> tuple[str, str]:
+    """Which torchgen-patch wrote an enabled environment's data file ``text``: (its version, its hook's path),
+    from the spec's ``enabled_by``, read before the spec itself is (a spec of another version is said as that,
+    not as what this one makes of it). ValueError where the text names none."""
+    from ...fs.decode import loads
+
+    raw = loads(text)
+    by = raw.get("enabled_by") if isinstance(raw, dict) else None
+    version, hook = (by.get("torchgen_patch"), by.get("hook")) if isinstance(by, dict) else (None, None)
+    if not isinstance(version, str) or not isinstance(hook, str):
+        raise ValueError(f"{NOT_A_SPEC} (it names no torchgen-patch that wrote it)")
+    return version, hook
+
+
 def is_run_source(source: str) -> bool:
     """Whether ``source`` is run's ``$TORCHGEN_PATCH_RUN`` (else: an enabled environment's data file)."""
     return source.startswith("$")

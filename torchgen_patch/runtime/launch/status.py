@@ -66,6 +66,7 @@ def named_build(library: str) -> NamedBuild:
     before it loads it: the record and directories (``artifact_at``), then the library itself (owner,
     mode, a regular file, the SHA-256 its build recorded) on its descriptor, never loaded."""
     from ...errors import require_torch
+    from ...vocabulary import Origin
     from .. import artifact_at, build_there
     from ..load import trust
 
@@ -74,7 +75,7 @@ def named_build(library: str) -> NamedBuild:
     except EnvironmentProblem as e:  # a process that never imports torch never loads it
         return NamedBuild("unchecked", e)
     try:
-        art = artifact_at(library, "cache")
+        art = artifact_at(library, Origin.CACHE)
         fd = trust.check_library(art.path, art.sha256, art.root)
     except EnvironmentProblem as e:
         return NamedBuild("refused", e)
