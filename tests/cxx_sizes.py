@@ -133,7 +133,7 @@ def _kind(header: str) -> str:
     """What the brace after ``header`` opens: "function", "container" (a namespace, linkage block, class,
     struct or union: its functions are counted) or "other" (an initializer, an enum: skipped whole)."""
     h = _untemplate(_LABEL.sub("", header.strip()))
-    if re.match(r'(namespace\b|extern\s*"\s*"\s*$)', h):
+    if re.match(r'((inline\s+)?namespace\b|extern\s*"\s*"\s*$)', h):
         return "container"
     if re.match(r"(class|struct|union)\b", h) and "(" not in h:
         return "container"

@@ -791,8 +791,10 @@ def test_the_measure_of_cxx_functions_reads_what_matters():
               "template <typename T = int>\nT twice(T t) {\n  if (t) {\n    return t + t;\n  }\n  return t;\n}\n"
               "}  // namespace outer\n"
               'extern "C" {\nint entry(void) {\n  return outer::twice(2);\n}\n}\n'
-              "enum Kind { kA, kB };\n")
-    assert cxx_sizes.functions(source) == [("get", 5, 1), ("S", 6, 3), ("twice", 12, 7), ("entry", 21, 3)]
+              "enum Kind { kA, kB };\n"
+              "inline namespace v1 {\nint g() {\n  return [] { return 0; }();\n}\n}\n")
+    assert cxx_sizes.functions(source) == [("get", 5, 1), ("S", 6, 3), ("twice", 12, 7), ("entry", 21, 3),
+                                           ("g", 27, 3)]
     assert cxx_sizes.functions(_cxx_function("f", 58)) == [("f", 1, 60)]
 
 
