@@ -10,7 +10,7 @@
 
 namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
 
-PyObject* facts_object(Hooks* h, const Facts& f) {
+static PyObject* facts_object(Hooks* h, const Facts& f) {
   PyObject* shape = PyTuple_New((Py_ssize_t)f.shape.size());
   for (size_t i = 0; i < f.shape.size(); ++i) PyTuple_SET_ITEM(shape, (Py_ssize_t)i, PyLong_FromLongLong(f.shape[i]));
   PyObject* device = THPDevice_New(f.device);
@@ -33,7 +33,7 @@ void release(std::vector<Pending>& list) {
 }
 
 // The save of e as a Packed (its tensor gone), for the finding: the Record's references move into it.
-PyObject* packed_of(Pending& e) {
+static PyObject* packed_of(Pending& e) {
   Packed* p = new_packed();
   if (!p) return nullptr;
   *p->r = e.saved;
@@ -42,7 +42,7 @@ PyObject* packed_of(Pending& e) {
 }
 
 // The flags the comparisons of list left (they have all run).
-std::vector<bool> flags_of(Hooks* h, const std::vector<Pending>& list) {
+static std::vector<bool> flags_of(Hooks* h, const std::vector<Pending>& list) {
   std::vector<bool> changed(list.size(), false);
   if (cuda.any && *cuda.any) {
     for (size_t i = 0; i < list.size(); ++i) {
@@ -56,7 +56,7 @@ std::vector<bool> flags_of(Hooks* h, const std::vector<Pending>& list) {
 }
 
 // Wait for the streams the comparisons ran on, then the flags they left.
-std::vector<bool> changed_of(Hooks* h, const std::vector<Pending>& list) {
+static std::vector<bool> changed_of(Hooks* h, const std::vector<Pending>& list) {
   for (auto& [device, stream] : *h->streams) {  // a legacy default stream (null) is its device's own
     OnDevice guard(device);
     cuda.cu.streamSynchronize(stream);
@@ -67,7 +67,7 @@ std::vector<bool> changed_of(Hooks* h, const std::vector<Pending>& list) {
 }
 
 // The findings of list's changed entries; late: (frame, steps) the pass ended with, or nullptr (now).
-PyObject* judge(Hooks* h, std::vector<Pending>& list, const std::vector<bool>& changed, PyObject* late) {
+static PyObject* judge(Hooks* h, std::vector<Pending>& list, const std::vector<bool>& changed, PyObject* late) {
   for (auto& e : list) h->statistics->erase(e.node.get());  // its nodes may go once their entries do
   PyObject* result = Py_None;
   std::vector<size_t> found;
@@ -125,7 +125,7 @@ bool settle(Hooks* h, bool wait) {
 }
 
 // An event of device's context, recorded on stream now; nullptr where the driver has none to give.
-CUevent event_on(const c10::Device& device, CUstream stream) {
+static CUevent event_on(const c10::Device& device, CUstream stream) {
   OnDevice guard(device);
   auto& spare = cuda.devices[device.index()].events;
   CUevent e = nullptr;
@@ -143,7 +143,7 @@ CUevent event_on(const c10::Device& device, CUstream stream) {
 }
 
 // task's comparisons kept to read once they have run: false where an event could not be recorded (read now).
-bool land(Hooks* h, std::vector<Pending>& list, PyObject* late) {
+static bool land(Hooks* h, std::vector<Pending>& list, PyObject* late) {
   Landing l;
   for (auto& [device, stream] : *h->streams) {
     CUevent e = event_on(device, stream);

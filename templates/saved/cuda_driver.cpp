@@ -36,7 +36,7 @@ bool sym(void* lib, const char* name, F& out) {
 }
 
 // The driver (already loaded by torch) and NVRTC (at the path the Python side chose); the reason if not.
-bool load_cuda() {
+static bool load_cuda() {
   if (cuda.loaded || !cuda.why.empty()) return cuda.loaded;
   void* cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!cu) cu = dlopen("libcuda.so.1", RTLD_NOW);
@@ -77,7 +77,7 @@ bool load_cuda() {
 
 // The kernels' image for compute capability cc: machine code where NVRTC knows the architecture, else PTX
 // for the newest virtual architecture it knows below it (the driver compiles that).
-std::string compile(int cc, std::string& image) {
+static std::string compile(int cc, std::string& image) {
   Nvrtc& n = cuda.rtc;
   int best = cc;
   bool real = n.cubin && n.cubinSize;
@@ -158,7 +158,7 @@ constexpr size_t kSlotWords32 = (size_t)kSlots * 4;  // two 64-bit words a slot,
 
 // A zeroed buffer of slots on s's device (the current device): a recycled one, or new memory zeroed before
 // any stream can use it (the legacy default stream waited for; once, until buffers come back).
-std::shared_ptr<SlotBuffer> buffer_on(DeviceState& s, int device) {
+static std::shared_ptr<SlotBuffer> buffer_on(DeviceState& s, int device) {
   SlotBuffer* b = nullptr;
   if (!s.free.empty()) {
     b = s.free.back();

@@ -9,7 +9,7 @@ namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
 
 // Whether the rows kernel reads l: its innermost dimension contiguous, each row a multiple of 16 bytes long
 // and starting at a multiple of 16 (so every 16 bytes of the stream lie in one row, aligned).
-bool in_rows(const Layout& l, u64 ptr) {
+static bool in_rows(const Layout& l, u64 ptr) {
   const int64_t e = l.element;
   if (l.stride[l.dims - 1] != 1 || (l.size[l.dims - 1] * e) % 16 || ptr % 16) return false;
   for (int d = 0; d < l.dims - 1; ++d)
@@ -54,7 +54,7 @@ bool capturing(CUstream stream) {
   return stream && cuda.cu.streamIsCapturing(stream, &on) == 0 && on;
 }
 
-void used_stream(Streams* streams, const at::Device& device, CUstream stream) {
+static void used_stream(Streams* streams, const at::Device& device, CUstream stream) {
   auto used = std::make_pair(device, stream);
   if (streams && std::find(streams->begin(), streams->end(), used) == streams->end()) streams->push_back(used);
 }

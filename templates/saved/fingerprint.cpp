@@ -28,7 +28,7 @@ inline u64 block_weight(u64 j) {
   return (z ^ (z >> 31)) | 1ull;
 }
 
-u64 nh_scalar(const unsigned char* bytes) {
+static u64 nh_scalar(const unsigned char* bytes) {
   u32 w[kWords];
   std::memcpy(w, bytes, kBlockBytes);
   u64 s = 0;
@@ -37,7 +37,7 @@ u64 nh_scalar(const unsigned char* bytes) {
 }
 
 #ifdef TGP_X86
-__attribute__((target("avx2"))) u64 nh_avx2(const unsigned char* bytes) {
+static __attribute__((target("avx2"))) u64 nh_avx2(const unsigned char* bytes) {
   __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
   const __m256i* k = reinterpret_cast<const __m256i*>(key.nh);
   for (int i = 0; i < kWords / 8; i += 2) {
@@ -55,7 +55,7 @@ __attribute__((target("avx2"))) u64 nh_avx2(const unsigned char* bytes) {
 #endif
 
 using NhFn = u64 (*)(const unsigned char*);
-NhFn nh = nh_scalar;
+static NhFn nh = nh_scalar;
 const char* nh_name = "scalar";
 
 void choose_nh() {
@@ -165,7 +165,7 @@ void gather_n(unsigned char* dst, const unsigned char* base, int64_t offset, int
 }
 
 // n elements of e bytes, stride elements apart from element offset of base, one after another into dst.
-void gather(unsigned char* dst, const unsigned char* base, int64_t offset, int64_t stride, int64_t n, int e) {
+static void gather(unsigned char* dst, const unsigned char* base, int64_t offset, int64_t stride, int64_t n, int e) {
   switch (e) {
     case 1: return gather_n<1>(dst, base, offset, stride, n);
     case 2: return gather_n<2>(dst, base, offset, stride, n);

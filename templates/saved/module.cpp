@@ -13,7 +13,7 @@
 
 namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
 
-PyObject* hooks_flush(Hooks* h, PyObject* args) {
+static PyObject* hooks_flush(Hooks* h, PyObject* args) {
   int task;
   PyObject* late = nullptr;
   if (!PyArg_ParseTuple(args, "i|O!", &task, &PyTuple_Type, &late)) return nullptr;
@@ -26,7 +26,7 @@ PyObject* hooks_flush(Hooks* h, PyObject* args) {
   }
 }
 
-PyObject* hooks_settle(Hooks* h, PyObject* wait) {
+static PyObject* hooks_settle(Hooks* h, PyObject* wait) {
   try {
     if (!settle(h, PyObject_IsTrue(wait) == 1)) return nullptr;
     Py_RETURN_NONE;
@@ -36,7 +36,7 @@ PyObject* hooks_settle(Hooks* h, PyObject* wait) {
   }
 }
 
-PyObject* hooks_tasks(Hooks* h, PyObject*) {
+static PyObject* hooks_tasks(Hooks* h, PyObject*) {
   PyObject* out = PyList_New(0);
   for (auto& [task, list] : *h->pending) {
     PyObject* n = PyLong_FromLong(task);
@@ -46,7 +46,7 @@ PyObject* hooks_tasks(Hooks* h, PyObject*) {
   return out;
 }
 
-PyObject* hooks_counts(Hooks* h, PyObject*) {
+static PyObject* hooks_counts(Hooks* h, PyObject*) {
   PyObject* out = PyDict_New();
   for (int i = 1; i < kReasons; ++i) {
     if (!h->skipped[i]) continue;
@@ -59,7 +59,7 @@ PyObject* hooks_counts(Hooks* h, PyObject*) {
   return out;
 }
 
-PyObject* hooks_device_status(Hooks*, PyObject*) {
+static PyObject* hooks_device_status(Hooks*, PyObject*) {
   PyObject* out = PyDict_New();
   for (auto& [index, s] : cuda.devices) {
     PyObject* k = PyLong_FromLong(index);
@@ -71,7 +71,7 @@ PyObject* hooks_device_status(Hooks*, PyObject*) {
   return out;
 }
 
-PyObject* hooks_fingerprint(Hooks* h, PyObject* obj) {  // the fingerprint of a plain tensor, as pack makes it
+static PyObject* hooks_fingerprint(Hooks* h, PyObject* obj) {  // the fingerprint of a plain tensor, as pack makes it
   if (!THPVariable_Check(obj)) return PyErr_Format(PyExc_TypeError, "a tensor, not %s", Py_TYPE(obj)->tp_name);
   try {
     const at::Tensor& t = THPVariable_Unpack(obj);
@@ -95,7 +95,7 @@ PyObject* hooks_fingerprint(Hooks* h, PyObject* obj) {  // the fingerprint of a 
 // Host seconds of n launches of t's fingerprint, or of a part of one: part 0 the whole launch() (any layout
 // its kernels read), 1 what launch() does besides the driver's launch (device guard, stream, capture check,
 // layout, slot), 2 the driver's launch alone (the dense kernel, its arguments made once; t dense).
-PyObject* hooks_launch_cost(Hooks* h, PyObject* args) {
+static PyObject* hooks_launch_cost(Hooks* h, PyObject* args) {
   PyObject* obj;
   int n, part = 0;
   if (!PyArg_ParseTuple(args, "Oi|i", &obj, &n, &part)) return nullptr;
@@ -140,7 +140,7 @@ PyObject* hooks_launch_cost(Hooks* h, PyObject* args) {
   }
 }
 
-PyObject* hooks_get(Hooks* h, void* which) {
+static PyObject* hooks_get(Hooks* h, void* which) {
   switch ((intptr_t)which) {
     case 0: return PyBool_FromLong(h->active);
     case 1: return PyLong_FromLongLong(h->checked);
@@ -155,14 +155,14 @@ PyObject* hooks_get(Hooks* h, void* which) {
   Py_RETURN_NONE;
 }
 
-int hooks_set_active(Hooks* h, PyObject* value, void*) {
+static int hooks_set_active(Hooks* h, PyObject* value, void*) {
   int on = value ? PyObject_IsTrue(value) : 0;
   if (on < 0) return -1;
   h->active = on;
   return 0;
 }
 
-int hooks_traverse(Hooks* h, visitproc visit, void* arg) {
+static int hooks_traverse(Hooks* h, visitproc visit, void* arg) {
   Py_VISIT(h->check);
   Py_VISIT(h->fallback);
   Py_VISIT(h->steps);
@@ -171,7 +171,7 @@ int hooks_traverse(Hooks* h, visitproc visit, void* arg) {
   return 0;
 }
 
-int hooks_clear(Hooks* h) {
+static int hooks_clear(Hooks* h) {
   Py_CLEAR(h->check);
   Py_CLEAR(h->fallback);
   Py_CLEAR(h->steps);
@@ -180,7 +180,7 @@ int hooks_clear(Hooks* h) {
   return 0;
 }
 
-void hooks_dealloc(Hooks* h) {
+static void hooks_dealloc(Hooks* h) {
   PyObject_GC_UnTrack(h);
   for (auto& [task, list] : *h->pending) release(list);
   delete h->pending;
@@ -205,7 +205,7 @@ void hooks_dealloc(Hooks* h) {
   Py_TYPE(h)->tp_free((PyObject*)h);
 }
 
-PyObject* hooks_new(PyTypeObject* type, PyObject* args, PyObject*) {
+static PyObject* hooks_new(PyTypeObject* type, PyObject* args, PyObject*) {
   PyObject *check, *fallback, *steps, *kind, *plain;
   if (!PyArg_ParseTuple(args, "OOOOO!", &check, &fallback, &steps, &kind, &PyTuple_Type, &plain)) return nullptr;
   if (!keyed) return PyErr_Format(PyExc_RuntimeError, "the check's key is not set (set_key)");
@@ -233,7 +233,7 @@ PyObject* hooks_new(PyTypeObject* type, PyObject* args, PyObject*) {
   return (PyObject*)h;
 }
 
-PyMethodDef hooks_methods[] = {
+static PyMethodDef hooks_methods[] = {
     {"pack", (PyCFunction)hooks_pack, METH_O, "autograd's pack hook"},
     {"unpack", (PyCFunction)hooks_unpack, METH_O, "autograd's unpack hook"},
     {"flush", (PyCFunction)hooks_flush, METH_VARARGS, "read the device comparisons of a backward pass (its graph "
@@ -247,7 +247,7 @@ PyMethodDef hooks_methods[] = {
      "fingerprint (None: not launched)"},
     {nullptr}};
 
-PyGetSetDef hooks_getset[] = {
+static PyGetSetDef hooks_getset[] = {
     {"active", (getter)hooks_get, (setter)hooks_set_active, nullptr, (void*)0},
     {"checked", (getter)hooks_get, nullptr, nullptr, (void*)1},
     {"unpacked", (getter)hooks_get, nullptr, nullptr, (void*)2},
@@ -256,7 +256,7 @@ PyGetSetDef hooks_getset[] = {
 
 // ---- the module -----------------------------------------------------------------------------------------
 
-PyObject* set_key(PyObject*, PyObject* arg) {
+static PyObject* set_key(PyObject*, PyObject* arg) {
   char* data = nullptr;
   Py_ssize_t size = 0;
   if (PyBytes_AsStringAndSize(arg, &data, &size) < 0) return nullptr;
@@ -269,7 +269,7 @@ PyObject* set_key(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-PyObject* set_cuda(PyObject*, PyObject* args) {
+static PyObject* set_cuda(PyObject*, PyObject* args) {
   const char *source, *nvrtc;
   if (!PyArg_ParseTuple(args, "ss", &source, &nvrtc)) return nullptr;
   cuda.source = source;
@@ -281,25 +281,25 @@ PyObject* set_cuda(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-PyObject* set_quiet(PyObject*, PyObject* arg) {
+static PyObject* set_quiet(PyObject*, PyObject* arg) {
   quiet += PyObject_IsTrue(arg) ? 1 : -1;
   Py_RETURN_NONE;
 }
 
-PyObject* vector_unit(PyObject*, PyObject*) { return PyUnicode_FromString(nh_name); }
+static PyObject* vector_unit(PyObject*, PyObject*) { return PyUnicode_FromString(nh_name); }
 
-PyObject* set_batching(PyObject*, PyObject* arg) {
+static PyObject* set_batching(PyObject*, PyObject* arg) {
   int on = PyObject_IsTrue(arg);
   if (on < 0) return nullptr;
   batching = on;
   Py_RETURN_NONE;
 }
 
-PyObject* launch_count(PyObject*, PyObject*) { return PyLong_FromLongLong(launches); }
+static PyObject* launch_count(PyObject*, PyObject*) { return PyLong_FromLongLong(launches); }
 
-PyObject* last_launch_error(PyObject*, PyObject*) { return PyUnicode_FromString(launch_error.c_str()); }
+static PyObject* last_launch_error(PyObject*, PyObject*) { return PyUnicode_FromString(launch_error.c_str()); }
 
-PyMethodDef module_methods[] = {
+static PyMethodDef module_methods[] = {
     {"set_key", set_key, METH_O, "the process's key: 256 words of NH key and a 64-bit seed, as bytes"},
     {"set_cuda", set_cuda, METH_VARARGS, "the fingerprint kernel's CUDA source and the NVRTC library to compile it"},
     {"quiet", set_quiet, METH_O, "True: unpack returns tensors unchecked until quiet(False)"},
@@ -309,8 +309,8 @@ PyMethodDef module_methods[] = {
     {"launch_error", last_launch_error, METH_NOARGS, "why the last launch that failed did ('': none failed)"},
     {nullptr}};
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "torchgen_patch_saved", "the saved-tensor check's native hooks", -1,
-                          module_methods};
+static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "torchgen_patch_saved",
+                                 "the saved-tensor check's native hooks", -1, module_methods};
 
 }  // namespace torchgen_patch_saved
 

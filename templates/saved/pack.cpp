@@ -11,7 +11,7 @@
 
 namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
 
-bool plain(Hooks* h, PyObject* obj) {
+static bool plain(Hooks* h, PyObject* obj) {
   PyTypeObject* type = Py_TYPE(obj);
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(h->plain); ++i)
     if ((PyObject*)type == PyTuple_GET_ITEM(h->plain, i)) return true;
@@ -66,7 +66,7 @@ bool fingerprint_into(const at::Tensor& t, Record* r, Hooks* h, const u64* expec
 
 // p (a CUDA tensor's save) into the group of the node being made: the saves made while autograd's sequence number
 // (a node's, taken when it is made) and the thread stay the same.
-void join_group(Hooks* h, Packed* p) {
+static void join_group(Hooks* h, Packed* p) {
   const u64 sequence = at::sequence_number::peek();
   const unsigned long thread = PyThread_get_thread_ident();
   std::shared_ptr<Group>& g = *h->group;
@@ -85,7 +85,7 @@ PyObject* call_fallback(Hooks* h, const char* method, PyObject* arg) {
 
 // Whether a tensor is saved while a backward pass runs on this thread that keeps no graph (no retain_graph, no
 // create_graph): a reentrant checkpoint's recomputation, whose saves the pass uses and frees before it returns.
-bool saved_in_backward() {
+static bool saved_in_backward() {
   return torch::autograd::get_current_graph_task_id() != -1 && !torch::autograd::get_current_graph_task_keep_graph();
 }
 

@@ -12,7 +12,7 @@
 
 namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
 
-Facts facts_of(const at::Tensor& t) {
+static Facts facts_of(const at::Tensor& t) {
   Facts f;
   f.shape = t.sizes().vec();
   f.dtype = t.scalar_type();
@@ -68,7 +68,7 @@ bool saver_statistics(Hooks* h, const decltype(torch::autograd::get_current_node
 
 // The comparisons of backward passes begun before task, read now: a pass that raised never reaches its end
 // (its callbacks do not run), and one that encloses this one (a reentrant backward) is read early.
-bool flush_earlier(Hooks* h, int task) {
+static bool flush_earlier(Hooks* h, int task) {
   std::vector<int> earlier;
   for (auto& [other, list] : *h->pending)
     if (other < task) earlier.push_back(other);

@@ -17,7 +17,7 @@ PyObject* str_count = nullptr;
 
 // ---- frames ---------------------------------------------------------------------------------------------
 
-int frame_offset(PyFrameObject* f) {
+static int frame_offset(PyFrameObject* f) {
 #if PY_VERSION_HEX >= 0x030B0000
   return PyFrame_GetLasti(f);
 #else
@@ -25,7 +25,7 @@ int frame_offset(PyFrameObject* f) {
 #endif
 }
 
-int kind_of(Hooks* h, PyCodeObject* code) {
+static int kind_of(Hooks* h, PyCodeObject* code) {
   auto it = h->kinds->find((PyObject*)code);
   if (it != h->kinds->end()) return it->second;
   PyObject* k = PyObject_CallOneArg(h->kind, (PyObject*)code);
@@ -76,7 +76,7 @@ void capture(Hooks* h, Record* r) {
   }
 }
 
-PyObject* where_of(PyObject* code, int at) {
+static PyObject* where_of(PyObject* code, int at) {
   if (!code) Py_RETURN_NONE;
   int line = PyCode_Addr2Line((PyCodeObject*)code, at);
   return Py_BuildValue("(Oi)", code, line);
@@ -110,7 +110,7 @@ Packed* new_packed() {
   return p;
 }
 
-PyObject* packed_get(Packed* p, void* which) {
+static PyObject* packed_get(Packed* p, void* which) {
   Record* r = p->r;
   switch ((intptr_t)which) {
     case 0: return Py_NewRef(p->ref ? p->ref : Py_None);

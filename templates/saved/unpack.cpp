@@ -14,7 +14,7 @@
 namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
 
 // A tensor not judged, counted by reason (a layout's reason is its own text, counted on the Python side).
-void skip(Hooks* h, Record* r, int reason) {
+static void skip(Hooks* h, Record* r, int reason) {
   if (reason == kSparse && r && r->layout_name) {
     PyObject* res = PyObject_CallMethod(h->check, "_skip_layout", "O", r->layout_name);
     if (!res) PyErr_Clear();
@@ -26,7 +26,7 @@ void skip(Hooks* h, Record* r, int reason) {
 
 // The Python check told that p's tensor changed between its save and now (obj: p; original: the tensor saved, or
 // nullptr where it is gone). false: the check raised.
-bool report_changed(Hooks* h, PyObject* obj, Packed* p, PyObject* original) {
+static bool report_changed(Hooks* h, PyObject* obj, Packed* p, PyObject* original) {
   PyObject* node = node_object(torch::autograd::get_current_node());
   PyObject* res = PyObject_CallMethod(h->check, "_changed", "OOOO", obj, p->ref, original ? original : Py_None, node);
   Py_XDECREF(node);
@@ -38,7 +38,7 @@ bool report_changed(Hooks* h, PyObject* obj, Packed* p, PyObject* original) {
 // At use, a CUDA tensor whose layout the kernels do not read (it changed since it was saved, else the save
 // would have gone to the Python path): its fingerprint at save read back now (a wait, on this rare path),
 // compared with the Python path's reading of it.
-PyObject* compare_now(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& t, PyObject* original) {
+static PyObject* compare_now(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& t, PyObject* original) {
   OnDevice guard(t.device());
   cuda.cu.streamSynchronize(current_stream(t.device()));
   u64 saved = 0;
@@ -53,7 +53,7 @@ PyObject* compare_now(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& t, P
 }
 
 // r, read at use in a batch with its group for this backward pass and node: its comparison (kept then) used now.
-bool used_from_batch(Hooks* h, Record* r) {
+static bool used_from_batch(Hooks* h, Record* r) {
   if (!r->use_ready) return false;
   r->use_ready = false;
   const int task = torch::autograd::get_current_graph_task_id();
@@ -107,7 +107,8 @@ struct BatchReader {
 
 // The other tensors of p's group (members) into reader: those this node has not read in this pass yet that are
 // unchanged, on reader's device and readable.
-void add_members(BatchReader& reader, Packed* p, const std::vector<PyObject*>& members, int task, const void* node) {
+static void add_members(BatchReader& reader, Packed* p, const std::vector<PyObject*>& members, int task,
+                        const void* node) {
   for (PyObject* o : members) {
     Packed* m = (Packed*)o;
     Record* mr = m->r;
@@ -123,8 +124,8 @@ void add_members(BatchReader& reader, Packed* p, const std::vector<PyObject*>& m
 
 // Every comparison launched kept, so that the flag it may leave is read and cleared with its pass's: p's as used
 // now (original: its tensor saved), each other's marked for its own unpack to use. false: a callback raised.
-bool keep_launched(Hooks* h, Packed* p, PyObject* original, const std::vector<BatchReader::Read>& launched, int task,
-                   const void* node) {
+static bool keep_launched(Hooks* h, Packed* p, PyObject* original, const std::vector<BatchReader::Read>& launched,
+                          int task, const void* node) {
   for (const BatchReader::Read& read : launched) {
     Packed* m = read.p;
     const at::Tensor& mt = THPVariable_Unpack(m->ref);
@@ -147,7 +148,8 @@ bool keep_launched(Hooks* h, Packed* p, PyObject* original, const std::vector<Ba
 // pass yet (autograd unpacks a node's saved tensors one after another before it computes anything): each
 // comparison kept, p's as used, the others' to be used by their own unpack (a comparison never used is never
 // judged). why: empty, or why p's tensor was not read (nothing kept for it). false: a callback raised.
-bool launch_group(Hooks* h, Packed* p, const at::Tensor& t, PyObject* original, DeviceState& s, std::string& why) {
+static bool launch_group(Hooks* h, Packed* p, const at::Tensor& t, PyObject* original, DeviceState& s,
+                         std::string& why) {
   const at::Device device = t.device();
   OnDevice guard(device);
   CUstream stream = current_stream(device);
@@ -182,7 +184,8 @@ bool launch_group(Hooks* h, Packed* p, const at::Tensor& t, PyObject* original, 
 
 // At use, a tensor saved on the host, or one on another device now: compared at once (a layout the native code
 // does not read now: by the Python path).
-PyObject* compare_on_host(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& t, PyObject* original, bool moved) {
+static PyObject* compare_on_host(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& t, PyObject* original,
+                                 bool moved) {
   Record now_r;
   bool differs = moved;  // on another device now: other storage, whatever its bits
   if (!moved && !fingerprint_into(t, &now_r, h, nullptr, 0, nullptr)) {
@@ -200,7 +203,7 @@ PyObject* compare_on_host(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& 
 // At use, a tensor saved on its CUDA device and there now: its comparison launched on the device (with its group's,
 // in one launch) and kept until its backward pass ends; where none can be launched, not judged, or (a layout
 // the kernels do not read now) compared at once.
-PyObject* compare_on_device(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& t, PyObject* original) {
+static PyObject* compare_on_device(Hooks* h, PyObject* obj, Packed* p, const at::Tensor& t, PyObject* original) {
   Record* r = p->r;
   if (used_from_batch(h, r)) return Py_NewRef(p->ref);
   DeviceState* s = cuda_device(t.device());  // the device's kernels: loaded when this tensor was saved
