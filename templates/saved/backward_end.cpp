@@ -3,9 +3,6 @@
 
 #include "hooks.h"
 
-#include <torch/csrc/Device.h>
-#include <torch/csrc/DynamicTypes.h>
-
 #include <algorithm>
 
 namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
@@ -13,8 +10,8 @@ namespace torchgen_patch_saved __attribute__((visibility("hidden"))) {
 static PyObject* facts_object(Hooks* h, const Facts& f) {
   PyObject* shape = PyTuple_New((Py_ssize_t)f.shape.size());
   for (size_t i = 0; i < f.shape.size(); ++i) PyTuple_SET_ITEM(shape, (Py_ssize_t)i, PyLong_FromLongLong(f.shape[i]));
-  PyObject* device = THPDevice_New(f.device);
-  PyObject* res = PyObject_CallMethod(h->check, "_facts", "NONLKLLOK", shape, (PyObject*)torch::getTHPDtype(f.dtype),
+  PyObject* device = device_object(f.device);
+  PyObject* res = PyObject_CallMethod(h->check, "_facts", "NONLKLLOK", shape, dtype_object(f.dtype),
                                       device, (long long)f.version, (unsigned long long)f.ptr, (long long)f.numel,
                                       (long long)f.element, f.requires_grad ? Py_True : Py_False,
                                       (unsigned long long)f.storage);

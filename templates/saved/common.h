@@ -22,6 +22,8 @@
 //   unpack.cpp        the unpack hook, and its batched launch of a node's saved tensors
 //   backward_end.cpp  the end of a backward pass: one read of its device comparisons
 //   module.cpp        the Hooks type's methods and the module (its one exported symbol)
+//   torch_python.cpp  torch's Python objects (tensors, nodes, devices, dtypes): the one part that includes
+//                     torch's Python bindings (torch_python.h)
 // hooks.h declares what the hooks' parts call of one another. fingerprint.cu is the kernels' CUDA source,
 // handed to NVRTC at run time (torchgen_patch/runtime/checklib.py), never compiled here.
 // Everything lives in one namespace of hidden visibility: the library exports torchgen_patch_saved_module

@@ -27,8 +27,6 @@ bool fingerprint_into(const at::Tensor& t, Record* r, Hooks* h, const u64* expec
 
 // ---- pending.cpp
 
-PyObject* node_object(const decltype(torch::autograd::get_current_node())& node);
-
 // Whether node is a batch norm's (its type's name, looked up once per type).
 bool is_batch_norm(const decltype(torch::autograd::get_current_node())& node);
 

@@ -3,7 +3,6 @@
 
 #include "hooks.h"
 
-#include <torch/csrc/autograd/python_variable.h>
 
 #include <dlfcn.h>
 
@@ -72,9 +71,9 @@ static PyObject* hooks_device_status(Hooks*, PyObject*) {
 }
 
 static PyObject* hooks_fingerprint(Hooks* h, PyObject* obj) {  // the fingerprint of a plain tensor, as pack makes it
-  if (!THPVariable_Check(obj)) return PyErr_Format(PyExc_TypeError, "a tensor, not %s", Py_TYPE(obj)->tp_name);
+  if (!is_tensor(obj)) return PyErr_Format(PyExc_TypeError, "a tensor, not %s", Py_TYPE(obj)->tp_name);
   try {
-    const at::Tensor& t = THPVariable_Unpack(obj);
+    const at::Tensor& t = tensor_of(obj);
     Record r;
     if (reading(t, &r) < 0 || reading(t, &r) == 2 || !fingerprint_into(t, &r, h, nullptr, 0, nullptr))
       Py_RETURN_NONE;
@@ -100,7 +99,7 @@ static PyObject* hooks_launch_cost(Hooks* h, PyObject* args) {
   int n, part = 0;
   if (!PyArg_ParseTuple(args, "Oi|i", &obj, &n, &part)) return nullptr;
   try {
-    const at::Tensor& t = THPVariable_Unpack(obj);
+    const at::Tensor& t = tensor_of(obj);
     DeviceState* s = t.is_cuda() ? cuda_device(t.device()) : nullptr;
     if (!s || (part == 2 && !dense(t))) Py_RETURN_NONE;
     OnDevice outer(t.device());

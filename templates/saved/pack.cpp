@@ -4,7 +4,6 @@
 
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/python_variable.h>
 
 #include <exception>
 #include <memory>
@@ -91,9 +90,9 @@ static bool saved_in_backward() {
 
 PyObject* hooks_pack(Hooks* h, PyObject* obj) {
   if (!h->active) return call_fallback(h, "passed", obj);
-  if (!THPVariable_Check(obj) || !plain(h, obj)) return call_fallback(h, "pack", obj);
+  if (!is_tensor(obj) || !plain(h, obj)) return call_fallback(h, "pack", obj);
   try {
-    const at::Tensor& t = THPVariable_Unpack(obj);
+    const at::Tensor& t = tensor_of(obj);
     int how = reading(t, nullptr);
     if (how == 2) return call_fallback(h, "pack", obj);
     Packed* p = new_packed();
@@ -111,7 +110,7 @@ PyObject* hooks_pack(Hooks* h, PyObject* obj) {
       r->output_nr = (int)t.output_nr();
     }
     if (r->output) {
-      p->ref = THPVariable_Wrap(t.tensor_data());
+      p->ref = tensor_object(t.tensor_data());
       p->original = PyWeakref_NewRef(obj, nullptr);
       if (!p->original) PyErr_Clear();
     } else {

@@ -4,7 +4,6 @@
 #include "hooks.h"
 
 #include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/python_cpp_function.h>
 
 #include <algorithm>
 #include <string>
@@ -24,11 +23,6 @@ static Facts facts_of(const at::Tensor& t) {
   f.storage = t.has_storage() ? (u64)(uintptr_t)t.storage().unsafeGetStorageImpl() : 0;
   f.requires_grad = t.requires_grad();
   return f;
-}
-
-PyObject* node_object(const decltype(torch::autograd::get_current_node())& node) {
-  if (!node) Py_RETURN_NONE;
-  return torch::autograd::functionToPyObject(node);
 }
 
 // Whether node is a batch norm's (its type's name, looked up once per type).

@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "launch.h"
+#include "torch_python.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>

@@ -4,7 +4,6 @@
 #include "hooks.h"
 
 #include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/autograd/python_variable.h>
 
 #include <exception>
 #include <memory>
@@ -114,7 +113,7 @@ static void add_members(BatchReader& reader, Packed* p, const std::vector<PyObje
     Record* mr = m->r;
     if (m == p || mr->skip || mr->host || (mr->use_ready && mr->use_task == task && mr->use_node == node))
       continue;
-    const at::Tensor& mt = THPVariable_Unpack(m->ref);
+    const at::Tensor& mt = tensor_of(m->ref);
     if ((int64_t)mt._version() != mr->version || mt.device() != reader.device ||
         (int)mt.device().type() != mr->device_type || (int)mt.device().index() != mr->device_index || !readable(mt))
       continue;  // changed, moved (its own unpack says so) or freed: not read here
@@ -128,7 +127,7 @@ static bool keep_launched(Hooks* h, Packed* p, PyObject* original, const std::ve
                           int task, const void* node) {
   for (const BatchReader::Read& read : launched) {
     Packed* m = read.p;
-    const at::Tensor& mt = THPVariable_Unpack(m->ref);
+    const at::Tensor& mt = tensor_of(m->ref);
     PyObject* mo = m == p ? original : m->original ? PyWeakref_GetObject(m->original) : m->ref;
     if (mo == Py_None) mo = nullptr;
     size_t index = 0;
@@ -240,7 +239,7 @@ PyObject* hooks_unpack(Hooks* h, PyObject* obj) {
   try {
     Record* r = p->r;
     h->unpacked += 1;
-    const at::Tensor& t = THPVariable_Unpack(p->ref);
+    const at::Tensor& t = tensor_of(p->ref);
     PyObject* original = p->original ? PyWeakref_GetObject(p->original) : p->ref;  // borrowed; None when dead
     if (original == Py_None) original = nullptr;
     int64_t now = (int64_t)t._version();
