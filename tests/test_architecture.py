@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests import cxx_sizes
 from tests.conftest import ROOT
 
 PKG = os.path.join(ROOT, "torchgen_patch")
@@ -731,6 +732,73 @@ def test_the_measure_of_sizes_counts_every_def():
     source = ("def f():\n    def inner():\n        return 1\n    return inner\n\n\n"
               "class C:\n    def method(self):\n        x = 1\n        return x\n")
     assert sizes(source) == (10, {"f": 4, "f.inner": 2, "C.method": 3})
+
+
+# ---- the same sizes for C++: the package's C++ and CUDA sources and its C++ templates -------------------
+
+CXX_SUFFIXES = (".cpp", ".cu", ".h", ".cpp.j2", ".cu.j2", ".h.j2")
+
+
+def _cxx_files() -> list[str]:
+    """Every C, C++ and CUDA file of the package and of templates/ (plain sources and Jinja templates)."""
+    out = []
+    for top in (PKG, os.path.join(ROOT, "templates")):
+        for d, _, names in os.walk(top):
+            out += [os.path.join(d, n) for n in names if n.endswith(CXX_SUFFIXES)]
+    return sorted(out)
+
+
+def cxx_over_the_limits(files: dict[str, str]) -> dict[str, int]:
+    """The files of ``files`` (name -> text) over MODULE_LINES lines, and their functions over
+    FUNCTION_LINES (as ``name:function:line``), each with its size."""
+    over = {}
+    for name, text in files.items():
+        if len(text.splitlines()) > MODULE_LINES:
+            over[name] = len(text.splitlines())
+        for fn, line, n in cxx_sizes.functions(text):
+            if n > FUNCTION_LINES:
+                over[f"{name}:{fn}:{line}"] = n
+    return over
+
+
+def test_no_cxx_file_over_500_lines_and_no_cxx_function_over_60():
+    files = {os.path.relpath(p, ROOT): open(p, encoding="utf-8").read() for p in _cxx_files()}
+    assert any(n.startswith("templates/saved/") for n in files)  # the walk finds the native sources
+    assert cxx_over_the_limits(files) == {}
+
+
+def _cxx_function(name: str, body_lines: int) -> str:
+    """A C++ function of ``body_lines`` + 2 lines, with what a reader must not take for braces inside."""
+    body = ['  const char* s = "} { \\" }";  // a brace in a comment: }',
+            "  char c = '}';  /* { */",
+            '  auto f = [&](int x) { return x + 1; };  // a lambda: part of the function',
+            '  const char* raw = R"x( } )x";']
+    body += [f"  int v{i} = {i};" for i in range(body_lines - len(body))]
+    return f"static int {name}(int a,\n    int b) {{\n" + "\n".join(body[:-1]) + "\n  return 0; }\n"
+
+
+def test_the_measure_of_cxx_functions_reads_what_matters():
+    source = ("#include <vector>  // {\n#define OPEN {\n"
+              "namespace outer {\n"
+              "struct S {\n  int get() const { return 1; }\n  S() : x_{0}, y_(1) {\n    x_ = 2;\n  }\n"
+              "  int x_, y_;\n};\n"
+              "int table[] = {1, 2, 3};\n"
+              "template <typename T = int>\nT twice(T t) {\n  if (t) {\n    return t + t;\n  }\n  return t;\n}\n"
+              "}  // namespace outer\n"
+              'extern "C" {\nint entry(void) {\n  return outer::twice(2);\n}\n}\n'
+              "enum Kind { kA, kB };\n"
+              "inline namespace v1 {\nint g() {\n  return [] { return 0; }();\n}\n}\n")
+    assert cxx_sizes.functions(source) == [("get", 5, 1), ("S", 6, 3), ("twice", 12, 7), ("entry", 21, 3),
+                                           ("g", 27, 3)]
+    assert cxx_sizes.functions(_cxx_function("f", 58)) == [("f", 1, 60)]
+
+
+def test_the_cxx_size_rule_fails_a_function_of_61_lines():
+    assert cxx_over_the_limits({"a.cpp": _cxx_function("fits", 58)}) == {}
+    assert cxx_over_the_limits({"a.cpp": _cxx_function("long", 59)}) == {"a.cpp:long:1": 61}
+    assert cxx_over_the_limits({"a.h": "int x;\n" * 501}) == {"a.h": 501}
+    template = "{{ generated_comment }}\n{% for k in ks %}\nvoid {{ k }}() {}\n{% endfor %}\n"
+    assert cxx_over_the_limits({"t.cpp.j2": template}) == {}
 
 
 # ---- the release check: small modules of small functions ---------------------------------------------

@@ -59,6 +59,23 @@ def test_the_installed_wheel_ships_the_cmake_module_and_says_where(installed, tm
     assert any(n.endswith(".j2") for n in os.listdir(os.path.join(d, "..", "templates")))
 
 
+def test_the_installed_wheel_carries_every_native_source(installed):
+    """The plain C++ and CUDA of templates/saved/ and templates/build/ (package data in folders of their own)
+    are in the wheel, byte for byte: the templates' folder it reads is the source tree's."""
+    show = ("import hashlib, importlib, json\n"
+            "render = importlib.import_module('torchgen_patch.codegen.render')\n"
+            "print(render.templates_dir())\n"
+            "print(json.dumps({n: hashlib.sha256(d).hexdigest() for n, d in render.template_files().items()}))\n")
+    runs = [subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, cwd=cwd,
+                           env=dict(os.environ, PYTHONPATH=path)) for path, cwd in ((str(installed / "site"), "/"),
+                                                                                    (ROOT, ROOT))]
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+    (wheel_dir, wheel_files), (tree_dir, tree_files) = [r.stdout.splitlines() for r in runs]
+    assert wheel_dir.startswith(str(installed / "site")) and tree_dir == os.path.join(ROOT, "templates")
+    assert wheel_files == tree_files
+    assert '"saved/fingerprint.cu"' in wheel_files and '"build/torchgen_patch_build.cpp"' in wheel_files
+
+
 def test_the_wheel_requires_ninja_for_the_default_backend(installed):
     meta = next((installed / "site").glob("torchgen_patch-*.dist-info")) / "METADATA"
     assert "Requires-Dist: ninja" in meta.read_text().splitlines()

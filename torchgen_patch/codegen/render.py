@@ -1,4 +1,5 @@
-"""Render: Jinja templates → C++ text. Templates only arrange text."""
+"""Render: Jinja templates → C++ text (templates only arrange text), and the plain C++ and CUDA sources
+beside them, read as they are."""
 
 from __future__ import annotations
 
@@ -118,21 +119,40 @@ def render_boxed() -> dict[str, bytes]:
     return {k: v.encode("utf-8") for k, v in files.items()}
 
 
-SAVED_TEMPLATE = "SavedCheck.cpp.j2"
-SAVED_KERNEL_TEMPLATE = "SavedFingerprint.cu.j2"
+SAVED_FOLDER = "saved"  # templates/saved/: the saved-tensor check's native hooks, plain C++ and CUDA
+SAVED_KERNEL = "fingerprint.cu"  # beside them: the CUDA source their hooks compile at run time with NVRTC
+BUILD_FOLDER = "build"  # templates/build/: the translation unit every library states its build with
+NATIVE_SUFFIXES = (".cpp", ".cu", ".h")
+
+
+def native_sources(folder: str) -> dict[str, bytes]:
+    """The plain C++ and CUDA sources of ``templates/<folder>`` by file name: no templating, they are
+    compiled as they are (what varies is a define or one generated line, never templated C++)."""
+    from ..files import read_bytes
+
+    d = os.path.join(templates_dir(), folder)
+    return {n: read_bytes(os.path.join(d, n), "a source of torchgen-patch") for n in sorted(os.listdir(d))
+            if n.endswith(NATIVE_SUFFIXES)}
+
+
+def template_files() -> dict[str, bytes]:
+    """Every file a build reads from templates/ (its Jinja templates and its plain sources), by its path
+    under templates/: what a key of a build's inputs hashes."""
+    from ..files import read_bytes
+
+    d = templates_dir()
+    files = {n: read_bytes(os.path.join(d, n), "template") for n in sorted(os.listdir(d)) if n.endswith(".j2")}
+    for folder in (SAVED_FOLDER, BUILD_FOLDER):
+        files.update({f"{folder}/{n}": data for n, data in native_sources(folder).items()})
+    return files
 
 
 def render_saved() -> dict[str, bytes]:
-    """The saved-tensor check's native hooks (fixed text): its C++ source and, beside it, the CUDA
-    source its hooks compile at run time with NVRTC (read by ``saved_kernel_source``)."""
-    env = environment()
-    files = {
-        "SavedCheck.cpp": env.get_template(SAVED_TEMPLATE).render(generated_comment=_comment(SAVED_TEMPLATE)),
-        "SavedFingerprint.cu": saved_kernel_source(),
-    }
-    return {k: v.encode("utf-8") for k, v in files.items()}
+    """The saved-tensor check's native hooks (fixed text): their C++ sources and headers and, beside them,
+    the CUDA source their hooks compile at run time with NVRTC (read by ``saved_kernel_source``)."""
+    return native_sources(SAVED_FOLDER)
 
 
 def saved_kernel_source() -> str:
     """The CUDA source of the saved-tensor check's fingerprint kernel."""
-    return environment().get_template(SAVED_KERNEL_TEMPLATE).render(generated_comment=_comment(SAVED_KERNEL_TEMPLATE))
+    return native_sources(SAVED_FOLDER)[SAVED_KERNEL].decode("utf-8")

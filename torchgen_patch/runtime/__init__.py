@@ -104,8 +104,9 @@ def library(opts: Options, *, plan=None, shards: int = 2, build: bool = True, pr
 
 def _inputs_key(opts: Options, shards: int) -> str:
     """Everything that decides the library of ``opts``: the scan's key (yaml, toolchain, this tool's
-    source), the overlay, the templates, the shards, and the build's flags, compiler and torch."""
-    from ..codegen.render import templates_dir
+    source), the overlay, the templates and plain sources (``template_files``), the shards, and the
+    build's flags, compiler and torch."""
+    from ..codegen.render import template_files
     from ..errors import require_torch
     from ..files import read_bytes
     from ..fs import root as cache_root
@@ -115,9 +116,7 @@ def _inputs_key(opts: Options, shards: int) -> str:
 
     torch = require_torch("building the kernels")
     src = resolve(opts)
-    d = templates_dir()
-    templates = [n.encode() + b"\0" + read_bytes(os.path.join(d, n), "template") for n in sorted(os.listdir(d))
-                 if n.endswith(".j2")]
+    templates = [n.encode() + b"\0" + data for n, data in sorted(template_files().items())]
     overlay = read_bytes(src.overlay, "overlay") if src.overlay else b""
     return cache_root.key(key_of(src), overlay, *templates, str(shards), *default_flags(), compiler_path(),
                           torch.__version__, torch.__file__, f"requires_grad_check={opts.requires_grad_check}")

@@ -26,7 +26,7 @@ to the writer: about 2**-32 as well. The products are non-linear in the data, so
 of two values, or any other structured change maps to a fixed difference.
 
 Two implementations give the same number: the check's native hooks (C++ and a CUDA kernel,
-``templates/SavedCheck.cpp.j2``, ``templates/SavedFingerprint.cu.j2``), and this module, the Python
+``templates/saved/fingerprint.cpp``, ``templates/saved/fingerprint.cu``), and this module, the Python
 path used where nothing could be compiled: numpy on CPU, torch's integer ops on any other device
 (a 0-d int64 tensor on the device, so nothing waits for it; the caller compares a batch at once).
 

@@ -56,12 +56,14 @@ def _stage(tmp: Dir, files, units: list[str], flags, key, compiler, library, lin
     with tmp.sub("src", create=True) as src:
         for fname, data in sorted(files.items()):
             src.create(fname, data)
-        src.create(IDENTITY_SOURCE, identity_source(key))
+        identity = identity_source(key)
+        for fname, data in sorted(identity.items()):
+            src.create(fname, data)
     units = units + [IDENTITY_SOURCE]
     cflags, ldflags = toolchain_flags()
     ldflags += list(links)
     tmp.create("build.ninja", build_ninja(compiler, cflags + list(flags), ldflags, units, library).encode())
-    return units, {u: len(files[u]) if u in files else len(identity_source(key)) for u in units}
+    return units, {u: len(files[u]) if u in files else len(identity[u]) for u in units}
 
 
 def _run_ninja(builds: Dir, tmp: Dir, files, units, sizes, argv, verbose, log, what) -> float:

@@ -1,6 +1,5 @@
-{{ generated_comment }}
 // The saved-tensor check's fingerprint on a CUDA device, compiled at run time by NVRTC and launched
-// from C++ (SavedCheck.cpp): one kernel per saved tensor at save, and at use one for all the tensors a
+// from C++ (cuda_launch.cpp): one kernel per saved tensor at save, and at use one for all the tensors a
 // backward node saved (at most 16 a launch), reading their bytes in place.
 //
 // The fingerprint of a byte stream B (a tensor's bytes: in memory order when its elements fill one
@@ -9,7 +8,7 @@
 // where a block is 256 little-endian 32-bit words of B (the last one padded with zero words),
 //     NH(block) = sum over i < 128 of (w[2i] + K[2i] mod 2**32) * (w[2i+1] + K[2i+1] mod 2**32)
 // (K: 256 random words of the process's key) and W(j) is an odd 64-bit weight made from the key's
-// seed and j. The same number as the CPU's (SavedCheck.cpp) and the Python fallback's.
+// seed and j. The same number as the CPU's (fingerprint.cpp) and the Python fallback's.
 //
 // Each warp reads NH blocks (each lane 8 words of each), each lane adds W(j) times its share of
 // NH(block j) (the sum distributes), and a block of threads adds its warps' totals and its own atomically
@@ -380,7 +379,7 @@ struct Batch {
   Item item[MAX_BATCH];
   int n;
 };
-static_assert(sizeof(Item) == 200 && sizeof(Batch) == 3208, "Item and Batch are SavedCheck.cpp's");
+static_assert(sizeof(Item) == 200 && sizeof(Batch) == 3208, "Item and Batch are launch.h's");
 
 extern "C" __global__ void fingerprint_batch(Batch b, const u32* key, u64 seed, unsigned char* flags, u64 cap,
                                              u32* any) {
