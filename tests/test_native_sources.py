@@ -1,4 +1,4 @@
-"""The package's hand-written C++ and CUDA are plain source files (templates/saved/, templates/build/), not
+"""The package's hand-written C++ and CUDA are plain source files (templates/saved/, templates/statement/), not
 Jinja and not Python strings; every byte of them is in the keys of the builds that compile them; and the
 CUDA source the check hands NVRTC at run time is the one it always was."""
 
@@ -52,6 +52,21 @@ def test_the_saved_checks_sources_are_the_files_of_its_folder():
         assert b"{{" not in data and b"{%" not in data, name  # no Jinja left
 
 
+def test_the_hooks_one_translation_unit_includes_every_other_part_once_in_name_order(monkeypatch):
+    """The library is compiled from one unit that includes the parts (each parsed torch's headers again when
+    they were compiled apart): a part added to the folder and left out of the unit would be code never built."""
+    compile_stage = importlib.import_module("torchgen_patch.runtime.compile")
+    asked = {}
+    monkeypatch.setattr(compile_stage, "build", lambda files, *a, **k: asked.update(files=files, **k))
+    compile_stage.build_saved()
+    assert asked["sources"] == [render.SAVED_UNIT] and asked["files"] == render.render_saved()
+    files = render.render_saved()
+    parts = sorted(n for n in files if n.endswith(".cpp") and n != render.SAVED_UNIT)
+    unit = files[render.SAVED_UNIT].decode()
+    assert [line.split('"')[1] for line in unit.splitlines() if line.startswith("#include")] == parts
+    assert all(line.startswith(("//", "#include")) or not line.strip() for line in unit.splitlines())
+
+
 def test_no_cxx_in_the_packages_python():
     found = []
     for d, _, names in os.walk(os.path.join(ROOT, "torchgen_patch")):
@@ -66,7 +81,7 @@ def test_no_cxx_in_the_packages_python():
 def test_the_build_statement_is_a_plain_source_and_one_generated_line():
     files = build_keys.identity_source("k" * 64)
     assert sorted(files) == sorted([build_keys.IDENTITY_SOURCE, build_keys.IDENTITY_HEADER])
-    with open(os.path.join(ROOT, "templates", "build", build_keys.IDENTITY_SOURCE), "rb") as fh:
+    with open(os.path.join(ROOT, "templates", "statement", build_keys.IDENTITY_SOURCE), "rb") as fh:
         assert files[build_keys.IDENTITY_SOURCE] == fh.read()
     assert f'extern "C" const char* {build_keys.IDENTITY_SYMBOL}()'.encode() in files[build_keys.IDENTITY_SOURCE]
     line = files[build_keys.IDENTITY_HEADER].decode()
@@ -83,7 +98,7 @@ def templates(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["saved/unpack.cpp", "saved/records.h", "saved/fingerprint.cu",
-                                  "build/torchgen_patch_build.cpp"])
+                                  "statement/torchgen_patch_build.cpp"])
 def test_a_change_to_a_native_source_is_a_new_build(templates, path):
     """The saved check's build key (its sources) and every library's (the build statement each compiles),
     and the key of the kernels' no-change rebuild (every file templates/ holds): a change to any source they
@@ -101,4 +116,4 @@ def test_a_change_to_a_native_source_is_a_new_build(templates, path):
         fh.write("// one more line\n")
     after = keys()
     changed = [name for name, a, b in zip(("saved", "kernels", "inputs"), before, after, strict=True) if a != b]
-    assert changed == (["saved", "kernels", "inputs"] if path.startswith("build/") else ["saved", "inputs"])
+    assert changed == (["saved", "kernels", "inputs"] if path.startswith("statement/") else ["saved", "inputs"])

@@ -60,7 +60,7 @@ def test_the_installed_wheel_ships_the_cmake_module_and_says_where(installed, tm
 
 
 def test_the_installed_wheel_carries_every_native_source(installed):
-    """The plain C++ and CUDA of templates/saved/ and templates/build/ (package data in folders of their own)
+    """The plain C++ and CUDA of templates/saved/ and templates/statement/ (package data in folders of their own)
     are in the wheel, byte for byte: the templates' folder it reads is the source tree's."""
     show = ("import hashlib, importlib, json\n"
             "render = importlib.import_module('torchgen_patch.codegen.render')\n"
@@ -73,7 +73,7 @@ def test_the_installed_wheel_carries_every_native_source(installed):
     (wheel_dir, wheel_files), (tree_dir, tree_files) = [r.stdout.splitlines() for r in runs]
     assert wheel_dir.startswith(str(installed / "site")) and tree_dir == os.path.join(ROOT, "templates")
     assert wheel_files == tree_files
-    assert '"saved/fingerprint.cu"' in wheel_files and '"build/torchgen_patch_build.cpp"' in wheel_files
+    assert '"saved/fingerprint.cu"' in wheel_files and '"statement/torchgen_patch_build.cpp"' in wheel_files
 
 
 def test_the_wheel_requires_ninja_for_the_default_backend(installed):

@@ -120,8 +120,9 @@ def render_boxed() -> dict[str, bytes]:
 
 
 SAVED_FOLDER = "saved"  # templates/saved/: the saved-tensor check's native hooks, plain C++ and CUDA
+SAVED_UNIT = "library.cpp"  # the one translation unit of the hooks: it includes every other .cpp part there
 SAVED_KERNEL = "fingerprint.cu"  # beside them: the CUDA source their hooks compile at run time with NVRTC
-BUILD_FOLDER = "build"  # templates/build/: the translation unit every library states its build with
+STATEMENT_FOLDER = "statement"  # templates/statement/: the translation unit every library states its build with
 NATIVE_SUFFIXES = (".cpp", ".cu", ".h")
 
 
@@ -142,7 +143,7 @@ def template_files() -> dict[str, bytes]:
 
     d = templates_dir()
     files = {n: read_bytes(os.path.join(d, n), "template") for n in sorted(os.listdir(d)) if n.endswith(".j2")}
-    for folder in (SAVED_FOLDER, BUILD_FOLDER):
+    for folder in (SAVED_FOLDER, STATEMENT_FOLDER):
         files.update({f"{folder}/{n}": data for n, data in native_sources(folder).items()})
     return files
 

@@ -144,10 +144,9 @@ def build_boxed(root: str | None = None, verbose: bool = False, log=None) -> Lib
 def build_saved(root: str | None = None, verbose: bool = False, log=None, compile: bool = True) -> Library:
     """The saved-tensor check's native hooks (a library that is a Python extension, built as any other;
     ``compile`` False: the cache's build only)."""
-    from ...codegen import render_saved
+    from ...codegen.render import SAVED_UNIT, render_saved
 
     cflags, links = python_flags()
-    files = render_saved()
-    return build(files, [], 0, flags=default_flags() + cflags, root=root, verbose=verbose, log=log,
-                 sources=[n for n in sorted(files) if n.endswith(".cpp")], prefix="torchgen_patch_saved", links=links,
+    return build(render_saved(), [], 0, flags=default_flags() + cflags, root=root, verbose=verbose, log=log,
+                 sources=[SAVED_UNIT], prefix="torchgen_patch_saved", links=links,
                  what="the saved-tensor check's native hooks", compile=compile)
