@@ -194,6 +194,11 @@ def test_the_wheel_record_reads_back_what_it_wrote():
 @pytest.mark.parametrize("rec,why", [
     ({k: v for k, v in _wheel_record().items() if k != "torch"}, "missing or damaged (KeyError: 'torch')"),
     (_wheel_record(format=1), "record format 1, this torchgen-patch reads 2"),
+    # a format of another type said as its escaped repr: one line, never a second `error:` line of its own
+    (_wheel_record(format="2\nerror: forged"), "record format '2\\nerror: forged', this torchgen-patch reads 2"),
+    (_wheel_record(format=True), "record format True, this torchgen-patch reads 2"),
+    (_wheel_record(format=[[0] * 100] * 100), "record format [[" + "0, " * 19 + "0...,"
+                                              " this torchgen-patch reads 2"),
     (_wheel_record(sha256=None), "missing or damaged (TypeError: torch, library or sha256 of another type)"),
     (_wheel_record(plan={"kernels": [{"op": "x"}]}), "missing or damaged (KeyError: 'schema')"),
     # taken before: a key of another type (the library then stated none that was checked), a torch
