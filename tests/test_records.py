@@ -236,6 +236,17 @@ def test_the_origin_is_a_word_whose_json_is_the_old_string():
     assert [o.value for o in Origin] == ["prebuilt", "cache", "build", "given"]
 
 
+def test_an_origin_named_by_its_word_is_that_origin(tmp_path):
+    """``artifact_at(path, "cache")``, as the documented call read before the origin had a type of its own: the
+    artifact holds ``Origin.CACHE``, and its JSON (what a launcher hands on) says "cache" (it raised
+    AttributeError); a word that names no origin is refused where it is given."""
+    lib = _build(tmp_path)
+    art = artifact_at(lib, "cache")
+    assert art.origin is Origin.CACHE and art.to_json()["origin"] == "cache"
+    with pytest.raises(ValueError):
+        artifact_at(lib, "cached")
+
+
 @pytest.mark.parametrize("timing", [{"seconds": 10 ** 400}, {"cpus": 10 ** 400, "load": 1.0},
                                     {"unit_times": {"a.cpp": {"bytes": 10 ** 400, "seconds": 1.0}}},
                                     {"unit_times": {"a.cpp": {"bytes": 10, "seconds": 10 ** 400}}},
