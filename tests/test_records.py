@@ -194,6 +194,11 @@ def test_the_wheel_record_reads_back_what_it_wrote():
 @pytest.mark.parametrize("rec,why", [
     ({k: v for k, v in _wheel_record().items() if k != "torch"}, "missing or damaged (KeyError: 'torch')"),
     (_wheel_record(format=1), "record format 1, this torchgen-patch reads 2"),
+    # a format of another type said as its escaped repr: one line, never a second `error:` line of its own
+    (_wheel_record(format="2\nerror: forged"), "record format '2\\nerror: forged', this torchgen-patch reads 2"),
+    (_wheel_record(format=True), "record format True, this torchgen-patch reads 2"),
+    (_wheel_record(format=[[0] * 100] * 100), "record format [[" + "0, " * 19 + "0...,"
+                                              " this torchgen-patch reads 2"),
     (_wheel_record(sha256=None), "missing or damaged (TypeError: torch, library or sha256 of another type)"),
     (_wheel_record(plan={"kernels": [{"op": "x"}]}), "missing or damaged (KeyError: 'schema')"),
     # taken before: a key of another type (the library then stated none that was checked), a torch
@@ -229,3 +234,35 @@ def test_the_origin_is_a_word_whose_json_is_the_old_string():
     art = Artifact("/l.so", None, "2.0", records.NO_MANIFEST, Origin.PREBUILT, "/", prebuilt="1.0")
     assert json.dumps(art.to_json()["origin"]) == '"prebuilt"' and art.origin == Origin.PREBUILT
     assert [o.value for o in Origin] == ["prebuilt", "cache", "build", "given"]
+
+
+def test_an_origin_named_by_its_word_is_that_origin(tmp_path):
+    """``artifact_at(path, "cache")``, as the documented call read before the origin had a type of its own: the
+    artifact holds ``Origin.CACHE``, and its JSON (what a launcher hands on) says "cache" (it raised
+    AttributeError); a word that names no origin is refused where it is given."""
+    lib = _build(tmp_path)
+    art = artifact_at(lib, "cache")
+    assert art.origin is Origin.CACHE and art.to_json()["origin"] == "cache"
+    with pytest.raises(ValueError):
+        artifact_at(lib, "cached")
+
+
+@pytest.mark.parametrize("timing", [{"seconds": 10 ** 400}, {"cpus": 10 ** 400, "load": 1.0},
+                                    {"unit_times": {"a.cpp": {"bytes": 10 ** 400, "seconds": 1.0}}},
+                                    {"unit_times": {"a.cpp": {"bytes": 10, "seconds": 10 ** 400}}},
+                                    {"seconds": float("nan"), "link_seconds": float("inf")}])
+def test_timings_no_float_can_hold_are_left_out_not_a_traceback(tmp_path, timing):
+    """A record's timings are read leniently: a number too large for a float, NaN or an infinity says nothing
+    to the estimate and is absent, and the build is read (it raised OverflowError in every reader)."""
+    from torchgen_patch.fs.dirs import open_dir
+    from torchgen_patch.fs.protected import cache_refusal
+    from torchgen_patch.runtime.compile import build_time
+
+    lib = _build(tmp_path, record=lambda doc: {**doc, "unit_times": {}, "jobs": 2, **timing})
+    assert artifact_at(lib).key == "k" * 64
+    with open_dir(str(tmp_path), cache_refusal(str(tmp_path))) as d:
+        assert records.complete(d, "build", "k" * 64)
+        build_time.estimate(d, {"a.cpp": 10})  # says what it can, or nothing: never a traceback
+    t = records.BuildRecord.parse(json.loads((tmp_path / "build" / records.RECORD).read_text()), lib).timings
+    assert t is not None and t.jobs == 2 and t.unit_times == ()
+    assert all(getattr(t, name) is None for name in ("seconds", "cpus", "link_seconds") if name in timing)

@@ -1065,14 +1065,20 @@ def test_torch_compile_saves_through_autograd_and_is_checked(tmp_path, monkeypat
     graphs = du.counters["stats"]["unique_graphs"]
     cm(x).pow(2).sum().backward()  # the check off again
     assert du.counters["stats"]["unique_graphs"] == graphs
-    for compiled_autograd in (False, True):
+    # the setting engages compiled autograd for a backward called inside a function compiled while it is on
+    # (one called eagerly runs as without it): the backward is one graph Dynamo compiles, the check's unpack
+    # hooks in it (traced, they stopped the program), and no node of its own the check could name
+    for compiled_autograd, node in ((False, "CompiledFunctionBackward"), (True, None)):
+        captures = du.counters["compiled_autograd"]["captures"]
         # torch's own patch (monkeypatch's undo would delete the setting: a second run could not set it)
         with torch._dynamo.config.patch(compiled_autograd=compiled_autograd), check_saved("raise"):
+            backward = torch.compile(lambda loss: loss.backward(), backend="eager")
             loss = cm(x).pow(2).sum()
             m[2].weight.data.mul_(2)
             with pytest.raises(SavedTensorChanged) as e:
-                loss.backward()
-        assert (e.value.finding.name, e.value.finding.node) == ("2.weight", "CompiledFunctionBackward")
+                backward(loss)
+        assert (e.value.finding.name, e.value.finding.node) == ("2.weight", node)
+        assert (du.counters["compiled_autograd"]["captures"] > captures) == compiled_autograd
     torch._dynamo.reset()
 
 

@@ -74,3 +74,29 @@ def test_the_default_check_armed_before_dynamo_loads_leaves_a_compiled_step_runn
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.stdout == "True True\n", r.stdout + r.stderr[-3000:]
     assert "saved tensor changed without a version bump" in r.stderr, r.stderr[-3000:]
+
+
+RACED = """
+import sys, threading, torch
+from torchgen_patch.saved import check_saved
+importing = threading.Thread(target=lambda: __import__("torch._dynamo"))
+importing.start()
+while sys.modules.get("torch._dynamo.trace_rules") is None and importing.is_alive():
+    pass
+rules = sys.modules.get("torch._dynamo.trace_rules")
+early = rules is not None and not hasattr(rules, "SKIP_DIRS")  # its own imports still running
+with check_saved("warn"):  # the first check, begun while the other thread loads Dynamo's rules
+    pass
+importing.join()
+import torch._dynamo.trace_rules as rules
+print(early, any("torchgen_patch" in d for d in rules.SKIP_DIRS))
+"""
+
+
+def test_a_check_begun_while_another_thread_loads_dynamos_rules_still_puts_the_package_on_the_skip_list():
+    """Dynamo's rules module spends most of its half second importing what it needs, in ``sys.modules``
+    already and found: a check begun then, in another thread, is too late for the finder to see it found,
+    and early for the skip list (not defined yet); the package is added at the next import once it is."""
+    r = _run(RACED, "python")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stdout == "True True\n", r.stdout + r.stderr[-3000:]

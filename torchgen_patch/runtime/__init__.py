@@ -37,6 +37,9 @@ class Artifact:
     prebuilt: str | None = None  # the prebuilt kernels' version, for origin PREBUILT
     prebuilt_unused: str | None = None  # why installed prebuilt kernels were not used, if any
 
+    def __post_init__(self) -> None:  # an origin given by its word ("cache", as before it was a type) is that one
+        object.__setattr__(self, "origin", Origin.parse(self.origin))
+
     @property
     def kernels(self) -> tuple[tuple[str, str], ...]:
         """(op, schema) of every kernel in it."""
@@ -155,7 +158,7 @@ def build_there(path) -> bool:
         return False
 
 
-def artifact_at(path: str, origin: Origin = Origin.GIVEN, manifest: bool = True) -> Artifact:
+def artifact_at(path: str, origin: Origin | str = Origin.GIVEN, manifest: bool = True) -> Artifact:
     """The build of torchgen-patch at ``path``, its record and manifest read through the trust checks
     (owner, modes, no symlink followed: every directory from the cache root, or the library's own
     directory, down checked on its descriptor) and matched against the running torch.
@@ -181,4 +184,4 @@ def artifact_at(path: str, origin: Origin = Origin.GIVEN, manifest: bool = True)
                     plan = Manifest.read(src, path)
     except Missing as e:
         raise incomplete(path, f"{os.path.basename(str(e))} is missing") from None
-    return Artifact(path, record.sha256, torch.__version__, plan, origin, root, key=record.key)
+    return Artifact(path, record.sha256, torch.__version__, plan, Origin.parse(origin), root, key=record.key)

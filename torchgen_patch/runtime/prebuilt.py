@@ -74,7 +74,9 @@ class WheelRecord(LibraryRecord):
             why = f"its {RECORD} is missing or damaged ({type(e).__name__}: {e})"
             raise InputError(None, None, f"{path}: {why}") from None
         if fmt != FORMAT:
-            raise InputError(None, None, f"{path}: record format {fmt}, this torchgen-patch reads {FORMAT}")
+            said = printable(repr(fmt))  # a number as it is; anything else escaped, on one line
+            said = said if len(said) <= 60 else said[:60] + "..."
+            raise InputError(None, None, f"{path}: record format {said}, this torchgen-patch reads {FORMAT}")
         return cls(lib, digest, key, format=fmt, torch=identity, torchgen_patch=made, overlay_sha256=overlay,
                    plan=manifest, saved=_saved(raw.get("saved")))
 

@@ -8,7 +8,8 @@ fingerprint's numpy code, stopping the program). Dynamo's skip list (``torch._dy
 takes a package whose frames it runs as they are, a frame and every frame it calls; this package is put
 there as soon as a check exists and Dynamo is loaded, whichever comes second. Dynamo is never imported
 here (it costs most of a second): where it is not loaded yet, one finder on ``sys.meta_path`` waits for
-its rules module and removes itself once that is loaded."""
+its rules module and removes itself once that is loaded (or, where another thread had found it
+already, at the first import after it ran)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,19 @@ def ensure() -> None:
     if _DONE:
         return
     rules = sys.modules.get(RULES)
-    if rules is not None and getattr(rules, "SKIP_DIRS", None) is not None:
+    if _loaded(rules):
         _skip(rules)
         return
     with _LOCK:
         if not any(isinstance(f, _AfterRules) for f in sys.meta_path):
             sys.meta_path.insert(0, _AfterRules())
+
+
+def _loaded(rules) -> bool:
+    """Whether ``rules`` is Dynamo's rules module run to its end (not still importing what it needs, in
+    another thread: most of its half second)."""
+    return rules is not None and getattr(rules, "SKIP_DIRS", None) is not None and \
+        not getattr(getattr(rules, "__spec__", None), "_initializing", False)
 
 
 def _skip(rules) -> None:
@@ -52,10 +60,12 @@ class _AfterRules(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path, target=None):
         if fullname != RULES:
+            rules = sys.modules.get(RULES)
+            if rules is not None and _loaded(rules):  # found before this finder came (another thread): add it now
+                self._leave()
+                _skip(rules)
             return None
-        with _LOCK:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
+        self._leave()
         spec = None
         for finder in list(sys.meta_path):  # as the import system would have asked them
             find = getattr(finder, "find_spec", None)
@@ -66,6 +76,11 @@ class _AfterRules(importlib.abc.MetaPathFinder):
             return spec
         spec.loader = _Then(spec.loader)
         return spec
+
+    def _leave(self) -> None:
+        with _LOCK:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
 
 
 class _Then(importlib.abc.Loader):

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ class Timings:
         if not isinstance(units, dict):
             return None
         times = tuple((u, UnitTime(t["bytes"], _number(t.get("seconds")))) for u, t in units.items()
-                      if isinstance(t, dict) and type(t.get("bytes")) is int and _number(t.get("seconds")) is not None)
+                      if isinstance(t, dict) and _size(t.get("bytes")) and _number(t.get("seconds")) is not None)
         return cls(_number(raw.get("seconds")), _positive(raw.get("jobs")), _number(raw.get("load")),
                    _positive(raw.get("cpus")), _number(raw.get("link_seconds")), _positive(raw.get("units")), times)
 
@@ -107,11 +108,22 @@ class Timings:
 
 
 def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number a float holds exactly enough (a count of seconds): None for another type, NaN,
+    an infinity or an integer too large (``float`` of it raised OverflowError)."""
+    if type(value) is int:
+        return float(value) if abs(value) <= _LARGEST else None
+    return value if type(value) is float and math.isfinite(value) else None
 
 
 def _positive(value) -> int | None:
-    return value if type(value) is int and value > 0 else None
+    return value if type(value) is int and 0 < value <= _LARGEST else None
+
+
+def _size(value) -> bool:
+    return type(value) is int and 0 <= value <= _LARGEST
+
+
+_LARGEST = 2 ** 53  # every integer up to it is a float exactly: what the estimate computes with
 
 
 @dataclass(frozen=True, kw_only=True)
