@@ -26,6 +26,8 @@ law = script("saved_sample_law")
 
 # the draw, what is said, what a process of its own does: the default path alone
 ONE_PATH = ("law", "every_is", "the_draw", "enable_says", "install_sampled")
+# those run on the default path, the native hooks, which the autouse fixture compiles where the cache lacks them
+ONE_PATH_BUILDS = pytest.mark.build
 
 
 def pytest_generate_tests(metafunc):
@@ -221,6 +223,7 @@ def test_no_write_no_finding_sampled():
     assert not c.findings and c.checked > 0
 
 
+@ONE_PATH_BUILDS
 def test_the_draw_is_the_processs_own_unless_seeded(monkeypatch):
     monkeypatch.delenv(sample.ENV, raising=False)
     a, b = sample.Draw(2), sample.Draw(2)
@@ -240,6 +243,7 @@ def test_the_draw_is_the_processs_own_unless_seeded(monkeypatch):
     assert child != [int(a()) for _ in range(128)]
 
 
+@ONE_PATH_BUILDS
 @pytest.mark.parametrize("every", [0, -3, 1.5, True, "4", None])
 def test_every_is_a_whole_number_of_steps(every):
     for make in (check_saved, torchgen_patch.check_saved, lambda mode, every: torchgen_patch.saved.enable(mode,
@@ -251,6 +255,7 @@ def test_every_is_a_whole_number_of_steps(every):
             torchgen_patch.install(check_saved="warn", check_every=every, ops=[], build=False)
 
 
+@ONE_PATH_BUILDS
 def test_enable_says_it_is_sampled_and_the_count_at_exit_how_many_steps_were_checked(monkeypatch):
     code = ("import torch, torchgen_patch.saved as s; from torchgen_patch.runtime.checklib import prepare; prepare(); "
             "s.enable('warn', every=4); m = torch.nn.Linear(4, 1); x = torch.ones(2, 4, requires_grad=True)\n"
@@ -324,6 +329,7 @@ def _first_drawn(tag: str, seeds: int, monkeypatch) -> list:
 ALPHA = 1e-3 / (len(KS) + 1)  # each band 1 - ALPHA: all of a series inside with probability >= 0.999
 
 
+@ONE_PATH_BUILDS
 def test_the_first_step_that_finds_a_recurring_write_follows_the_law_per_process(monkeypatch):
     """400 processes, each a check of its own seed (the check's own draw), N = 8: the write is found at the
     very step each first draws, and how many found it within k steps lies in the law's 99.9 % band."""
@@ -332,6 +338,7 @@ def test_the_first_step_that_finds_a_recurring_write_follows_the_law_per_process
     _follows_the_law(first, 1, ALPHA)
 
 
+@ONE_PATH_BUILDS
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available in this build")
 def test_two_ranks_find_it_sooner_as_the_law_says_gloo(monkeypatch):
     """2 ranks under DDP (gloo), each drawing on its own: each rank's first step follows the law of one
