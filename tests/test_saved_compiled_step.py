@@ -126,3 +126,16 @@ def test_a_write_in_the_same_compiled_graph_as_the_forward_that_saves_is_found()
     r = _run(IN_THE_GRAPH, "python")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == "1\n", r.stdout + r.stderr[-3000:]
+
+
+def test_a_skip_list_that_refuses_the_package_leaves_dynamos_own_import_whole(monkeypatch):
+    """What Dynamo's ``add`` raises stays in the check: a program's torch.compile loads as it would have."""
+    import types
+
+    from torchgen_patch.saved import untraced
+
+    monkeypatch.setattr(untraced, "_DONE", [])
+    rules = types.ModuleType("rules")
+    rules.add = lambda name: [][1]
+    untraced._skip(rules)
+    assert untraced._DONE == [rules]

@@ -49,8 +49,11 @@ def _skip(rules) -> None:
         if _DONE:
             return
         add = getattr(rules, "add", None)
-        if add is not None:
-            add(PACKAGE)
+        try:
+            if add is not None:
+                add(PACKAGE)
+        except Exception:  # noqa: BLE001 — never Dynamo's own import made to fail: the frames are traced, as before
+            pass
         _DONE.append(rules)
 
 
