@@ -60,7 +60,7 @@ test: setup
 	@mkdir -p build
 	$(BIN)/python -m pytest -q -ra --durations=25 --junitxml=build/pytest-junit.xml
 
-# The short tier: every item but those that compile, make a virtual environment or took over 2 s in
+# The short tier: every item but those that compile, make a virtual environment or took over 1 s in
 # tests/durations.json (the self-check kept), and one case in N of a few large families of like cases
 # (marks set by tests/tiers.py); `make test` runs them all.
 check: setup

@@ -44,11 +44,11 @@ def _starts_python():
     ({"function": _in_process}, []),
     ({"nodeid": "tests/test_x.py::test_slow"}, ["long", "slow"]),
     ({"nodeid": "tests/test_x.py::test_five"}, ["long"]),  # over 5 s, not 5 s itself
-    ({"nodeid": "tests/test_x.py::test_two"}, []),  # over 2 s, not 2 s itself
+    ({"nodeid": "tests/test_x.py::test_one"}, []),  # over 1 s, not 1 s itself
     ({"nodeid": "tests/test_selfcheck.py::test_mypy_finds_nothing"}, ["long", "slow", "core"]),
 ])
 def test_an_items_marks_come_from_what_it_uses_and_how_long_it_took(kw, want):
-    durations = {"tests/test_x.py::test_slow": 5.2, "tests/test_x.py::test_five": 5.0, "tests/test_x.py::test_two": 2.0,
+    durations = {"tests/test_x.py::test_slow": 5.2, "tests/test_x.py::test_five": 5.0, "tests/test_x.py::test_one": 1.0,
                  "tests/test_selfcheck.py::test_mypy_finds_nothing": 28.0}
     assert tiers.marks_for(_item(**kw), durations) == want
 

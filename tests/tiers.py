@@ -7,7 +7,7 @@ what costs time and say what it left out:
 - ``program``: starts another process (a Python program, the CLI as a user runs it, a compiler);
 - ``slow``: took more than SLOW_S (5) seconds, setup included, in the measurement committed in
   tests/durations.json (``make durations`` rewrites it from the log of a whole run); ``long``: more
-  than LONG_S (2), which the short tier leaves out to stay under 3 minutes on 2 cores;
+  than LONG_S (1), which the short tier leaves out to stay under 3 minutes on 2 cores;
 - ``core``: what the short tier runs whatever it takes (the package's self-check: ruff and mypy);
 - ``sampled``: a case of a large family of like cases of which the short tier runs one in N
   (SAMPLES: the hostile yaml, bitsandbytes' optimizers, the flags of commands other than scan, lint
@@ -25,7 +25,7 @@ import os
 import re
 
 SLOW_S = 5.0
-LONG_S = 2.0
+LONG_S = 1.0
 DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
 
 CORE_FILES = frozenset({"tests/test_selfcheck.py"})
